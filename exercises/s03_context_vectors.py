@@ -1,0 +1,27 @@
+"""Stage 3: context vectors.
+
+A context vector is the attention-weighted sum of the input vectors: token i's
+context vector mixes every token's embedding in the proportions of row i of
+the attention weights.
+"""
+import torch
+
+
+def context_vector(attn_weights, inputs):
+    """The context vector of one query, summed token by token.
+
+    attn_weights: (num_tokens,) weights of one query   inputs: (num_tokens, d_in)
+    returns: (d_in,)
+    """
+    # TODO: Add up each input vector scaled by its weight.
+    raise NotImplementedError('s03_context_vectors: context_vector: Add up each input vector scaled by its weight.')
+
+
+def all_context_vectors(attn_weights, inputs):
+    """The context vectors of all tokens in one matrix product.
+
+    attn_weights: (num_tokens, num_tokens)   inputs: (num_tokens, d_in)
+    returns: (num_tokens, d_in); row i is token i's context vector
+    """
+    # TODO: Row i of the weights times the inputs is token i's weighted sum.
+    raise NotImplementedError("s03_context_vectors: all_context_vectors: Row i of the weights times the inputs is token i's weighted sum.")

@@ -1,0 +1,54 @@
+"""Stage 5: self-attention as a module, for all tokens at once.
+
+SelfAttention_v1 stores its projections as raw ``nn.Parameter`` matrices
+(d_in, d_out) and multiplies by them. SelfAttention_v2 uses ``nn.Linear``,
+which stores the transposed matrix (d_out, d_in), can add a bias and starts
+from a better initialisation. Both compute the same function.
+"""
+import torch
+import torch.nn as nn
+
+
+class SelfAttention_v1(nn.Module):
+    """Scaled dot-product self-attention with raw parameter matrices.
+
+    Parameters: W_query, W_key, W_value, each an nn.Parameter of shape (d_in, d_out).
+    forward(x): x (num_tokens, d_in) -> context vectors (num_tokens, d_out)
+    """
+
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        # TODO: Three trainable (d_in, d_out) matrices, drawn with torch.rand as in the book.
+        raise NotImplementedError('s05_self_attention: SelfAttention_v1.__init__: Three trainable (d_in, d_out) matrices, drawn with torch.rand as in the book.')
+
+    def forward(self, x):
+        # TODO: Project, score every query against every key, scale, softmax, mix the values.
+        raise NotImplementedError('s05_self_attention: SelfAttention_v1.forward: Project, score every query against every key, scale, softmax, mix the values.')
+
+
+class SelfAttention_v2(nn.Module):
+    """Scaled dot-product self-attention with nn.Linear projections.
+
+    Submodules: W_query, W_key, W_value, each nn.Linear(d_in, d_out, bias=qkv_bias);
+    their .weight has shape (d_out, d_in).
+    forward(x): x (num_tokens, d_in) -> context vectors (num_tokens, d_out)
+    """
+
+    def __init__(self, d_in, d_out, qkv_bias=False):
+        super().__init__()
+        # TODO: Three linear layers; the bias is optional.
+        raise NotImplementedError('s05_self_attention: SelfAttention_v2.__init__: Three linear layers; the bias is optional.')
+
+    def forward(self, x):
+        # TODO: Same computation as v1, with the layers doing the projections.
+        raise NotImplementedError('s05_self_attention: SelfAttention_v2.forward: Same computation as v1, with the layers doing the projections.')
+
+
+def transfer_weights_v2_to_v1(sa_v2, sa_v1):
+    """Copy sa_v2's projections into sa_v1 so that both give the same outputs.
+
+    nn.Linear computes x @ weight.T, so v1's matrix is the transpose of v2's weight.
+    Modifies sa_v1 in place and returns it.
+    """
+    # TODO: Copy each transposed Linear weight into the matching v1 parameter.
+    raise NotImplementedError('s05_self_attention: transfer_weights_v2_to_v1: Copy each transposed Linear weight into the matching v1 parameter.')

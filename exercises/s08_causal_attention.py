@@ -1,0 +1,30 @@
+"""Stage 8: a batched causal self-attention module.
+
+Puts stages 5-7 together for a batch of sequences: projections, scaled scores,
+a causal mask kept as a buffer, softmax, dropout on the weights, values.
+The mask is built once for the longest sequence (context_length) and cut to
+the actual number of tokens at every call. As a registered buffer it is saved
+in the state_dict and moves with ``.to(device)``, but it is not trained.
+"""
+import torch
+import torch.nn as nn
+
+
+class CausalAttention(nn.Module):
+    """Single-head causal self-attention.
+
+    Submodules: W_query, W_key, W_value = nn.Linear(d_in, d_out, bias=qkv_bias);
+    dropout = nn.Dropout(dropout). Buffer: mask (context_length, context_length),
+    1 above the diagonal (future positions), 0 elsewhere.
+    forward(x): x (b, num_tokens, d_in), num_tokens <= context_length -> (b, num_tokens, d_out)
+    """
+
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        # TODO: Projections (honouring qkv_bias), dropout layer, and the mask as a buffer.
+        raise NotImplementedError('s08_causal_attention: CausalAttention.__init__: Projections (honouring qkv_bias), dropout layer, and the mask as a buffer.')
+
+    def forward(self, x):
+        # TODO: Scores for every pair in each sequence, future masked with -inf, scaled softmax,
+        #       dropout on the weights, then the weighted sum of the values.
+        raise NotImplementedError('s08_causal_attention: CausalAttention.forward: Scores for every pair in each sequence, future masked with -inf, scaled softmax, dropout on the weights, then the weighted sum of the values.')

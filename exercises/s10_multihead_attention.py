@@ -1,0 +1,50 @@
+"""Stage 10: multi-head attention with weight splits.
+
+Instead of num_heads separate modules, one projection of width d_out is split
+into num_heads slices of head_dim = d_out // num_heads. Reshaping (view) and
+moving the head axis next to the batch axis (transpose) lets one batched
+matrix product compute every head at once. An output projection then mixes
+the concatenated heads.
+"""
+import torch
+import torch.nn as nn
+
+
+def batched_head_scores(a):
+    """q @ k^T for every head in one batched matrix product, with q = k = a.
+
+    a: (b, num_heads, num_tokens, head_dim)   returns: (b, num_heads, num_tokens, num_tokens)
+    """
+    # TODO: @ multiplies the last two dimensions and treats the leading ones as a batch.
+    raise NotImplementedError('s10_multihead_attention: batched_head_scores: @ multiplies the last two dimensions and treats the leading ones as a batch.')
+
+
+def per_head_scores_loop(a):
+    """The same result as ``batched_head_scores``, one head at a time in a loop.
+
+    a: (b, num_heads, num_tokens, head_dim)   returns: (b, num_heads, num_tokens, num_tokens)
+    """
+    # TODO: Loop over batch and head, multiply each (num_tokens, head_dim) slice by its transpose.
+    raise NotImplementedError('s10_multihead_attention: per_head_scores_loop: Loop over batch and head, multiply each (num_tokens, head_dim) slice by its transpose.')
+
+
+class MultiHeadAttention(nn.Module):
+    """Causal multi-head attention with one projection per role, split into heads.
+
+    Submodules: W_query, W_key, W_value = nn.Linear(d_in, d_out, bias=qkv_bias);
+    out_proj = nn.Linear(d_out, d_out) (with bias); dropout = nn.Dropout(dropout).
+    Buffer: mask (context_length, context_length), 1 above the diagonal.
+    Head h uses output features h*head_dim .. (h+1)*head_dim - 1 of each projection.
+    forward(x): x (b, num_tokens, d_in) -> (b, num_tokens, d_out)
+    """
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
+        # TODO: Head bookkeeping, projections, output projection, dropout and mask buffer.
+        raise NotImplementedError('s10_multihead_attention: MultiHeadAttention.__init__: Head bookkeeping, projections, output projection, dropout and mask buffer.')
+
+    def forward(self, x):
+        # TODO: Project, split d_out into (num_heads, head_dim), bring heads forward, attend per
+        #       head with the causal mask, then merge the heads back and apply out_proj.
+        raise NotImplementedError('s10_multihead_attention: MultiHeadAttention.forward: Project, split d_out into (num_heads, head_dim), bring heads forward, attend per head with the causal mask, then merge the heads back and apply out_proj.')

@@ -1,0 +1,94 @@
+"""Stage 11: two other published forms of multi-head attention.
+
+* Combined QKV (the nanoGPT style): one nn.Linear produces queries, keys and
+  values side by side; one matrix product instead of three.
+* Per-head modules: a ModuleList of small single heads of width head_dim,
+  concatenated and then mixed by out_proj.
+
+Both compute exactly what MultiHeadAttention computes once its weights are
+mapped across; the two mapping functions below do that, and they show where
+every head's weights live inside the big projections.
+"""
+import torch
+import torch.nn as nn
+
+
+class MultiHeadAttentionCombinedQKV(nn.Module):
+    """Causal multi-head attention with one fused query/key/value projection.
+
+    Submodules: W_qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias), its output laid
+    out as [queries | keys | values]; out_proj = nn.Linear(d_out, d_out);
+    dropout = nn.Dropout(dropout). Buffer: mask (1, 1, context_length, context_length),
+    1 above the diagonal, shaped to broadcast over batch and heads.
+    forward(x): x (b, num_tokens, d_in) -> (b, num_tokens, d_out)
+    """
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
+        # TODO: One projection three times as wide, out_proj, dropout, a (1, 1, T, T) mask.
+        raise NotImplementedError('s11_other_forms: MultiHeadAttentionCombinedQKV.__init__: One projection three times as wide, out_proj, dropout, a (1, 1, T, T) mask.')
+
+    def forward(self, x):
+        # TODO: Project once, split into q, k, v, then attend per head as MultiHeadAttention does.
+        raise NotImplementedError('s11_other_forms: MultiHeadAttentionCombinedQKV.forward: Project once, split into q, k, v, then attend per head as MultiHeadAttention does.')
+
+
+class Head(nn.Module):
+    """One causal attention head of width head_dim.
+
+    Submodules: W_query, W_key, W_value = nn.Linear(d_in, head_dim, bias=qkv_bias);
+    dropout = nn.Dropout(dropout). Buffer: mask (context_length, context_length), 1 above
+    the diagonal. All sizes come from the constructor (no global variables).
+    forward(x): x (b, num_tokens, d_in) -> (b, num_tokens, head_dim)
+    """
+
+    def __init__(self, d_in, head_dim, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        # TODO: The head's own projections, dropout and mask buffer, sized from the arguments.
+        raise NotImplementedError("s11_other_forms: Head.__init__: The head's own projections, dropout and mask buffer, sized from the arguments.")
+
+    def forward(self, x):
+        # TODO: Scaled, causally masked attention for this head alone.
+        raise NotImplementedError('s11_other_forms: Head.forward: Scaled, causally masked attention for this head alone.')
+
+
+class MultiHeadAttentionPerHead(nn.Module):
+    """Causal multi-head attention built from num_heads Head modules and out_proj.
+
+    Submodules: heads = nn.ModuleList of num_heads Head(d_in, d_out // num_heads, ...);
+    out_proj = nn.Linear(d_out, d_out).
+    forward(x): x (b, num_tokens, d_in) -> (b, num_tokens, d_out)
+    """
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
+        # TODO: num_heads narrow heads whose outputs, side by side, are d_out wide; then out_proj.
+        raise NotImplementedError('s11_other_forms: MultiHeadAttentionPerHead.__init__: num_heads narrow heads whose outputs, side by side, are d_out wide; then out_proj.')
+
+    def forward(self, x):
+        # TODO: Concatenate the heads along the features, then mix them with out_proj.
+        raise NotImplementedError('s11_other_forms: MultiHeadAttentionPerHead.forward: Concatenate the heads along the features, then mix them with out_proj.')
+
+
+def combined_qkv_state_dict(mha_state_dict):
+    """Map a MultiHeadAttention state_dict onto MultiHeadAttentionCombinedQKV's names.
+
+    W_qkv.weight is W_query.weight, W_key.weight and W_value.weight stacked along
+    the output dimension (rows), in that order; likewise the biases if present.
+    out_proj is copied. Buffers (mask) are not mapped. Returns a new dict.
+    """
+    # TODO: Stack the three projections' rows (and biases); keep out_proj as it is.
+    raise NotImplementedError("s11_other_forms: combined_qkv_state_dict: Stack the three projections' rows (and biases); keep out_proj as it is.")
+
+
+def per_head_state_dict(mha_state_dict, num_heads):
+    """Map a MultiHeadAttention state_dict onto MultiHeadAttentionPerHead's names.
+
+    Head h owns rows h*head_dim .. (h+1)*head_dim - 1 of each projection's weight
+    (and bias): heads.{h}.W_query.weight = W_query.weight[h*head_dim:(h+1)*head_dim].
+    out_proj is copied. Buffers (mask) are not mapped. Returns a new dict.
+    """
+    # TODO: Slice each projection's rows into num_heads equal blocks, one per head.
+    raise NotImplementedError("s11_other_forms: per_head_state_dict: Slice each projection's rows into num_heads equal blocks, one per head.")

@@ -1,0 +1,100 @@
+"""Derive the learner's stubs from the reference solutions (``attnkit stubs``).
+
+A solution marks what learners write with nbgrader's own delimiters, and the
+comment lines right above each region say what the region does:
+
+        # Project, score every query against every key, scale, softmax, mix the values.
+        ### BEGIN SOLUTION
+        ...
+        ### END SOLUTION
+
+In the stub, that comment becomes the TODO and the region becomes a raise:
+
+        # TODO: Project, score every query against every key, scale, softmax, mix the values.
+        raise NotImplementedError("s05_self_attention: SelfAttention_v1.forward: Project, ...")
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from . import EXERCISES, SOLUTIONS
+from .kit import stages
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+
+
+class StubError(ValueError):
+    pass
+
+
+def _qualnames(tree):
+    """Map each line number to the qualified name of the innermost def/class around it."""
+    names = {}
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                for line in range(child.lineno, child.end_lineno + 1):
+                    names[line] = name
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    return names
+
+
+def make_stub(source: str, stage: str) -> str:
+    lines = source.splitlines()
+    qualnames = _qualnames(ast.parse(source))
+    out, i = [], 0
+    while i < len(lines):
+        line = lines[i]
+        if line.strip() == END:
+            raise StubError(f"{stage}.py line {i + 1}: {END} without {BEGIN}")
+        if line.strip() != BEGIN:
+            out.append(line)
+            i += 1
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        task = []
+        while out and out[-1].startswith(indent + "#") and out[-1].strip() != "#":
+            task.insert(0, out.pop()[len(indent) + 1:].strip())
+        if not task:
+            raise StubError(f"{stage}.py line {i + 1}: write a comment above {BEGIN} saying what the region does")
+        try:
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == END)
+        except StopIteration:
+            raise StubError(f"{stage}.py line {i + 1}: {BEGIN} without {END}") from None
+        where = qualnames.get(i + 1, "module")
+        out.append(f"{indent}# TODO: {task[0]}")
+        out.extend(f"{indent}#       {more}" for more in task[1:])
+        message = f"{stage}: {where}: {' '.join(task)}"
+        out.append(f"{indent}raise NotImplementedError({message!r})")
+        i = end + 1
+    return "\n".join(out) + "\n"
+
+
+def expected_exercises() -> dict[str, str]:
+    """File name -> the stub text that solutions/ implies."""
+    return {f"{s}.py": make_stub((SOLUTIONS / f"{s}.py").read_text(), s) for s in stages()}
+
+
+def write_exercises(dest: Path = EXERCISES) -> list[Path]:
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in expected_exercises().items():
+        (dest / name).write_text(text)
+        written.append(dest / name)
+    return written
+
+
+def out_of_sync(dest: Path = EXERCISES) -> list[str]:
+    """Names of exercise files that differ from what solutions/ implies (or are missing/extra)."""
+    expected = expected_exercises()
+    present = {p.name for p in Path(dest).glob("s[0-9][0-9]_*.py")}
+    stale = [n for n, text in expected.items() if not (Path(dest) / n).is_file() or (Path(dest) / n).read_text() != text]
+    return sorted(stale + sorted(present - set(expected)))

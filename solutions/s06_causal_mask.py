@@ -1,0 +1,43 @@
+"""Stage 6: causal masks.
+
+A language model predicts the next token, so token i may only attend to
+tokens 0..i. Two ways to hide the future:
+
+* simple: softmax as usual, zero the weights above the diagonal (tril mask),
+  then divide each row by its new sum;
+* efficient: put -inf in the scores above the diagonal (triu mask), then
+  softmax; exp(-inf) = 0, so the masked weights come out exactly 0 and the
+  rows already sum to 1.
+
+Both give the same weights. All functions accept a leading batch dimension.
+"""
+import torch
+
+
+def causal_weights_simple(attn_weights):
+    """Mask already-normalised weights with a lower-triangular mask and renormalise.
+
+    attn_weights: (..., num_tokens, num_tokens)   returns: same shape
+    """
+    # Keep the lower triangle (diagonal included), then make every row sum to 1 again.
+    ### BEGIN SOLUTION
+    num_tokens = attn_weights.shape[-1]
+    mask_simple = torch.tril(torch.ones(num_tokens, num_tokens, dtype=attn_weights.dtype))
+    masked_simple = attn_weights * mask_simple
+    return masked_simple / masked_simple.sum(dim=-1, keepdim=True)
+    ### END SOLUTION
+
+
+def causal_weights_efficient(attn_scores, d_k):
+    """Mask raw scores with -inf above the diagonal, then take the scaled softmax.
+
+    attn_scores: (..., num_tokens, num_tokens) unscaled   d_k: key dimension (int)
+    returns: (..., num_tokens, num_tokens)
+    """
+    # Fill the strict upper triangle with -inf; softmax over the last dim turns it into 0.
+    ### BEGIN SOLUTION
+    num_tokens = attn_scores.shape[-1]
+    mask = torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=1)
+    masked = attn_scores.masked_fill(mask, -torch.inf)
+    return torch.softmax(masked / d_k**0.5, dim=-1)
+    ### END SOLUTION

@@ -1,0 +1,286 @@
+"""The one door between the tests and an implementation.
+
+Tests never import learner code. They ask an ``Implementation`` to run an
+*operation* on one of its stage modules and get plain NumPy arrays back:
+
+    stage = impl.stage("s08_causal_attention")
+    out = stage.forward("CausalAttention", init, x, weights=state_dict)
+
+Every operation (see ``OPS``) takes plain values (arrays, numbers, strings,
+dicts and lists of them) and returns plain values. That is what lets grading
+run the learner side in another process without touching a test: a backend
+only has to carry ``(op, module, kwargs)`` one way and the result the other.
+``LocalBackend`` runs operations in this process.
+
+Weights are always injected by name (``load_state_dict``), never drawn in a
+particular order, so an implementation may create its parameters however it
+likes as long as it uses the documented names and shapes.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STAGE_MODULE = re.compile(r"^s\d\d_\w+$")
+
+
+class SubmissionError(Exception):
+    """The submission cannot be run as laid out (missing file, syntax error, wrong names...)."""
+
+
+# ---------------------------------------------------------------- conversions
+
+def to_torch(value):
+    """Plain values in: arrays become tensors, containers are converted element-wise."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.array(value))  # copy: the learner may write in place
+    if isinstance(value, dict):
+        return {k: to_torch(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_torch(v) for v in value)
+    return value
+
+
+def to_plain(value, what):
+    """Results out: tensors become float32/int/bool NumPy arrays; anything else is an error."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        if value.is_floating_point() and value.dtype != torch.float64:
+            value = value.float()  # bfloat16/float16 have no NumPy twin
+        return value.numpy()
+    if isinstance(value, dict):
+        return {k: to_plain(v, f"{what}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return tuple(to_plain(v, f"{what}[{i}]") for i, v in enumerate(value))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise SubmissionError(
+        f"{what} returned a {type(value).__module__}.{type(value).__name__}; "
+        "return a torch.Tensor (keep the computation in torch so that gradients can flow)."
+    )
+
+
+# ---------------------------------------------------------------- loading
+
+def load_stage_module(root: Path, name: str):
+    """Import ``root/name.py`` afresh, with its sibling stage modules taken from ``root`` too."""
+    if not STAGE_MODULE.match(name):
+        raise ValueError(f"{name!r} is not a stage module name (sNN_topic)")
+    path = Path(root) / f"{name}.py"
+    if not path.is_file():
+        raise SubmissionError(
+            f"{path.name} is missing from {Path(root).resolve()}: every stage lives in a module "
+            f"of that exact name (copy it from exercises/ and fill in the TODOs)."
+        )
+    # Stage modules import each other by plain name (s09 uses s08's CausalAttention); make
+    # those imports resolve inside this root, and leave no trace for the next root.
+    stale = [m for m in sys.modules if STAGE_MODULE.match(m)]
+    for m in stale:
+        del sys.modules[m]
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise SubmissionError(
+            f"{path.name} has a syntax error on line {exc.lineno}: {exc.msg}\n    {(exc.text or '').strip()}\n"
+            "Fix it (python -m py_compile FILE shows the same error) and run the tests again."
+        ) from None
+    except Exception as exc:
+        raise SubmissionError(
+            f"importing {path.name} failed with {type(exc).__name__}: {exc}\n"
+            "Code at the top level of a module runs on import; keep work inside functions and classes."
+        ) from exc
+    finally:
+        sys.path.remove(str(root))
+        for m in [m for m in sys.modules if STAGE_MODULE.match(m)]:
+            del sys.modules[m]
+    return module
+
+
+def lookup(module, attr):
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise SubmissionError(
+            f"{module.__name__}.py defines no {attr!r}: keep the names of the exercise file."
+        ) from None
+
+
+# ---------------------------------------------------------------- modules
+
+def build(module, cls, init, seed=None):
+    """Instantiate ``cls`` from keyword arguments, optionally right after torch.manual_seed(seed)."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    return lookup(module, cls)(**init)
+
+
+def inject(model, weights, cls):
+    """Load ``weights`` (a state_dict subset with the documented names) into ``model``.
+
+    Buffers the model owns (the causal mask) are kept; every parameter must be given.
+    A learner who stores weights differently can remap names with PyTorch's own
+    ``_register_load_state_dict_pre_hook``.
+    """
+    weights = to_torch(weights)
+    try:
+        result = model.load_state_dict(weights, strict=False)
+    except RuntimeError as exc:  # size mismatches
+        detail = "\n".join(line.strip() for line in str(exc).splitlines()[1:])
+        raise SubmissionError(
+            f"{cls}: a parameter has the wrong shape.\n{detail}\n"
+            "nn.Linear(d_in, d_out).weight has shape (d_out, d_in); an nn.Parameter matrix "
+            "used as x @ W has shape (d_in, d_out)."
+        ) from None
+    params = dict(model.named_parameters())
+    missing = [k for k in result.missing_keys if k in params]
+    if result.unexpected_keys or missing:
+        raise SubmissionError(
+            f"{cls}: parameter names differ from the documented ones.\n"
+            f"  expected (given by the test): {sorted(weights)}\n"
+            f"  yours: {sorted(params)}\n"
+            "Use the names in the exercise's docstring (e.g. self.W_query, self.out_proj, self.heads)."
+        )
+    return model
+
+
+def place(model, x, device, dtype):
+    dtype = getattr(torch, dtype)
+    return model.to(device=device, dtype=dtype), x.to(device=device, dtype=dtype)
+
+
+# ---------------------------------------------------------------- operations
+
+def op_call(module, func, args=(), kwargs=None, seed=None):
+    """Call a plain function of the stage module."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    result = lookup(module, func)(*to_torch(list(args)), **to_torch(kwargs or {}))
+    return to_plain(result, f"{func}()")
+
+
+def op_forward(module, cls, init, x, weights=None, train=False, seed=None, device="cpu", dtype="float32"):
+    """Build ``cls(**init)``, inject ``weights``, set train/eval mode and run it on ``x``."""
+    model = build(module, cls, init, seed)
+    if weights is not None:
+        inject(model, weights, cls)
+    model.train(train)
+    model, x = place(model, to_torch(x), device, dtype)
+    with torch.no_grad():
+        out = model(x)
+    return to_plain(out, f"{cls}.forward()")
+
+
+def op_heads_forward(module, cls, init, x, weights):
+    """Run a multi-head module and each of its ``heads`` on ``x``: (module output, [head outputs])."""
+    model = inject(build(module, cls, init), weights, cls).eval()
+    x = to_torch(x)
+    heads = getattr(model, "heads", None)
+    if heads is None:
+        raise SubmissionError(f"{cls} has no attribute 'heads' (an nn.ModuleList of the heads).")
+    with torch.no_grad():
+        return to_plain(model(x), f"{cls}.forward()"), to_plain([h(x) for h in heads], f"{cls}.heads")
+
+
+def op_inspect(module, cls, init):
+    """Describe a freshly built module: parameters, buffers, submodules, shared storage."""
+    model = build(module, cls, init)
+    params_all = list(model.named_parameters(remove_duplicate=False))
+    persistent = set(model.state_dict())
+    return {
+        "parameters": {n: list(p.shape) for n, p in model.named_parameters()},
+        "parameter_count_with_duplicates": len(params_all),
+        "distinct_parameter_storages": len({p.data_ptr() for _, p in params_all}),
+        "buffers": {n: to_plain(b, n) for n, b in model.named_buffers()},
+        "persistent_buffers": sorted(n for n, _ in model.named_buffers() if n in persistent),
+        "modules": {n: type(m).__name__ for n, m in model.named_modules() if n},
+        "dropout_p": {n: m.p for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout)},
+    }
+
+
+def op_transfer_v2_to_v1(module, d_in, d_out, v2_weights, x):
+    """Build v1 and v2, inject v2's weights, call transfer_weights_v2_to_v1; return v1's state and output."""
+    sa_v2 = inject(lookup(module, "SelfAttention_v2")(d_in, d_out), v2_weights, "SelfAttention_v2")
+    sa_v1 = lookup(module, "SelfAttention_v1")(d_in, d_out)
+    lookup(module, "transfer_weights_v2_to_v1")(sa_v2, sa_v1)
+    with torch.no_grad():
+        out = sa_v1(to_torch(x))
+    state = {k: v for k, v in sa_v1.state_dict().items()}
+    return to_plain(state, "SelfAttention_v1.state_dict()"), to_plain(out, "SelfAttention_v1.forward()")
+
+
+OPS = {
+    "call": op_call,
+    "forward": op_forward,
+    "heads_forward": op_heads_forward,
+    "inspect": op_inspect,
+    "transfer_v2_to_v1": op_transfer_v2_to_v1,
+}
+
+
+# ---------------------------------------------------------------- front end
+
+class LocalBackend:
+    """Runs operations in this process (for students, the kit's own CI and the reference)."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+        self._modules = {}
+
+    def run(self, op, module, **kwargs):
+        if module not in self._modules:
+            try:
+                self._modules[module] = load_stage_module(self.root, module)
+            except SubmissionError as exc:
+                self._modules[module] = exc
+        loaded = self._modules[module]
+        if isinstance(loaded, SubmissionError):
+            raise SubmissionError(str(loaded))
+        return OPS[op](loaded, **kwargs)
+
+
+class Stage:
+    """One stage module of an implementation. ``stage.fn(*arrays)`` calls function ``fn``."""
+
+    def __init__(self, backend, module):
+        self._backend, self.module = backend, module
+
+    def __getattr__(self, func):
+        if func.startswith("_"):
+            raise AttributeError(func)
+
+        def call(*args, seed=None, **kwargs):
+            return self._backend.run("call", self.module, func=func, args=args, kwargs=kwargs, seed=seed)
+
+        return call
+
+    def forward(self, cls, init, x, weights=None, **options):
+        return self._backend.run("forward", self.module, cls=cls, init=init, x=x, weights=weights, **options)
+
+    def heads_forward(self, cls, init, x, weights):
+        return self._backend.run("heads_forward", self.module, cls=cls, init=init, x=x, weights=weights)
+
+    def inspect(self, cls, init):
+        return self._backend.run("inspect", self.module, cls=cls, init=init)
+
+    def run(self, op, **kwargs):
+        return self._backend.run(op, self.module, **kwargs)
+
+
+class Implementation:
+    """A directory of stage modules (solutions/, exercises/ or a submission), reached via a backend."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def stage(self, module):
+        return Stage(self.backend, module)

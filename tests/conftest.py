@@ -1,0 +1,163 @@
+"""pytest wiring: which implementation the tests reach, fixtures, devices, the stage summary.
+
+    pytest                      # the reference solutions (the kit's default)
+    pytest --impl exercises     # the stubs: everything fails, the summary says where to start
+    pytest --impl PATH          # a folder laid out like exercises/ (same module file names)
+    pytest -m causal_attention  # one stage
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from adapters import Implementation, LocalBackend
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent  # the kit, or a student's release folder
+FIXTURES = ROOT / "fixtures"
+STAGE_FILE = re.compile(r"test_(s\d\d_\w+)\.py$")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--impl", default=None,
+        help="implementation to test: 'solutions', 'exercises' or a PATH laid out like exercises/",
+    )
+    parser.addini("impl", default="solutions", help="default for --impl")
+
+
+def impl_root(config) -> Path:
+    choice = config.getoption("--impl") or config.getini("impl")
+    root = ROOT / choice if choice in ("solutions", "exercises") else Path(choice).expanduser()
+    root = root.resolve()
+    if not root.is_dir():
+        raise pytest.UsageError(f"--impl {choice}: {root} is not a directory of stage modules.")
+    return root
+
+
+def uses_reference(config) -> bool:
+    return impl_root(config) == (ROOT / "solutions").resolve()
+
+
+def pytest_configure(config):
+    config.impl_root = impl_root(config)
+
+
+def pytest_report_header(config):
+    return f"attention-kit implementation under test: {config.impl_root}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The kit's self-checks (marker ``kit``) concern the reference; skip them for other impls."""
+    if uses_reference(config):
+        return
+    kit = [item for item in items if item.get_closest_marker("kit")]
+    if kit:
+        config.hook.pytest_deselected(items=kit)
+        items[:] = [item for item in items if not item.get_closest_marker("kit")]
+
+
+# ---------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="session")
+def impl(request):
+    """The implementation under test (see --impl)."""
+    return Implementation(LocalBackend(request.config.impl_root))
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """The reference solutions, for hidden tests that compute expectations at test time."""
+    solutions = ROOT / "solutions"
+    if not solutions.is_dir():
+        pytest.fail("this test needs the reference solutions (instructor side only)", pytrace=False)
+    return Implementation(LocalBackend(solutions))
+
+
+class Fixture(dict):
+    """Named arrays of one .npz file; ``fx.sub('weights/')`` gathers a prefixed group."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def sub(self, prefix):
+        return {k[len(prefix):]: v for k, v in self.items() if k.startswith(prefix)}
+
+
+def load_fixture(visibility, stage):
+    path = FIXTURES / visibility / f"{stage}.npz"
+    if not path.is_file():
+        pytest.fail(f"fixture file {path} is missing (regenerate with `attnkit fixtures`)", pytrace=False)
+    with np.load(path, allow_pickle=False) as data:
+        return Fixture({k: data[k] for k in data.files})
+
+
+@pytest.fixture(scope="module")
+def public_fx(request):
+    """The public fixture of the stage this test file covers (the book's running example)."""
+    return load_fixture("public", stage_of(request.node.nodeid))
+
+
+@pytest.fixture(scope="module")
+def hidden_fx(request):
+    """The hidden (instructor-only) fixture of this test file's stage."""
+    return load_fixture("hidden", stage_of(request.node.nodeid))
+
+
+def stage_of(nodeid) -> str | None:
+    match = STAGE_FILE.search(str(nodeid).split("::")[0])
+    return match.group(1) if match else None
+
+
+GPU_SKIP = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="CUDA case: no CUDA device on this machine (its CPU twin ran; run on a GPU to check this one)",
+)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, GPU_SKIP])])
+def device(request):
+    """Every batched multi-head test runs on the CPU, and again on CUDA when there is one."""
+    return request.param
+
+
+# ---------------------------------------------------------------- summary
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Per stage: how many tests pass, and which stage to work on next."""
+    counts = defaultdict(lambda: [0, 0])  # stage -> [passed, total]
+    for outcome in ("passed", "failed", "error"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if getattr(report, "when", "call") != "call" and outcome != "error":
+                continue
+            stage = stage_of(report.nodeid)
+            if stage:
+                counts[stage][0] += outcome == "passed"
+                counts[stage][1] += 1
+    if not counts:
+        return
+    tr = terminalreporter
+    tr.section("attention-kit stages")
+    tr.write_line(f"implementation: {config.impl_root}")
+    todo = None
+    for stage in sorted(counts):
+        passed, total = counts[stage]
+        mark = "done" if passed == total else "    "
+        tr.write_line(f"  {mark}  {stage:<28} {passed:>3}/{total:<3} tests pass")
+        if todo is None and passed < total:
+            todo = stage
+    if todo:
+        tr.write_line(
+            f"Next: stage {todo}. Open {todo}.py, fill in its TODOs, then run "
+            f"`pytest tests/test_{todo}.py` (the failures above say what is expected)."
+        )
+    else:
+        tr.write_line("Every stage passes.")
