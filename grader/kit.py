@@ -24,7 +24,11 @@ def marker(stage: str) -> str:
 @cache
 def adapters():
     """tests/adapters.py, the single door from tests to an implementation."""
-    spec = importlib.util.spec_from_file_location("adapters", TESTS / "adapters.py")
+    path = TESTS / "adapters.py"
+    loaded = sys.modules.get("adapters")
+    if loaded is not None and getattr(loaded, "__file__", None) == str(path):
+        return loaded  # already imported by the tests' conftest: share its classes
+    spec = importlib.util.spec_from_file_location("adapters", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("adapters", module)
     spec.loader.exec_module(module)

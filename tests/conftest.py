@@ -28,6 +28,10 @@ def pytest_addoption(parser):
         "--impl", default=None,
         help="implementation to test: 'solutions', 'exercises' or a PATH laid out like exercises/",
     )
+    parser.addoption(
+        "--isolate", action="store_true",
+        help="run the implementation in a sandboxed child process (what grading does; needs grader/)",
+    )
     parser.addini("impl", default="solutions", help="default for --impl")
 
 
@@ -66,8 +70,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def impl(request):
-    """The implementation under test (see --impl)."""
-    return Implementation(LocalBackend(request.config.impl_root))
+    """The implementation under test (see --impl and --isolate)."""
+    root = request.config.impl_root
+    if request.config.getoption("--isolate"):
+        from grader.sandbox import IsolatedBackend
+
+        return Implementation(IsolatedBackend(root))
+    return Implementation(LocalBackend(root))
 
 
 @pytest.fixture(scope="session")
