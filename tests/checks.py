@@ -79,3 +79,66 @@ def causal(scores, fill=-np.inf):
     """scores with the strict upper triangle replaced by ``fill``."""
     t = scores.shape[-1]
     return np.where(np.triu(np.ones((t, t), bool), 1), fill, scores)
+
+
+def linear(x, weights, name):
+    out = x @ weights[f"{name}.weight"].T
+    bias = weights.get(f"{name}.bias")
+    return out if bias is None else out + bias
+
+
+def multihead(x, weights, num_heads, *, scale_by="head_dim", split="view_transpose", out_proj=True,
+              qkv_bias=True, mask="causal"):
+    """NumPy multi-head causal attention, with switches that reproduce typical mistakes.
+
+    x: (b, T, d_in); weights: MultiHeadAttention state_dict (W_query/W_key/W_value, out_proj).
+    scale_by: "head_dim" (right), "d_out", "none"; split: "view_transpose" (right) or "view_only"
+    (reshaping straight to (b, heads, T, head_dim)); mask: "causal", "none", "zero" (fill 0).
+    """
+    if not qkv_bias:
+        weights = {k: v for k, v in weights.items() if not (k.startswith("W_") and k.endswith("bias"))}
+    b, t, _ = x.shape
+    q, k, v = (linear(x, weights, n) for n in ("W_query", "W_key", "W_value"))
+    d_out = q.shape[-1]
+    hd = d_out // num_heads
+
+    def heads(a):
+        if split == "view_only":
+            return a.reshape(b, num_heads, t, hd)
+        return a.reshape(b, t, num_heads, hd).transpose(0, 2, 1, 3)
+
+    q, k, v = heads(q), heads(k), heads(v)
+    scores = q @ k.transpose(0, 1, 3, 2)
+    scores = scores / {"head_dim": np.sqrt(hd), "d_out": np.sqrt(d_out), "none": 1.0}[scale_by]
+    if mask == "causal":
+        scores = causal(scores)
+    elif mask == "zero":
+        scores = causal(scores, fill=0.0)
+    context = (softmax(scores) @ v).transpose(0, 2, 1, 3).reshape(b, t, d_out)
+    return linear(context, weights, "out_proj") if out_proj else context
+
+
+def multihead_mistakes(x, weights, num_heads, out_proj=True):
+    """What typical multi-head mistakes produce on these inputs, keyed by a plain description.
+
+    Mistakes that happen to give the right answer for this configuration (e.g. a missing
+    transpose with a single head) are left out.
+    """
+    def run(**change):
+        return multihead(x, weights, num_heads, out_proj=out_proj, **change)
+
+    candidates = {
+        "the scores were scaled by sqrt(d_out), the model width; each head's dot products have "
+        "head_dim terms, so divide by sqrt(head_dim)": run(scale_by="d_out"),
+        "the scores were not scaled by 1 / sqrt(head_dim)": run(scale_by="none"),
+        "the heads were split with view alone: view to (b, num_tokens, num_heads, head_dim), "
+        "then transpose(1, 2)": run(split="view_only"),
+        "the causal mask is missing: tokens see the future": run(mask="none"),
+        "masked with 0 instead of -inf: a masked score of 0 still gets weight": run(mask="zero"),
+        "qkv_bias was ignored: pass bias=qkv_bias to W_query, W_key and W_value": run(qkv_bias=False),
+    }
+    if out_proj:
+        candidates["out_proj was not applied to the concatenated heads"] = multihead(
+            x, weights, num_heads, out_proj=False)
+    right = run()
+    return {why: c for why, c in candidates.items() if not np.allclose(c, right, rtol=1e-4, atol=1e-6)}

@@ -88,17 +88,28 @@ def reference():
     return Implementation(LocalBackend(solutions))
 
 
-class Fixture(dict):
-    """Named arrays of one .npz file; ``fx.sub('weights/')`` gathers a prefixed group."""
+class Fixture:
+    """The named arrays of one .npz file: ``fx.inputs`` or ``fx["case0/x"]``."""
+
+    def __init__(self, arrays):
+        self._arrays = arrays
+
+    def __getitem__(self, name):
+        return self._arrays[name]
 
     def __getattr__(self, name):
         try:
-            return self[name]
+            return self._arrays[name]
         except KeyError:
             raise AttributeError(name) from None
 
     def sub(self, prefix):
-        return {k[len(prefix):]: v for k, v in self.items() if k.startswith(prefix)}
+        """The arrays whose names start with prefix, prefix removed (e.g. a state_dict)."""
+        return {k[len(prefix):]: v for k, v in self._arrays.items() if k.startswith(prefix)}
+
+    def init(self, prefix=""):
+        """Constructor arguments stored under prefix + 'init/', as Python scalars."""
+        return {k: v.item() for k, v in self.sub(prefix + "init/").items()}
 
 
 def load_fixture(visibility, stage):

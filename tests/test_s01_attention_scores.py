@@ -1,0 +1,51 @@
+"""Stage 1: attention scores for one query.
+
+Spec: the score of token i is the dot product inputs[i] . query. The loop
+form and the matmul form return the same (num_tokens,) vector.
+"""
+import numpy as np
+import pytest
+
+from checks import assert_close
+
+pytestmark = pytest.mark.attention_scores
+STAGE = "s01_attention_scores"
+FORMS = ["attention_scores_loop", "attention_scores_matmul"]
+
+
+@pytest.fixture(scope="module")
+def stage(impl):
+    return impl.stage(STAGE)
+
+
+@pytest.mark.public
+@pytest.mark.parametrize("form", FORMS)
+def test_journey_scores_every_token_against_the_query(stage, public_fx, form):
+    scores = getattr(stage, form)(public_fx.inputs, public_fx.query)
+    assert_close(
+        "attn_scores_2", scores, public_fx.attn_scores_2,
+        mistakes={
+            "the scores of every pair of tokens; one query needs one score per token": public_fx.inputs @ public_fx.inputs.T,
+        },
+        hint="attn_scores_2[i] is the dot product of inputs[i] with the query inputs[1].",
+    )
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("case", ["case0", "case1"])
+def test_scores_for_other_sizes_and_a_query_outside_the_inputs(stage, hidden_fx, form, case):
+    inputs, query = hidden_fx[f"{case}/inputs"], hidden_fx[f"{case}/query"]
+    scores = getattr(stage, form)(inputs, query)
+    assert_close(
+        "scores", scores, hidden_fx[f"{case}/scores"],
+        mistakes={"scores against inputs[1] instead of the given query": inputs @ inputs[1]},
+        hint=f"inputs {inputs.shape}, query {query.shape}: one dot product per input row.",
+    )
+
+
+def test_loop_and_matmul_forms_agree(stage, hidden_fx):
+    inputs, query = hidden_fx["case0/inputs"], hidden_fx["case0/query"]
+    assert_close(
+        "matmul scores vs loop scores",
+        stage.attention_scores_matmul(inputs, query), stage.attention_scores_loop(inputs, query),
+    )

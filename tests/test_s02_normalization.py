@@ -1,0 +1,100 @@
+"""Stage 2: normalising scores into attention weights.
+
+Spec: normalize_by_sum divides by the sum; softmax_by_hand and softmax_torch
+compute softmax over the last dimension (softmax_by_hand also over a given
+dim) and stay finite for huge scores; all_pairs_scores is inputs @ inputs.T
+and all_pairs_weights its row-wise softmax: every row sums to 1.
+"""
+import numpy as np
+import pytest
+
+from checks import assert_close, softmax
+
+pytestmark = pytest.mark.normalization
+STAGE = "s02_normalization"
+
+
+@pytest.fixture(scope="module")
+def stage(impl):
+    return impl.stage(STAGE)
+
+
+def sum_normalised(x, axis=-1):
+    return x / x.sum(axis=axis, keepdims=True)
+
+
+@pytest.mark.public
+def test_journey_weights_by_sum(stage, public_fx):
+    weights = stage.normalize_by_sum(public_fx.attn_scores_2)
+    assert_close("attn_weights_2_tmp", weights, public_fx.weights_by_sum,
+                 mistakes={"softmax instead of dividing by the sum": softmax(public_fx.attn_scores_2)})
+
+
+@pytest.mark.public
+@pytest.mark.parametrize("form", ["softmax_by_hand", "softmax_torch"])
+def test_journey_softmax_weights(stage, public_fx, form):
+    weights = getattr(stage, form)(public_fx.attn_scores_2)
+    assert_close("attn_weights_2", weights, public_fx.weights_softmax,
+                 mistakes={"the scores divided by their sum, not softmax": public_fx.weights_by_sum})
+
+
+@pytest.mark.public
+def test_journey_all_pairs_scores(stage, public_fx):
+    assert_close("attn_scores", stage.all_pairs_scores(public_fx.inputs), public_fx.attn_scores)
+
+
+@pytest.mark.public
+def test_journey_all_pairs_weights_rows_sum_to_one(stage, public_fx):
+    weights = stage.all_pairs_weights(public_fx.inputs)
+    assert_close(
+        "attn_weights", weights, public_fx.attn_weights,
+        mistakes={
+            "softmax over dim 0 (each column sums to 1); each query's row must sum to 1, use dim=-1":
+                softmax(public_fx.attn_scores, axis=0),
+            "rows divided by their sum instead of softmax": sum_normalised(public_fx.attn_scores),
+        },
+    )
+
+
+def test_weights_by_sum_for_other_scores(stage, hidden_fx):
+    weights = stage.normalize_by_sum(hidden_fx.scores)
+    assert_close("weights", weights, hidden_fx.weights_by_sum)
+    assert_close("weights.sum()", np.sum(weights), 1.0)
+
+
+@pytest.mark.parametrize("form", ["softmax_by_hand", "softmax_torch"])
+def test_softmax_of_a_vector_and_of_each_row(stage, hidden_fx, form):
+    run = getattr(stage, form)
+    assert_close("softmax(scores)", run(hidden_fx.scores), hidden_fx.weights_softmax)
+    assert_close(
+        "softmax(matrix)", run(hidden_fx.matrix), hidden_fx.matrix_softmax,
+        mistakes={
+            "softmax over dim 0 (columns) instead of the last dim (rows)": softmax(hidden_fx.matrix, axis=0),
+            "one softmax over the whole matrix: the max/sum must be taken per row (keepdim=True)":
+                softmax(hidden_fx.matrix.reshape(-1)).reshape(hidden_fx.matrix.shape),
+        },
+    )
+
+
+@pytest.mark.parametrize("form", ["softmax_by_hand", "softmax_torch"])
+def test_softmax_is_stable_for_huge_scores(stage, hidden_fx, form):
+    weights = getattr(stage, form)(hidden_fx.large)
+    assert_close(
+        "softmax(large)", weights, hidden_fx.large_softmax,
+        hint="Scores around 1000 make exp() overflow to inf (inf / inf = nan). "
+             "Subtract each row's max before exp: softmax(x) = softmax(x - max(x)).",
+    )
+
+
+def test_softmax_by_hand_honours_dim(stage, hidden_fx):
+    weights = stage.softmax_by_hand(hidden_fx.matrix, dim=0)
+    assert_close("softmax_by_hand(matrix, dim=0)", weights, softmax(hidden_fx.matrix, axis=0),
+                 mistakes={"the dim argument is ignored (softmax over the last dim)": hidden_fx.matrix_softmax})
+
+
+def test_all_pairs_for_other_inputs(stage, hidden_fx):
+    assert_close("attn_scores", stage.all_pairs_scores(hidden_fx.inputs), hidden_fx.attn_scores)
+    assert_close(
+        "attn_weights", stage.all_pairs_weights(hidden_fx.inputs), hidden_fx.attn_weights,
+        mistakes={"softmax over dim 0 (each column sums to 1)": softmax(hidden_fx.attn_scores, axis=0)},
+    )

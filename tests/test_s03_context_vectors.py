@@ -1,0 +1,48 @@
+"""Stage 3: context vectors.
+
+Spec: a query's context vector is sum_i weights[i] * inputs[i]; all context
+vectors at once are attn_weights @ inputs, row i for token i.
+"""
+import pytest
+
+from checks import assert_close
+
+pytestmark = pytest.mark.context_vectors
+STAGE = "s03_context_vectors"
+
+
+@pytest.fixture(scope="module")
+def stage(impl):
+    return impl.stage(STAGE)
+
+
+@pytest.mark.public
+def test_journey_context_vector(stage, public_fx):
+    assert_close(
+        "context_vec_2", stage.context_vector(public_fx.attn_weights_2, public_fx.inputs), public_fx.context_vec_2,
+        mistakes={"the inputs were averaged without their weights": public_fx.inputs.mean(axis=0),
+                  "the inputs were summed without their weights": public_fx.inputs.sum(axis=0)},
+    )
+
+
+@pytest.mark.public
+def test_journey_all_context_vectors(stage, public_fx):
+    assert_close(
+        "all_context_vecs", stage.all_context_vectors(public_fx.attn_weights, public_fx.inputs),
+        public_fx.all_context_vecs,
+        mistakes={"attn_weights.T @ inputs: row i of the weights belongs to query i, do not transpose":
+                  public_fx.attn_weights.T @ public_fx.inputs},
+    )
+
+
+def test_context_vector_for_other_weights(stage, hidden_fx):
+    weights, inputs = hidden_fx.attn_weights, hidden_fx.inputs
+    assert_close("context_vec_3", stage.context_vector(weights[3], inputs), hidden_fx.context_vec_3)
+
+
+def test_all_context_vectors_for_other_weights(stage, hidden_fx):
+    weights, inputs = hidden_fx.attn_weights, hidden_fx.inputs
+    assert_close(
+        "all_context_vecs", stage.all_context_vectors(weights, inputs), hidden_fx.all_context_vecs,
+        mistakes={"attn_weights.T @ inputs: the weights were transposed": weights.T @ inputs},
+    )

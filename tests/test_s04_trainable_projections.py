@@ -1,0 +1,63 @@
+"""Stage 4: trainable projections for one query.
+
+Spec: query = x_query @ W_query, keys = inputs @ W_key, values = inputs @ W_value;
+scores = keys . query; weights = softmax(scores / sqrt(d_k)) with d_k the key
+dimension; the context vector is weights @ values.
+"""
+import numpy as np
+import pytest
+
+from checks import assert_close, softmax
+
+pytestmark = pytest.mark.trainable_projections
+STAGE = "s04_trainable_projections"
+
+
+@pytest.fixture(scope="module")
+def stage(impl):
+    return impl.stage(STAGE)
+
+
+def scaling_mistakes(scores, d_k):
+    return {
+        "the scores were not scaled: divide them by sqrt(d_k) before the softmax": softmax(scores),
+        "the scores were divided by d_k; divide by its square root, d_k ** 0.5": softmax(scores / d_k),
+        "the scores were multiplied by sqrt(d_k); divide by it": softmax(scores * np.sqrt(d_k)),
+    }
+
+
+def check_projections(stage, fx, name):
+    assert_close(f"query ({name})", stage.project(fx.x_query, fx.W_query), fx.query)
+    assert_close(f"keys ({name})", stage.project(fx.inputs, fx.W_key), fx.keys)
+    assert_close(f"values ({name})", stage.project(fx.inputs, fx.W_value), fx.values)
+
+
+def check_scores(stage, fx, name):
+    assert_close(f"attn_scores ({name})", stage.scores_for_query(fx.query, fx.keys), fx.attn_scores)
+
+
+def check_weights(stage, fx, name):
+    d_k = fx.keys.shape[-1]
+    assert_close(f"attn_weights ({name})", stage.scaled_weights(fx.attn_scores, d_k), fx.attn_weights,
+                 mistakes=scaling_mistakes(fx.attn_scores, d_k))
+
+
+def check_context(stage, fx, name):
+    assert_close(
+        f"context_vec ({name})", stage.context_for_query(fx.attn_weights, fx.values), fx.context_vec,
+        mistakes={"the weights mixed the inputs; they must mix the values": fx.attn_weights @ fx.inputs},
+    )
+
+
+CHECKS = [check_projections, check_scores, check_weights, check_context]
+
+
+@pytest.mark.public
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_journey_with_the_books_weights(stage, public_fx, check):
+    check(stage, public_fx, "journey, the book's W at seed 123")
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_other_sizes_d_in_5_d_out_4(stage, hidden_fx, check):
+    check(stage, hidden_fx, "d_in=5, d_out=4, 7 tokens")

@@ -1,0 +1,94 @@
+"""Stage 6: causal masks.
+
+Spec: both functions return weights where token i attends only to tokens
+0..i: entries above the diagonal are exactly 0, every row sums to 1, and the
+result equals the softmax over the allowed positions alone. The simple form
+masks normalised weights and renormalises; the efficient form masks the raw
+scores with -inf and takes softmax(masked / sqrt(d_k)). Inputs may carry a
+leading batch dimension.
+"""
+import numpy as np
+import pytest
+
+from checks import assert_close, causal, softmax
+
+pytestmark = pytest.mark.causal_mask
+STAGE = "s06_causal_mask"
+
+
+@pytest.fixture(scope="module")
+def stage(impl):
+    return impl.stage(STAGE)
+
+
+def mask_mistakes(scores, d_k):
+    t = scores.shape[-1]
+    scaled = scores / np.sqrt(d_k)
+    lower = np.tril(np.ones((t, t), np.float32))
+    return {
+        "the mask hides the past instead of the future (tril and triu swapped)":
+            softmax(np.where(np.tril(np.ones((t, t), bool), -1), -np.inf, scaled)),
+        "masked with 0 instead of -inf: a 0 score still gets weight exp(0) > 0":
+            softmax(causal(scaled, fill=0.0)),
+        "masked after the softmax without renormalising: rows no longer sum to 1":
+            softmax(scaled) * lower,
+        "softmax over the wrong dimension (dim=1 of a batch is the query axis; use dim=-1)":
+            softmax(causal(scaled), axis=-2),
+        "the scores were not scaled by 1 / sqrt(d_k) before the softmax": softmax(causal(scores)),
+    }
+
+
+@pytest.mark.public
+def test_simple_mask_on_the_journey_weights(stage, public_fx):
+    out = stage.causal_weights_simple(public_fx.attn_weights)
+    assert_close("masked_simple_norm", out, public_fx.masked_weights,
+                 mistakes={"the rows were not renormalised after masking": public_fx.attn_weights
+                           * np.tril(np.ones((6, 6), np.float32))})
+
+
+@pytest.mark.public
+def test_efficient_mask_on_the_journey_scores(stage, public_fx):
+    out = stage.causal_weights_efficient(public_fx.attn_scores, int(public_fx.d_k))
+    assert_close("attn_weights (efficient mask)", out, public_fx.masked_weights,
+                 mistakes=mask_mistakes(public_fx.attn_scores, int(public_fx.d_k)))
+
+
+@pytest.mark.public
+def test_simple_and_efficient_masks_agree(stage, public_fx):
+    simple = stage.causal_weights_simple(public_fx.attn_weights)
+    efficient = stage.causal_weights_efficient(public_fx.attn_scores, int(public_fx.d_k))
+    assert_close("simple vs efficient masked weights", simple, efficient)
+
+
+def test_efficient_mask_on_a_batch(stage, hidden_fx):
+    d_k = int(hidden_fx.d_k)
+    out = stage.causal_weights_efficient(hidden_fx.attn_scores, d_k)
+    assert_close("masked weights (batch of 3)", out, hidden_fx.masked_weights,
+                 mistakes=mask_mistakes(hidden_fx.attn_scores, d_k))
+
+
+def test_simple_mask_on_a_batch(stage, hidden_fx):
+    out = stage.causal_weights_simple(hidden_fx.attn_weights)
+    assert_close("masked weights (batch of 3)", out, hidden_fx.masked_weights)
+
+
+@pytest.mark.parametrize("form", ["simple", "efficient"])
+def test_future_is_exactly_zero_and_rows_sum_to_one(stage, hidden_fx, form):
+    if form == "simple":
+        out = stage.causal_weights_simple(hidden_fx.attn_weights)
+    else:
+        out = stage.causal_weights_efficient(hidden_fx.attn_scores, int(hidden_fx.d_k))
+    t = out.shape[-1]
+    future = out[..., np.triu(np.ones((t, t), bool), 1)]
+    assert np.all(future == 0), f"weights above the diagonal must be exactly 0 (future tokens); got max {future.max():.4g}"
+    assert_close("row sums", out.sum(axis=-1), np.ones(out.shape[:-1], np.float32))
+
+
+def test_changing_future_scores_changes_nothing(stage, hidden_fx):
+    scores = hidden_fx.attn_scores.copy()
+    t = scores.shape[-1]
+    tampered = scores + 50.0 * np.triu(np.ones((t, t), np.float32), 1)
+    d_k = int(hidden_fx.d_k)
+    assert_close("weights with altered future scores", stage.causal_weights_efficient(tampered, d_k),
+                 stage.causal_weights_efficient(scores, d_k),
+                 hint="Scores above the diagonal belong to future tokens and must not influence any weight.")

@@ -1,0 +1,81 @@
+"""Stage 7: dropout on attention weights.
+
+Dropout masks are random, and torch's random stream differs across platforms,
+so these tests check properties, never stored masks. Spec: in training mode
+each element is zeroed with probability p and the survivors are multiplied by
+exactly 1 / (1 - p); in eval mode (or with p = 0) the input comes back unchanged.
+"""
+import numpy as np
+import pytest
+
+from checks import assert_close
+
+pytestmark = pytest.mark.dropout
+STAGE = "s07_dropout"
+ONES = np.ones((200, 200), np.float32)  # 40,000 draws: the kept fraction is within ±0.01 of 1-p
+
+
+@pytest.fixture(scope="module")
+def stage(impl):
+    return impl.stage(STAGE)
+
+
+def check_dropout_properties(out, x, p, name):
+    assert out.shape == x.shape, f"{name}: shape {out.shape}, expected {x.shape}"
+    kept = out != 0
+    fraction = kept.mean()
+    assert abs(fraction - (1 - p)) < 0.02, (
+        f"{name}: {fraction:.3f} of the elements were kept, expected about {1 - p:.2f} for p={p}. "
+        "p is the probability of DROPPING an element."
+    )
+    ratio = out[kept] / x[kept]
+    assert_close(f"{name}: kept values / input", ratio, np.full(ratio.shape, 1 / (1 - p), np.float32),
+                 mistakes={"the kept values were not rescaled by 1 / (1 - p)": np.ones(ratio.shape, np.float32),
+                           "the kept values were multiplied by (1 - p) instead of divided": np.full(ratio.shape, 1 - p, np.float32)})
+
+
+@pytest.mark.public
+def test_eval_mode_returns_the_weights_unchanged(stage):
+    weights = np.random.default_rng(0).dirichlet(np.ones(6), size=6).astype(np.float32)
+    out = stage.attention_dropout(weights, 0.5, training=False)
+    assert_close("attention_dropout(weights, 0.5, training=False)", out, weights,
+                 hint="nn.Dropout does nothing in eval mode: call .eval() or .train(False) on it.")
+
+
+@pytest.mark.public
+@pytest.mark.parametrize("p", [0.5, 0.2])
+def test_training_mode_drops_a_fraction_p_and_rescales(stage, p):
+    check_dropout_properties(stage.attention_dropout(ONES, p, training=True, seed=123), ONES, p, "attention_dropout")
+
+
+@pytest.mark.parametrize("p", [0.5, 0.1])
+def test_dropout_by_hand_drops_a_fraction_p_and_rescales(stage, p):
+    x = np.random.default_rng(1).uniform(0.5, 2.0, size=ONES.shape).astype(np.float32)
+    check_dropout_properties(stage.dropout_by_hand(x, p, seed=7), x, p, "dropout_by_hand")
+
+
+def test_p_zero_keeps_everything(stage):
+    x = np.random.default_rng(2).uniform(size=(5, 5)).astype(np.float32)
+    assert_close("attention_dropout(x, 0.0)", stage.attention_dropout(x, 0.0, training=True), x)
+    assert_close("dropout_by_hand(x, 0.0)", stage.dropout_by_hand(x, 0.0), x)
+
+
+def test_dropout_by_hand_keeps_the_expected_value(stage):
+    out = stage.dropout_by_hand(ONES, 0.5, seed=11)
+    assert abs(out.mean() - 1.0) < 0.03, (
+        f"the mean of dropout_by_hand(ones, 0.5) is {out.mean():.3f}; rescaling by 1/(1-p) keeps it near 1"
+    )
+
+
+def test_dropout_by_hand_follows_torch_manual_seed(stage):
+    first = stage.dropout_by_hand(ONES[:20, :20], 0.5, seed=5)
+    again = stage.dropout_by_hand(ONES[:20, :20], 0.5, seed=5)
+    other = stage.dropout_by_hand(ONES[:20, :20], 0.5, seed=6)
+    assert np.array_equal(first, again), "the same torch.manual_seed must give the same mask: draw with torch's generator"
+    assert not np.array_equal(first, other), "different seeds gave the same mask: the mask must be random"
+
+
+def test_masks_differ_between_calls(stage):
+    a = stage.attention_dropout(ONES[:20, :20], 0.5, training=True, seed=1)
+    b = stage.attention_dropout(ONES[:20, :20], 0.5, training=True, seed=2)
+    assert not np.array_equal(a, b), "two differently seeded calls dropped the same elements: is the mask fixed?"

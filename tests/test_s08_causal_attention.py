@@ -1,0 +1,123 @@
+"""Stage 8: CausalAttention, batched.
+
+Spec: CausalAttention(d_in, d_out, context_length, dropout, qkv_bias=False)
+maps x (b, num_tokens, d_in) to (b, num_tokens, d_out) for any
+num_tokens <= context_length; token t's output depends only on tokens 0..t;
+the mask is a registered buffer named mask (saved in the state_dict, moved by
+.to()); qkv_bias adds biases to W_query/W_key/W_value; dropout acts on the
+attention weights in training mode only.
+"""
+import numpy as np
+import pytest
+
+from checks import assert_close, multihead_mistakes
+
+pytestmark = pytest.mark.causal_attention
+STAGE = "s08_causal_attention"
+CLS = "CausalAttention"
+NAMES = ("W_query", "W_key", "W_value")
+
+
+@pytest.fixture(scope="module")
+def stage(impl):
+    return impl.stage(STAGE)
+
+
+def random_case(seed, b, t, d_in, d_out, context_length, qkv_bias=False):
+    r = np.random.default_rng(seed)
+    init = dict(d_in=d_in, d_out=d_out, context_length=context_length, dropout=0.0, qkv_bias=qkv_bias)
+    weights = {f"{n}.weight": r.uniform(-0.5, 0.5, (d_out, d_in)).astype(np.float32) for n in NAMES}
+    if qkv_bias:
+        weights.update({f"{n}.bias": r.uniform(-0.5, 0.5, d_out).astype(np.float32) for n in NAMES})
+    return init, r.normal(size=(b, t, d_in)).astype(np.float32), weights
+
+
+@pytest.mark.public
+def test_book_weights_on_the_batch_of_two(stage, public_fx):
+    out = stage.forward(CLS, public_fx.init(), public_fx.x, public_fx.sub("weights/"))
+    assert_close("context_vecs", out, public_fx.output,
+                 mistakes=multihead_mistakes(public_fx.x, public_fx.sub("weights/"), 1, out_proj=False))
+
+
+@pytest.mark.public
+@pytest.mark.book
+def test_book_reproduction(stage, public_fx):
+    """torch.manual_seed(123) then CausalAttention(3, 2, 6, 0.0), layers created W_query, W_key, W_value.
+
+    Carries no points: creating the layers in another order is just as correct.
+    """
+    out = stage.forward(CLS, public_fx.init(), public_fx.x, seed=123)
+    assert_close("context_vecs at torch.manual_seed(123)", out, public_fx.output,
+                 hint="Create W_query, W_key, W_value in this order to get the book's numbers.")
+
+
+@pytest.mark.parametrize("case", ["case0", "case1"])
+def test_other_sizes(stage, hidden_fx, case):
+    x, weights = hidden_fx[f"{case}/x"], hidden_fx.sub(f"{case}/weights/")
+    out = stage.forward(CLS, hidden_fx.init(f"{case}/"), x, weights)
+    assert_close("context_vecs", out, hidden_fx[f"{case}/output"],
+                 mistakes=multihead_mistakes(x, weights, 1, out_proj=False))
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 8])
+def test_any_length_up_to_context_length(stage, reference, num_tokens):
+    init, x, weights = random_case(num_tokens, b=2, t=num_tokens, d_in=4, d_out=3, context_length=8)
+    expected = reference.stage(STAGE).forward(CLS, init, x, weights)
+    out = stage.forward(CLS, init, x, weights)
+    assert_close(f"context_vecs for {num_tokens} of 8 tokens", out, expected,
+                 hint="Cut the mask to the actual length: self.mask.bool()[:num_tokens, :num_tokens].")
+
+
+def test_mask_is_a_registered_buffer(stage):
+    info = stage.inspect(CLS, dict(d_in=3, d_out=2, context_length=5, dropout=0.0))
+    assert "mask" in info["buffers"], (
+        "no buffer named 'mask': create it with self.register_buffer('mask', ...) so that it is saved "
+        "in the state_dict and follows the module to the GPU"
+    )
+    assert "mask" in info["persistent_buffers"], "the mask buffer should be persistent (part of the state_dict)"
+    mask = np.asarray(info["buffers"]["mask"])
+    assert mask.shape == (5, 5), f"mask has shape {mask.shape}; expected (context_length, context_length) = (5, 5)"
+    future = np.triu(np.ones((5, 5), bool), 1)
+    assert np.all(mask[future] != 0) and np.all(mask[~future] == 0), (
+        f"mask should be 1 (True) strictly above the diagonal (the future) and 0 elsewhere; yours:\n{mask}"
+    )
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_qkv_bias_is_honoured(stage, qkv_bias):
+    info = stage.inspect(CLS, dict(d_in=4, d_out=3, context_length=5, dropout=0.0, qkv_bias=qkv_bias))
+    biases = sorted(n for n in info["parameters"] if n.endswith(".bias"))
+    expected = sorted(f"{n}.bias" for n in NAMES) if qkv_bias else []
+    assert biases == expected, (
+        f"with qkv_bias={qkv_bias} the bias parameters should be {expected}; yours: {biases}. "
+        "Pass bias=qkv_bias to every nn.Linear."
+    )
+
+
+def test_dropout_layer_uses_the_given_rate(stage):
+    info = stage.inspect(CLS, dict(d_in=3, d_out=2, context_length=5, dropout=0.25))
+    assert info["dropout_p"].get("dropout") == 0.25, (
+        f"expected self.dropout = nn.Dropout(0.25); dropout layers found: {info['dropout_p']}"
+    )
+
+
+def test_dropout_acts_in_training_mode_only(stage):
+    init, x, weights = random_case(5, b=2, t=6, d_in=4, d_out=3, context_length=6)
+    plain = stage.forward(CLS, init, x, weights)
+    init = dict(init, dropout=0.5)
+    assert_close("eval-mode output with dropout=0.5", stage.forward(CLS, init, x, weights), plain,
+                 hint="In eval mode dropout must do nothing.")
+    trained = stage.forward(CLS, init, x, weights, train=True, seed=0)
+    assert not np.allclose(trained, plain), (
+        "in training mode with dropout=0.5 the output equals the eval output: apply self.dropout "
+        "to the attention weights in forward"
+    )
+
+
+def test_output_of_a_token_ignores_later_tokens(stage):
+    init, x, weights = random_case(6, b=1, t=6, d_in=4, d_out=3, context_length=6)
+    changed = x.copy()
+    changed[:, 4:] += 3.0
+    before, after = stage.forward(CLS, init, x, weights), stage.forward(CLS, init, changed, weights)
+    assert_close("outputs of tokens 0-3 after changing tokens 4-5", after[:, :4], before[:, :4],
+                 hint="Token t may only attend to tokens 0..t: mask the scores above the diagonal with -inf.")

@@ -1,0 +1,81 @@
+"""Stage 9: MultiHeadAttentionWrapper.
+
+Spec: heads is an nn.ModuleList of num_heads independent CausalAttention
+modules (no shared weights); the output is the heads' outputs concatenated
+along the last dimension: (b, num_tokens, num_heads * d_out).
+"""
+import numpy as np
+import pytest
+
+from checks import assert_close
+
+pytestmark = pytest.mark.multihead_wrapper
+STAGE = "s09_multihead_wrapper"
+CLS = "MultiHeadAttentionWrapper"
+
+
+@pytest.fixture(scope="module")
+def stage(impl):
+    return impl.stage(STAGE)
+
+
+def head_weights(seed, num_heads, d_in, d_out, qkv_bias):
+    r = np.random.default_rng(seed)
+    w = {}
+    for h in range(num_heads):
+        for n in ("W_query", "W_key", "W_value"):
+            w[f"heads.{h}.{n}.weight"] = r.uniform(-0.5, 0.5, (d_out, d_in)).astype(np.float32)
+            if qkv_bias:
+                w[f"heads.{h}.{n}.bias"] = r.uniform(-0.5, 0.5, d_out).astype(np.float32)
+    return w
+
+
+@pytest.mark.public
+def test_book_weights_two_heads(stage, public_fx):
+    out = stage.forward(CLS, public_fx.init(), public_fx.x, public_fx.sub("weights/"))
+    assert_close("context_vecs", out, public_fx.output)
+
+
+@pytest.mark.public
+@pytest.mark.book
+def test_book_reproduction(stage, public_fx):
+    """torch.manual_seed(123), then the wrapper builds head 0 and head 1 in order. No points."""
+    out = stage.forward(CLS, public_fx.init(), public_fx.x, seed=123)
+    assert_close("context_vecs at torch.manual_seed(123)", out, public_fx.output)
+
+
+def test_three_heads_with_bias(stage, hidden_fx, device):
+    out = stage.forward(CLS, hidden_fx.init("case0/"), hidden_fx["case0/x"], hidden_fx.sub("case0/weights/"),
+                        device=device)
+    assert_close("context_vecs", out, hidden_fx["case0/output"])
+
+
+@pytest.mark.parametrize("num_heads", [1, 2, 4])
+def test_output_is_the_heads_side_by_side(stage, num_heads):
+    init = dict(d_in=5, d_out=3, context_length=6, dropout=0.0, num_heads=num_heads)
+    x = np.random.default_rng(num_heads).normal(size=(2, 6, 5)).astype(np.float32)
+    out, heads = stage.heads_forward(CLS, init, x, head_weights(num_heads, num_heads, 5, 3, False))
+    assert len(heads) == num_heads, f"expected {num_heads} heads in self.heads, found {len(heads)}"
+    assert_close("wrapper output", out, np.concatenate(heads, axis=-1),
+                 hint="Concatenate the heads' outputs along the last dimension (dim=-1).")
+
+
+def test_heads_do_not_share_weights(stage):
+    info = stage.inspect(CLS, dict(d_in=4, d_out=2, context_length=5, dropout=0.0, num_heads=3))
+    assert info["distinct_parameter_storages"] == info["parameter_count_with_duplicates"] == 9, (
+        "the 3 heads should own 9 separate weight matrices (W_query, W_key, W_value each); found "
+        f"{info['distinct_parameter_storages']} distinct of {info['parameter_count_with_duplicates']}: "
+        "create a new CausalAttention for every head ([CausalAttention(...) for _ in range(num_heads)])"
+    )
+    shapes = {n: s for n, s in info["parameters"].items()}
+    assert shapes.get("heads.2.W_query.weight") == [2, 4], (
+        f"heads.2.W_query.weight should have shape (d_out, d_in) = (2, 4); parameters: {shapes}"
+    )
+
+
+def test_any_length_and_bias(stage, reference, device):
+    init = dict(d_in=4, d_out=2, context_length=9, dropout=0.0, num_heads=2, qkv_bias=True)
+    x = np.random.default_rng(3).normal(size=(3, 5, 4)).astype(np.float32)
+    w = head_weights(3, 2, 4, 2, True)
+    assert_close("context_vecs (5 of 9 tokens, qkv_bias=True)", stage.forward(CLS, init, x, w, device=device),
+                 reference.stage(STAGE).forward(CLS, init, x, w))

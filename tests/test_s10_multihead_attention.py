@@ -1,0 +1,129 @@
+"""Stage 10: MultiHeadAttention with weight splits.
+
+Spec: MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)
+maps (b, num_tokens, d_in) to (b, num_tokens, d_out). Head h uses features
+h*head_dim .. (h+1)*head_dim-1 of W_query/W_key/W_value (head_dim = d_out // num_heads),
+scores are scaled by 1/sqrt(head_dim), causally masked, and the concatenated
+heads go through out_proj (nn.Linear(d_out, d_out) with bias).
+batched_head_scores(a) = a @ a.transpose(2, 3) for a (b, num_heads, num_tokens, head_dim),
+equal to per_head_scores_loop(a).
+"""
+import numpy as np
+import pytest
+
+from checks import assert_close, multihead_mistakes
+
+pytestmark = pytest.mark.multihead_attention
+STAGE = "s10_multihead_attention"
+CLS = "MultiHeadAttention"
+
+
+@pytest.fixture(scope="module")
+def stage(impl):
+    return impl.stage(STAGE)
+
+
+def mha_case(seed, b, t, d_in, d_out, context_length, num_heads, qkv_bias):
+    r = np.random.default_rng(seed)
+    w = {}
+    for name, fan_in, fan_out, bias in [("W_query", d_in, d_out, qkv_bias), ("W_key", d_in, d_out, qkv_bias),
+                                        ("W_value", d_in, d_out, qkv_bias), ("out_proj", d_out, d_out, True)]:
+        bound = 1 / np.sqrt(fan_in)
+        w[f"{name}.weight"] = r.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32)
+        if bias:
+            w[f"{name}.bias"] = r.uniform(-bound, bound, fan_out).astype(np.float32)
+    init = dict(d_in=d_in, d_out=d_out, context_length=context_length, dropout=0.0, num_heads=num_heads,
+                qkv_bias=qkv_bias)
+    return init, r.normal(size=(b, t, d_in)).astype(np.float32), w
+
+
+@pytest.mark.public
+def test_book_weights_two_heads(stage, public_fx):
+    out = stage.forward(CLS, public_fx.init(), public_fx.x, public_fx.sub("weights/"))
+    assert_close("context_vecs", out, public_fx.output,
+                 mistakes=multihead_mistakes(public_fx.x, public_fx.sub("weights/"), 2))
+
+
+@pytest.mark.public
+@pytest.mark.book
+def test_book_reproduction(stage, public_fx):
+    """torch.manual_seed(123), then W_query, W_key, W_value, out_proj in this order. No points."""
+    out = stage.forward(CLS, public_fx.init(), public_fx.x, seed=123)
+    assert_close("context_vecs at torch.manual_seed(123)", out, public_fx.output)
+
+
+@pytest.mark.public
+def test_batched_head_scores_on_the_example(stage, public_fx):
+    assert_close("a @ a.transpose(2, 3)", stage.batched_head_scores(public_fx.a), public_fx.a_scores)
+
+
+def test_batched_and_looped_head_scores_agree(stage, hidden_fx):
+    a = hidden_fx.a
+    assert_close("batched_head_scores(a)", stage.batched_head_scores(a), hidden_fx.a_scores)
+    assert_close("per_head_scores_loop(a)", stage.per_head_scores_loop(a), hidden_fx.a_scores)
+
+
+@pytest.mark.parametrize("case", ["case0", "case1"])
+def test_other_sizes(stage, hidden_fx, case, device):
+    x, weights = hidden_fx[f"{case}/x"], hidden_fx.sub(f"{case}/weights/")
+    init = hidden_fx.init(f"{case}/")
+    out = stage.forward(CLS, init, x, weights, device=device)
+    assert_close("context_vecs", out, hidden_fx[f"{case}/output"],
+                 mistakes=multihead_mistakes(x, weights, init["num_heads"]))
+
+
+SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs GPT-2 small's attention size
+    "cpu": dict(b=2, t=32, d_in=48, d_out=48, context_length=40, num_heads=4),
+    "cuda": dict(b=8, t=1024, d_in=768, d_out=768, context_length=1024, num_heads=12),
+}
+TOLERANCE = {"float32": dict(rtol=1e-4, atol=1e-5), "bfloat16": dict(rtol=3e-2, atol=3e-2)}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpt2_sized_heads(stage, reference, device, dtype):
+    """Many heads, long sequences; bfloat16 is compared with the float32 reference at bf16 tolerance."""
+    init, x, weights = mha_case(7, qkv_bias=True, **SIZES[device])
+    expected = reference.stage(STAGE).forward(CLS, init, x, weights, device=device)
+    out = stage.forward(CLS, init, x, weights, device=device, dtype=dtype)
+    assert_close(f"context_vecs ({device}, {dtype})", out, expected, **TOLERANCE[dtype])
+
+
+def test_parameters_and_mask(stage):
+    info = stage.inspect(CLS, dict(d_in=6, d_out=8, context_length=5, dropout=0.1, num_heads=2))
+    expected = {"W_query.weight": [8, 6], "W_key.weight": [8, 6], "W_value.weight": [8, 6],
+                "out_proj.weight": [8, 8], "out_proj.bias": [8]}
+    assert info["parameters"] == expected, f"parameters should be {expected}; yours: {info['parameters']}"
+    assert "mask" in info["persistent_buffers"], "register the causal mask as a buffer named 'mask'"
+    mask = np.asarray(info["buffers"]["mask"])
+    future = np.triu(np.ones((5, 5), bool), 1)
+    assert mask.shape == (5, 5) and np.all(mask[future] != 0) and np.all(mask[~future] == 0), (
+        f"mask should be (context_length, context_length), nonzero strictly above the diagonal; yours:\n{mask}"
+    )
+    assert info["dropout_p"].get("dropout") == 0.1, f"expected self.dropout = nn.Dropout(0.1): {info['dropout_p']}"
+
+
+@pytest.mark.parametrize("num_heads, num_tokens", [(1, 4), (3, 1), (6, 9)])
+def test_head_counts_and_lengths(stage, reference, num_heads, num_tokens):
+    init, x, weights = mha_case(num_heads, b=2, t=num_tokens, d_in=5, d_out=12, context_length=9,
+                                num_heads=num_heads, qkv_bias=False)
+    expected = reference.stage(STAGE).forward(CLS, init, x, weights)
+    assert_close(f"context_vecs ({num_heads} heads, {num_tokens} tokens)", stage.forward(CLS, init, x, weights),
+                 expected, mistakes=multihead_mistakes(x, weights, num_heads))
+
+
+def test_dropout_acts_in_training_mode_only(stage):
+    init, x, weights = mha_case(4, b=2, t=6, d_in=4, d_out=4, context_length=6, num_heads=2, qkv_bias=False)
+    plain = stage.forward(CLS, init, x, weights)
+    init = dict(init, dropout=0.5)
+    assert_close("eval-mode output with dropout=0.5", stage.forward(CLS, init, x, weights), plain)
+    assert not np.allclose(stage.forward(CLS, init, x, weights, train=True, seed=0), plain), (
+        "training mode with dropout=0.5 changed nothing: apply self.dropout to the attention weights"
+    )
+
+
+def test_output_of_a_token_ignores_later_tokens(stage):
+    init, x, weights = mha_case(8, b=1, t=7, d_in=6, d_out=6, context_length=7, num_heads=3, qkv_bias=True)
+    changed = x.copy()
+    changed[:, 5:] -= 2.0
+    before, after = stage.forward(CLS, init, x, weights), stage.forward(CLS, init, changed, weights)
+    assert_close("outputs of tokens 0-4 after changing tokens 5-6", after[:, :5], before[:, :5])

@@ -1,0 +1,112 @@
+"""Stage 11: the combined-QKV and per-head forms of multi-head attention.
+
+Spec: with weights mapped from a MultiHeadAttention state_dict by
+combined_qkv_state_dict / per_head_state_dict, MultiHeadAttentionCombinedQKV
+and MultiHeadAttentionPerHead compute exactly what MultiHeadAttention computes.
+W_qkv.weight stacks W_query, W_key, W_value along the output rows; head h of
+the per-head form owns rows h*head_dim .. (h+1)*head_dim-1 of each projection.
+Head(d_in, head_dim, context_length, dropout, qkv_bias) takes every size from
+its arguments.
+"""
+import numpy as np
+import pytest
+
+from checks import assert_close, multihead_mistakes
+
+pytestmark = pytest.mark.other_forms
+STAGE = "s11_other_forms"
+FORMS = {
+    "MultiHeadAttentionCombinedQKV": ("combined_qkv_state_dict", "combined/"),
+    "MultiHeadAttentionPerHead": ("per_head_state_dict", "per_head/"),
+}
+
+
+@pytest.fixture(scope="module")
+def stage(impl):
+    return impl.stage(STAGE)
+
+
+def mapping(stage, cls, mha_weights, num_heads):
+    func, _ = FORMS[cls]
+    if cls == "MultiHeadAttentionPerHead":
+        return getattr(stage, func)(mha_weights, num_heads)
+    return getattr(stage, func)(mha_weights)
+
+
+def check_mapping(stage, fx, prefix, cls):
+    init = fx.init(prefix)
+    got = mapping(stage, cls, fx.sub(prefix + "mha/weights/"), init["num_heads"])
+    expected = fx.sub(prefix + FORMS[cls][1] + "weights/")
+    assert isinstance(got, dict) and sorted(got) == sorted(expected), (
+        f"{FORMS[cls][0]} should return a dict with keys {sorted(expected)}; got "
+        f"{sorted(got) if isinstance(got, dict) else type(got).__name__}"
+    )
+    for key, value in expected.items():
+        assert_close(f"{FORMS[cls][0]}(...)[{key!r}]", got[key], value)
+
+
+def check_forward(stage, fx, prefix, cls, device="cpu"):
+    init, x = fx.init(prefix), fx[prefix + "x"]
+    weights = fx.sub(prefix + FORMS[cls][1] + "weights/")
+    out = stage.forward(cls, init, x, weights, device=device)
+    assert_close(f"{cls} output", out, fx[prefix + "output"],
+                 mistakes=multihead_mistakes(x, fx.sub(prefix + "mha/weights/"), init["num_heads"]),
+                 hint="With the mapped weights this must equal MultiHeadAttention's output.")
+
+
+@pytest.mark.public
+@pytest.mark.parametrize("cls", FORMS)
+def test_mapping_the_books_weights(stage, public_fx, cls):
+    check_mapping(stage, public_fx, "", cls)
+
+
+@pytest.mark.public
+@pytest.mark.parametrize("cls", FORMS)
+def test_same_output_as_multihead_attention_on_the_book_example(stage, public_fx, cls):
+    check_forward(stage, public_fx, "", cls)
+
+
+@pytest.mark.parametrize("case", ["case0", "case1"])
+@pytest.mark.parametrize("cls", FORMS)
+def test_mapping_other_sizes(stage, hidden_fx, cls, case):
+    check_mapping(stage, hidden_fx, f"{case}/", cls)
+
+
+@pytest.mark.parametrize("case", ["case0", "case1"])
+@pytest.mark.parametrize("cls", FORMS)
+def test_same_output_as_multihead_attention(stage, hidden_fx, cls, case, device):
+    check_forward(stage, hidden_fx, f"{case}/", cls, device)
+
+
+@pytest.mark.parametrize("cls", FORMS)
+def test_own_mapping_and_own_class_reproduce_multihead_attention(stage, hidden_fx, cls):
+    init, x = hidden_fx.init("case0/"), hidden_fx["case0/x"]
+    weights = mapping(stage, cls, hidden_fx.sub("case0/mha/weights/"), init["num_heads"])
+    assert_close(f"{cls} output with your mapped weights", stage.forward(cls, init, x, weights),
+                 hidden_fx["case0/output"])
+
+
+def test_head_takes_its_sizes_from_its_arguments(stage, reference):
+    r = np.random.default_rng(11)
+    init = dict(d_in=5, head_dim=3, context_length=7, dropout=0.0, qkv_bias=True)
+    weights = {}
+    for n in ("W_query", "W_key", "W_value"):
+        weights[f"{n}.weight"] = r.uniform(-0.5, 0.5, (3, 5)).astype(np.float32)
+        weights[f"{n}.bias"] = r.uniform(-0.5, 0.5, 3).astype(np.float32)
+    x = r.normal(size=(2, 4, 5)).astype(np.float32)
+    assert_close("Head(5, 3, 7, 0.0, True)(x)", stage.forward("Head", init, x, weights),
+                 reference.stage(STAGE).forward("Head", init, x, weights),
+                 hint="Use d_in, head_dim and context_length from the constructor, and cut the mask to num_tokens.")
+
+
+def test_combined_qkv_mask_broadcasts_over_batch_and_heads(stage):
+    info = stage.inspect("MultiHeadAttentionCombinedQKV",
+                         dict(d_in=4, d_out=4, context_length=5, dropout=0.0, num_heads=2))
+    mask = np.asarray(info["buffers"].get("mask", np.zeros(0)))
+    assert mask.shape == (1, 1, 5, 5), (
+        f"MultiHeadAttentionCombinedQKV's mask buffer should have shape (1, 1, context_length, context_length); "
+        f"yours: {mask.shape}"
+    )
+    assert info["parameters"].get("W_qkv.weight") == [12, 4], (
+        f"W_qkv should be nn.Linear(d_in, 3 * d_out): weight (12, 4); parameters: {info['parameters']}"
+    )
