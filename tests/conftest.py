@@ -23,42 +23,13 @@ FIXTURES = ROOT / "fixtures"
 STAGE_FILE = re.compile(r"test_(s\d\d_\w+)\.py$")
 
 
-def pytest_addoption(parser):
-    parser.addoption(
-        "--impl", default=None,
-        help="implementation to test: 'solutions', 'exercises' or a PATH laid out like exercises/",
-    )
-    parser.addoption(
-        "--isolate", action="store_true",
-        help="run the implementation in a sandboxed child process (what grading does; needs grader/)",
-    )
-    parser.addini("impl", default="solutions", help="default for --impl")
-
-
-def impl_root(config) -> Path:
-    choice = config.getoption("--impl") or config.getini("impl")
-    root = ROOT / choice if choice in ("solutions", "exercises") else Path(choice).expanduser()
-    root = root.resolve()
-    if not root.is_dir():
-        raise pytest.UsageError(f"--impl {choice}: {root} is not a directory of stage modules.")
-    return root
-
-
-def uses_reference(config) -> bool:
-    return impl_root(config) == (ROOT / "solutions").resolve()
-
-
-def pytest_configure(config):
-    config.impl_root = impl_root(config)
-
-
 def pytest_report_header(config):
     return f"attention-kit implementation under test: {config.impl_root}"
 
 
 def pytest_collection_modifyitems(config, items):
     """The kit's self-checks (marker ``kit``) concern the reference; skip them for other impls."""
-    if uses_reference(config):
+    if config.impl_root == (ROOT / "solutions").resolve():
         return
     kit = [item for item in items if item.get_closest_marker("kit")]
     if kit:

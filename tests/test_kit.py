@@ -1,0 +1,79 @@
+"""The kit checks itself: stubs in sync with solutions, fixtures reproducible, suites well formed."""
+import ast
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from grader import EXERCISES, FIXTURES, KIT, SOLUTIONS, TESTS
+from grader.fixtures import generate
+from grader.kit import marker, stages
+from grader.stubs import BEGIN, out_of_sync
+
+pytestmark = pytest.mark.kit
+
+
+def test_exercises_are_generated_from_the_solutions():
+    stale = out_of_sync()
+    assert not stale, f"exercises/ is out of sync with solutions/ for {stale}: run `attnkit stubs` and commit"
+
+
+@pytest.mark.parametrize("stage", stages())
+def test_stub_keeps_no_solution_and_raises_with_its_stage_name(stage):
+    text = (EXERCISES / f"{stage}.py").read_text()
+    assert BEGIN not in text
+    compile(text, f"{stage}.py", "exec")
+    raises = [node.exc.args[0].value for node in ast.walk(ast.parse(text))
+              if isinstance(node, ast.Raise) and getattr(node.exc, "func", None)
+              and getattr(node.exc.func, "id", "") == "NotImplementedError"]
+    assert raises and all(r.startswith(f"{stage}: ") for r in raises)
+    assert len(raises) == (SOLUTIONS / f"{stage}.py").read_text().count(BEGIN)
+
+
+def test_fixtures_regenerate_to_the_committed_values(tmp_path):
+    manifest = generate(tmp_path)
+    committed = json.loads((FIXTURES / "manifest.json").read_text())
+    assert manifest["files"] == committed["files"], "fixture names, shapes or descriptions changed: run `attnkit fixtures`"
+    for name in manifest["files"]:
+        with np.load(FIXTURES / name, allow_pickle=False) as old, np.load(tmp_path / name, allow_pickle=False) as new:
+            assert sorted(old.files) == sorted(new.files), name
+            for key in old.files:
+                assert old[key].dtype == new[key].dtype, f"{name}:{key}"
+                # Exact on the machine that generated them; the tolerance absorbs other CPUs' BLAS.
+                np.testing.assert_allclose(new[key], old[key], rtol=1e-6, atol=1e-7, err_msg=f"{name}:{key}")
+
+
+def test_manifest_describes_every_stored_array():
+    manifest = json.loads((FIXTURES / "manifest.json").read_text())
+    stored = sorted(str(p.relative_to(FIXTURES)) for p in FIXTURES.rglob("*.npz"))
+    assert stored == sorted(manifest["files"])
+    for name, arrays in manifest["files"].items():
+        with np.load(FIXTURES / name, allow_pickle=False) as data:
+            assert sorted(data.files) == sorted(arrays)
+            for key, meta in arrays.items():
+                assert list(data[key].shape) == meta["shape"] and str(data[key].dtype) == meta["dtype"]
+                assert meta["description"]
+    assert manifest["torch"] and manifest["generator"]
+
+
+@pytest.mark.parametrize("stage", stages())
+def test_each_stage_has_one_test_file_marked_with_its_stage(stage):
+    path = TESTS / f"test_{stage}.py"
+    assert path.is_file(), f"missing {path.name}"
+    tree = ast.parse(path.read_text())
+    marks = [ast.unparse(node.value) for node in tree.body
+             if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)]
+    assert marks == [f"pytest.mark.{marker(stage)}"], f"{path.name} should set pytestmark = pytest.mark.{marker(stage)}"
+    markers = (KIT / "pyproject.toml").read_text()
+    assert f'"{marker(stage)}: ' in markers, f"register the marker {marker(stage)} in pyproject.toml"
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    readme = (KIT / "README.md").read_text()
+    commands = re.findall(r"^```(?:bash|sh)\n(.*?)\n```", readme, flags=re.S | re.M)
+    assert len(commands) >= 2, "the README opens with two commands: setup + demo, setup + tests"
+    test_command = commands[1].strip()
+    ci = (KIT / ".ci" / "run").read_text()
+    assert test_command in ci.splitlines(), f".ci/run must run the README's test command: {test_command}"
