@@ -40,8 +40,8 @@ def all_pairs_scores(inputs):
 
     inputs: (num_tokens, d_in)   returns: (num_tokens, num_tokens); row i is token i's query
     """
-    # TODO: One matrix product computes every dot product: inputs times its transpose.
-    raise NotImplementedError('s02_normalization: all_pairs_scores: One matrix product computes every dot product: inputs times its transpose.')
+    # TODO: Compute every dot product in one matrix product: inputs times its transpose.
+    raise NotImplementedError('s02_normalization: all_pairs_scores: Compute every dot product in one matrix product: inputs times its transpose.')
 
 
 def all_pairs_weights(inputs):

@@ -23,5 +23,5 @@ def all_context_vectors(attn_weights, inputs):
     attn_weights: (num_tokens, num_tokens)   inputs: (num_tokens, d_in)
     returns: (num_tokens, d_in); row i is token i's context vector
     """
-    # TODO: Row i of the weights times the inputs is token i's weighted sum.
-    raise NotImplementedError("s03_context_vectors: all_context_vectors: Row i of the weights times the inputs is token i's weighted sum.")
+    # TODO: Compute every weighted sum in one product: row i of the weights mixes the inputs for token i.
+    raise NotImplementedError('s03_context_vectors: all_context_vectors: Compute every weighted sum in one product: row i of the weights mixes the inputs for token i.')

@@ -13,8 +13,8 @@ def project(x, W):
 
     returns: (d_out,) or (num_tokens, d_out)
     """
-    # TODO: Inputs are rows, so they multiply W from the left.
-    raise NotImplementedError('s04_trainable_projections: project: Inputs are rows, so they multiply W from the left.')
+    # TODO: Multiply by W on the right (x @ W): inputs are row vectors.
+    raise NotImplementedError('s04_trainable_projections: project: Multiply by W on the right (x @ W): inputs are row vectors.')
 
 
 def scores_for_query(query, keys):
@@ -22,8 +22,8 @@ def scores_for_query(query, keys):
 
     query: (d_k,)   keys: (num_tokens, d_k)   returns: (num_tokens,)
     """
-    # TODO: One dot product per key.
-    raise NotImplementedError('s04_trainable_projections: scores_for_query: One dot product per key.')
+    # TODO: Take the dot product of the query with every key.
+    raise NotImplementedError('s04_trainable_projections: scores_for_query: Take the dot product of the query with every key.')
 
 
 def scaled_weights(scores, d_k):
@@ -40,5 +40,5 @@ def context_for_query(attn_weights, values):
 
     attn_weights: (num_tokens,)   values: (num_tokens, d_v)   returns: (d_v,)
     """
-    # TODO: Mix the values, not the inputs.
-    raise NotImplementedError('s04_trainable_projections: context_for_query: Mix the values, not the inputs.')
+    # TODO: Sum the value vectors, weighted by the attention weights (values, not inputs).
+    raise NotImplementedError('s04_trainable_projections: context_for_query: Sum the value vectors, weighted by the attention weights (values, not inputs).')

@@ -18,8 +18,8 @@ class SelfAttention_v1(nn.Module):
 
     def __init__(self, d_in, d_out):
         super().__init__()
-        # TODO: Three trainable (d_in, d_out) matrices, drawn with torch.rand as in the book.
-        raise NotImplementedError('s05_self_attention: SelfAttention_v1.__init__: Three trainable (d_in, d_out) matrices, drawn with torch.rand as in the book.')
+        # TODO: Create W_query, W_key, W_value: trainable (d_in, d_out) matrices drawn with torch.rand, in this order.
+        raise NotImplementedError('s05_self_attention: SelfAttention_v1.__init__: Create W_query, W_key, W_value: trainable (d_in, d_out) matrices drawn with torch.rand, in this order.')
 
     def forward(self, x):
         # TODO: Project, score every query against every key, scale, softmax, mix the values.
@@ -36,12 +36,12 @@ class SelfAttention_v2(nn.Module):
 
     def __init__(self, d_in, d_out, qkv_bias=False):
         super().__init__()
-        # TODO: Three linear layers; the bias is optional.
-        raise NotImplementedError('s05_self_attention: SelfAttention_v2.__init__: Three linear layers; the bias is optional.')
+        # TODO: Create W_query, W_key, W_value as nn.Linear layers with bias=qkv_bias.
+        raise NotImplementedError('s05_self_attention: SelfAttention_v2.__init__: Create W_query, W_key, W_value as nn.Linear layers with bias=qkv_bias.')
 
     def forward(self, x):
-        # TODO: Same computation as v1, with the layers doing the projections.
-        raise NotImplementedError('s05_self_attention: SelfAttention_v2.forward: Same computation as v1, with the layers doing the projections.')
+        # TODO: Compute what v1 computes, letting the layers do the projections.
+        raise NotImplementedError('s05_self_attention: SelfAttention_v2.forward: Compute what v1 computes, letting the layers do the projections.')
 
 
 def transfer_weights_v2_to_v1(sa_v2, sa_v1):

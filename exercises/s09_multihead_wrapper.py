@@ -20,8 +20,8 @@ class MultiHeadAttentionWrapper(nn.Module):
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
-        # TODO: A ModuleList of num_heads separate heads (a new module each, no shared weights).
-        raise NotImplementedError('s09_multihead_wrapper: MultiHeadAttentionWrapper.__init__: A ModuleList of num_heads separate heads (a new module each, no shared weights).')
+        # TODO: Build self.heads: an nn.ModuleList of num_heads separate CausalAttention modules (no shared weights).
+        raise NotImplementedError('s09_multihead_wrapper: MultiHeadAttentionWrapper.__init__: Build self.heads: an nn.ModuleList of num_heads separate CausalAttention modules (no shared weights).')
 
     def forward(self, x):
         # TODO: Run every head and join the results along the last (feature) dimension.

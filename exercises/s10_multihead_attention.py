@@ -15,8 +15,8 @@ def batched_head_scores(a):
 
     a: (b, num_heads, num_tokens, head_dim)   returns: (b, num_heads, num_tokens, num_tokens)
     """
-    # TODO: @ multiplies the last two dimensions and treats the leading ones as a batch.
-    raise NotImplementedError('s10_multihead_attention: batched_head_scores: @ multiplies the last two dimensions and treats the leading ones as a batch.')
+    # TODO: Use a single @: it multiplies the last two dimensions and treats the leading ones as a batch.
+    raise NotImplementedError('s10_multihead_attention: batched_head_scores: Use a single @: it multiplies the last two dimensions and treats the leading ones as a batch.')
 
 
 def per_head_scores_loop(a):
@@ -41,8 +41,8 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
         assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
-        # TODO: Head bookkeeping, projections, output projection, dropout and mask buffer.
-        raise NotImplementedError('s10_multihead_attention: MultiHeadAttention.__init__: Head bookkeeping, projections, output projection, dropout and mask buffer.')
+        # TODO: Store d_out, num_heads, head_dim; create the projections, out_proj, dropout and the mask buffer.
+        raise NotImplementedError('s10_multihead_attention: MultiHeadAttention.__init__: Store d_out, num_heads, head_dim; create the projections, out_proj, dropout and the mask buffer.')
 
     def forward(self, x):
         # TODO: Project, split d_out into (num_heads, head_dim), bring heads forward, attend per

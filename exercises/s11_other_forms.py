@@ -26,8 +26,8 @@ class MultiHeadAttentionCombinedQKV(nn.Module):
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
         assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
-        # TODO: One projection three times as wide, out_proj, dropout, a (1, 1, T, T) mask.
-        raise NotImplementedError('s11_other_forms: MultiHeadAttentionCombinedQKV.__init__: One projection three times as wide, out_proj, dropout, a (1, 1, T, T) mask.')
+        # TODO: Create W_qkv (one projection three times as wide), out_proj, dropout and a (1, 1, T, T) mask buffer.
+        raise NotImplementedError('s11_other_forms: MultiHeadAttentionCombinedQKV.__init__: Create W_qkv (one projection three times as wide), out_proj, dropout and a (1, 1, T, T) mask buffer.')
 
     def forward(self, x):
         # TODO: Project once, split into q, k, v, then attend per head as MultiHeadAttention does.
@@ -45,12 +45,12 @@ class Head(nn.Module):
 
     def __init__(self, d_in, head_dim, context_length, dropout, qkv_bias=False):
         super().__init__()
-        # TODO: The head's own projections, dropout and mask buffer, sized from the arguments.
-        raise NotImplementedError("s11_other_forms: Head.__init__: The head's own projections, dropout and mask buffer, sized from the arguments.")
+        # TODO: Create this head's projections, dropout and mask buffer, sized from the arguments only.
+        raise NotImplementedError("s11_other_forms: Head.__init__: Create this head's projections, dropout and mask buffer, sized from the arguments only.")
 
     def forward(self, x):
-        # TODO: Scaled, causally masked attention for this head alone.
-        raise NotImplementedError('s11_other_forms: Head.forward: Scaled, causally masked attention for this head alone.')
+        # TODO: Compute scaled, causally masked attention for this head alone.
+        raise NotImplementedError('s11_other_forms: Head.forward: Compute scaled, causally masked attention for this head alone.')
 
 
 class MultiHeadAttentionPerHead(nn.Module):
@@ -64,8 +64,8 @@ class MultiHeadAttentionPerHead(nn.Module):
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
         assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
-        # TODO: num_heads narrow heads whose outputs, side by side, are d_out wide; then out_proj.
-        raise NotImplementedError('s11_other_forms: MultiHeadAttentionPerHead.__init__: num_heads narrow heads whose outputs, side by side, are d_out wide; then out_proj.')
+        # TODO: Build self.heads (num_heads Head modules of width d_out // num_heads) and out_proj.
+        raise NotImplementedError('s11_other_forms: MultiHeadAttentionPerHead.__init__: Build self.heads (num_heads Head modules of width d_out // num_heads) and out_proj.')
 
     def forward(self, x):
         # TODO: Concatenate the heads along the features, then mix them with out_proj.

@@ -48,7 +48,7 @@ def all_pairs_scores(inputs):
 
     inputs: (num_tokens, d_in)   returns: (num_tokens, num_tokens); row i is token i's query
     """
-    # One matrix product computes every dot product: inputs times its transpose.
+    # Compute every dot product in one matrix product: inputs times its transpose.
     ### BEGIN SOLUTION
     return inputs @ inputs.T
     ### END SOLUTION

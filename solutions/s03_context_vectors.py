@@ -28,7 +28,7 @@ def all_context_vectors(attn_weights, inputs):
     attn_weights: (num_tokens, num_tokens)   inputs: (num_tokens, d_in)
     returns: (num_tokens, d_in); row i is token i's context vector
     """
-    # Row i of the weights times the inputs is token i's weighted sum.
+    # Compute every weighted sum in one product: row i of the weights mixes the inputs for token i.
     ### BEGIN SOLUTION
     return attn_weights @ inputs
     ### END SOLUTION

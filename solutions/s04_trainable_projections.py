@@ -13,7 +13,7 @@ def project(x, W):
 
     returns: (d_out,) or (num_tokens, d_out)
     """
-    # Inputs are rows, so they multiply W from the left.
+    # Multiply by W on the right (x @ W): inputs are row vectors.
     ### BEGIN SOLUTION
     return x @ W
     ### END SOLUTION
@@ -24,7 +24,7 @@ def scores_for_query(query, keys):
 
     query: (d_k,)   keys: (num_tokens, d_k)   returns: (num_tokens,)
     """
-    # One dot product per key.
+    # Take the dot product of the query with every key.
     ### BEGIN SOLUTION
     return query @ keys.T
     ### END SOLUTION
@@ -46,7 +46,7 @@ def context_for_query(attn_weights, values):
 
     attn_weights: (num_tokens,)   values: (num_tokens, d_v)   returns: (d_v,)
     """
-    # Mix the values, not the inputs.
+    # Sum the value vectors, weighted by the attention weights (values, not inputs).
     ### BEGIN SOLUTION
     return attn_weights @ values
     ### END SOLUTION

@@ -18,7 +18,7 @@ class SelfAttention_v1(nn.Module):
 
     def __init__(self, d_in, d_out):
         super().__init__()
-        # Three trainable (d_in, d_out) matrices, drawn with torch.rand as in the book.
+        # Create W_query, W_key, W_value: trainable (d_in, d_out) matrices drawn with torch.rand, in this order.
         ### BEGIN SOLUTION
         self.W_query = nn.Parameter(torch.rand(d_in, d_out))
         self.W_key = nn.Parameter(torch.rand(d_in, d_out))
@@ -47,7 +47,7 @@ class SelfAttention_v2(nn.Module):
 
     def __init__(self, d_in, d_out, qkv_bias=False):
         super().__init__()
-        # Three linear layers; the bias is optional.
+        # Create W_query, W_key, W_value as nn.Linear layers with bias=qkv_bias.
         ### BEGIN SOLUTION
         self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
@@ -55,7 +55,7 @@ class SelfAttention_v2(nn.Module):
         ### END SOLUTION
 
     def forward(self, x):
-        # Same computation as v1, with the layers doing the projections.
+        # Compute what v1 computes, letting the layers do the projections.
         ### BEGIN SOLUTION
         queries = self.W_query(x)  # (num_tokens, d_out)
         keys = self.W_key(x)

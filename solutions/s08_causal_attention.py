@@ -21,7 +21,7 @@ class CausalAttention(nn.Module):
 
     def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
         super().__init__()
-        # Projections (honouring qkv_bias), dropout layer, and the mask as a buffer.
+        # Create the projections (honour qkv_bias), the dropout layer and the causal mask as a registered buffer.
         ### BEGIN SOLUTION
         self.d_out = d_out
         self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
@@ -34,8 +34,8 @@ class CausalAttention(nn.Module):
         ### END SOLUTION
 
     def forward(self, x):
-        # Scores for every pair in each sequence, future masked with -inf, scaled softmax,
-        # dropout on the weights, then the weighted sum of the values.
+        # Score every pair in each sequence, mask the future with -inf, take the scaled softmax,
+        # apply dropout to the weights, return the weighted sum of the values.
         ### BEGIN SOLUTION
         b, num_tokens, d_in = x.shape
         queries = self.W_query(x)  # (b, num_tokens, d_out)

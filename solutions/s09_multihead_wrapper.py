@@ -20,7 +20,7 @@ class MultiHeadAttentionWrapper(nn.Module):
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
-        # A ModuleList of num_heads separate heads (a new module each, no shared weights).
+        # Build self.heads: an nn.ModuleList of num_heads separate CausalAttention modules (no shared weights).
         ### BEGIN SOLUTION
         self.heads = nn.ModuleList(
             [CausalAttention(d_in, d_out, context_length, dropout, qkv_bias) for _ in range(num_heads)]

@@ -15,7 +15,7 @@ def batched_head_scores(a):
 
     a: (b, num_heads, num_tokens, head_dim)   returns: (b, num_heads, num_tokens, num_tokens)
     """
-    # @ multiplies the last two dimensions and treats the leading ones as a batch.
+    # Use a single @: it multiplies the last two dimensions and treats the leading ones as a batch.
     ### BEGIN SOLUTION
     return a @ a.transpose(2, 3)
     ### END SOLUTION
@@ -51,7 +51,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
         assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
-        # Head bookkeeping, projections, output projection, dropout and mask buffer.
+        # Store d_out, num_heads, head_dim; create the projections, out_proj, dropout and the mask buffer.
         ### BEGIN SOLUTION
         self.d_out = d_out
         self.num_heads = num_heads

@@ -26,7 +26,7 @@ class MultiHeadAttentionCombinedQKV(nn.Module):
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
         assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
-        # One projection three times as wide, out_proj, dropout, a (1, 1, T, T) mask.
+        # Create W_qkv (one projection three times as wide), out_proj, dropout and a (1, 1, T, T) mask buffer.
         ### BEGIN SOLUTION
         self.d_out = d_out
         self.num_heads = num_heads
@@ -70,7 +70,7 @@ class Head(nn.Module):
 
     def __init__(self, d_in, head_dim, context_length, dropout, qkv_bias=False):
         super().__init__()
-        # The head's own projections, dropout and mask buffer, sized from the arguments.
+        # Create this head's projections, dropout and mask buffer, sized from the arguments only.
         ### BEGIN SOLUTION
         self.W_query = nn.Linear(d_in, head_dim, bias=qkv_bias)
         self.W_key = nn.Linear(d_in, head_dim, bias=qkv_bias)
@@ -82,7 +82,7 @@ class Head(nn.Module):
         ### END SOLUTION
 
     def forward(self, x):
-        # Scaled, causally masked attention for this head alone.
+        # Compute scaled, causally masked attention for this head alone.
         ### BEGIN SOLUTION
         num_tokens = x.shape[1]
         queries, keys, values = self.W_query(x), self.W_key(x), self.W_value(x)
@@ -105,7 +105,7 @@ class MultiHeadAttentionPerHead(nn.Module):
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
         assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
-        # num_heads narrow heads whose outputs, side by side, are d_out wide; then out_proj.
+        # Build self.heads (num_heads Head modules of width d_out // num_heads) and out_proj.
         ### BEGIN SOLUTION
         head_dim = d_out // num_heads
         self.heads = nn.ModuleList(
