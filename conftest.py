@@ -4,6 +4,7 @@ They live in this root conftest so that pytest knows them before it reads the
 arguments: `pytest --impl exercises` must not take "exercises" for a test path.
 Fixtures and the rest of the wiring are in tests/conftest.py.
 """
+import secrets
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,10 @@ def pytest_addoption(parser):
         "--isolate", action="store_true",
         help="run the implementation in a sandboxed child process (what grading does; instructor side)",
     )
+    parser.addoption(
+        "--seed", type=int, default=None,
+        help="seed of the randomized hidden cases (default: a fresh one per run, shown in the header)",
+    )
     parser.addini("impl", default="solutions", help="default for --impl, relative to this folder")
 
 
@@ -33,3 +38,12 @@ def pytest_configure(config):
     if not root.resolve().is_dir():
         raise pytest.UsageError(f"--impl {choice}: {root.resolve()} is not a folder of stage modules (sNN_*.py).")
     config.impl_root = root.resolve()
+    seed = config.getoption("--seed")
+    config.case_seed = seed if seed is not None else secrets.randbelow(2**31)
+
+
+def pytest_report_header(config):
+    return [
+        f"attention-kit implementation under test: {config.impl_root}",
+        f"randomized cases: --seed {config.case_seed} (pass it again to reproduce them)",
+    ]

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import re
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,10 +22,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent  # the kit, or a student's release folder
 FIXTURES = ROOT / "fixtures"
 STAGE_FILE = re.compile(r"test_(s\d\d_\w+)\.py$")
-
-
-def pytest_report_header(config):
-    return f"attention-kit implementation under test: {config.impl_root}"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -106,6 +103,12 @@ def hidden_fx(request):
 def stage_of(nodeid) -> str | None:
     match = STAGE_FILE.search(str(nodeid).split("::")[0])
     return match.group(1) if match else None
+
+
+@pytest.fixture
+def rng(request):
+    """A NumPy generator for randomized cases: fresh each run (--seed), distinct per test."""
+    return np.random.default_rng([request.config.case_seed, zlib.crc32(request.node.nodeid.encode())])
 
 
 GPU_SKIP = pytest.mark.skipif(

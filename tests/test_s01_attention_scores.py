@@ -6,6 +6,7 @@ form and the matmul form return the same (num_tokens,) vector.
 import numpy as np
 import pytest
 
+from cases import normal
 from checks import assert_close
 
 pytestmark = pytest.mark.attention_scores
@@ -49,3 +50,12 @@ def test_loop_and_matmul_forms_agree(stage, hidden_fx):
         "matmul scores vs loop scores",
         stage.attention_scores_matmul(inputs, query), stage.attention_scores_loop(inputs, query),
     )
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_random_cases(stage, reference, rng, form):
+    for _ in range(3):
+        t, d = rng.integers(2, 12), rng.integers(2, 9)
+        inputs, query = normal(rng, t, d), normal(rng, d)
+        expected = reference.stage(STAGE).attention_scores_matmul(inputs, query)
+        assert_close(f"scores for inputs {inputs.shape}", getattr(stage, form)(inputs, query), expected)

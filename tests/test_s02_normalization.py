@@ -8,6 +8,7 @@ and all_pairs_weights its row-wise softmax: every row sums to 1.
 import numpy as np
 import pytest
 
+from cases import normal
 from checks import assert_close, softmax
 
 pytestmark = pytest.mark.normalization
@@ -98,3 +99,15 @@ def test_all_pairs_for_other_inputs(stage, hidden_fx):
         "attn_weights", stage.all_pairs_weights(hidden_fx.inputs), hidden_fx.attn_weights,
         mistakes={"softmax over dim 0 (each column sums to 1)": softmax(hidden_fx.attn_scores, axis=0)},
     )
+
+
+def test_random_cases(stage, reference, rng):
+    ref = reference.stage(STAGE)
+    scores = rng.uniform(0.1, 5.0, size=rng.integers(2, 10)).astype(np.float32)
+    assert_close("normalize_by_sum(scores)", stage.normalize_by_sum(scores), ref.normalize_by_sum(scores))
+    matrix = normal(rng, rng.integers(1, 6), rng.integers(2, 9), scale=float(rng.choice([1.0, 10.0, 300.0])))
+    for form in ("softmax_by_hand", "softmax_torch"):
+        assert_close(f"{form}(matrix {matrix.shape})", getattr(stage, form)(matrix), ref.softmax_torch(matrix),
+                     mistakes={"softmax over dim 0 instead of the last dim": softmax(matrix, axis=0)})
+    inputs = normal(rng, rng.integers(2, 9), rng.integers(2, 6))
+    assert_close("all_pairs_weights(inputs)", stage.all_pairs_weights(inputs), ref.all_pairs_weights(inputs))

@@ -5,6 +5,9 @@ vectors at once are attn_weights @ inputs, row i for token i.
 """
 import pytest
 
+import numpy as np
+
+from cases import normal
 from checks import assert_close
 
 pytestmark = pytest.mark.context_vectors
@@ -46,3 +49,15 @@ def test_all_context_vectors_for_other_weights(stage, hidden_fx):
         "all_context_vecs", stage.all_context_vectors(weights, inputs), hidden_fx.all_context_vecs,
         mistakes={"attn_weights.T @ inputs: the weights were transposed": weights.T @ inputs},
     )
+
+
+def test_random_cases(stage, reference, rng):
+    ref = reference.stage(STAGE)
+    t, d = rng.integers(2, 10), rng.integers(2, 7)
+    inputs = normal(rng, t, d)
+    weights = rng.dirichlet(np.ones(t), size=t).astype(np.float32)
+    i = rng.integers(t)
+    assert_close(f"context vector of token {i}", stage.context_vector(weights[i], inputs),
+                 ref.context_vector(weights[i], inputs))
+    assert_close("all context vectors", stage.all_context_vectors(weights, inputs),
+                 ref.all_context_vectors(weights, inputs))

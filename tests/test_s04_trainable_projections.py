@@ -7,6 +7,7 @@ dimension; the context vector is weights @ values.
 import numpy as np
 import pytest
 
+from cases import normal
 from checks import assert_close, softmax
 
 pytestmark = pytest.mark.trainable_projections
@@ -61,3 +62,20 @@ def test_journey_with_the_books_weights(stage, public_fx, check):
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
 def test_other_sizes_d_in_5_d_out_4(stage, hidden_fx, check):
     check(stage, hidden_fx, "d_in=5, d_out=4, 7 tokens")
+
+
+def test_random_cases(stage, reference, rng):
+    ref = reference.stage(STAGE)
+    t, d_in = rng.integers(2, 10), rng.integers(2, 8)
+    d_out = d_in + rng.integers(1, 4)  # d_in != d_out: a transposed W cannot pass
+    inputs = normal(rng, t, d_in)
+    W_query, W_key, W_value = (normal(rng, d_in, d_out, scale=0.5) for _ in range(3))
+    query = ref.project(inputs[rng.integers(t)], W_query)
+    keys, values = ref.project(inputs, W_key), ref.project(inputs, W_value)
+    assert_close("keys", stage.project(inputs, W_key), keys)
+    scores = ref.scores_for_query(query, keys)
+    assert_close("attn_scores", stage.scores_for_query(query, keys), scores)
+    weights = ref.scaled_weights(scores, int(d_out))
+    assert_close("attn_weights", stage.scaled_weights(scores, int(d_out)), weights,
+                 mistakes=scaling_mistakes(scores, int(d_out)))
+    assert_close("context_vec", stage.context_for_query(weights, values), ref.context_for_query(weights, values))

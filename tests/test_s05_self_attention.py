@@ -8,6 +8,7 @@ transfer_weights_v2_to_v1 makes v1 compute exactly what v2 computes.
 import numpy as np
 import pytest
 
+from cases import draw_weights, normal
 from checks import assert_close, softmax
 
 pytestmark = pytest.mark.self_attention
@@ -111,3 +112,15 @@ def test_transfer_other_sizes(stage, hidden_fx):
     state, out = stage.run("transfer_v2_to_v1", d_in=5, d_out=3, v2_weights=w, x=hidden_fx.inputs)
     for name, expected in as_v1(w).items():
         assert_close(f"sa_v1.{name} after the transfer", state[name], expected)
+
+
+@pytest.mark.parametrize("cls", ["SelfAttention_v1", "SelfAttention_v2"])
+def test_random_cases(stage, reference, rng, cls):
+    ref = reference.stage(STAGE)
+    d_in = int(rng.integers(2, 8))
+    init = dict(d_in=d_in, d_out=d_in + int(rng.integers(1, 4)))
+    if cls.endswith("v2"):
+        init["qkv_bias"] = bool(rng.integers(2))
+    x = normal(rng, rng.integers(1, 10), d_in)
+    weights = draw_weights(rng, ref, cls, init)
+    assert_close(f"{cls}({init})(x)", stage.forward(cls, init, x, weights), ref.forward(cls, init, x, weights))

@@ -10,6 +10,7 @@ leading batch dimension.
 import numpy as np
 import pytest
 
+from cases import normal
 from checks import assert_close, causal, softmax
 
 pytestmark = pytest.mark.causal_mask
@@ -92,3 +93,14 @@ def test_changing_future_scores_changes_nothing(stage, hidden_fx):
     assert_close("weights with altered future scores", stage.causal_weights_efficient(tampered, d_k),
                  stage.causal_weights_efficient(scores, d_k),
                  hint="Scores above the diagonal belong to future tokens and must not influence any weight.")
+
+
+def test_random_cases(stage, reference, rng):
+    ref = reference.stage(STAGE)
+    t, d_k = int(rng.integers(1, 10)), int(rng.integers(1, 65))
+    scores = normal(rng, rng.integers(1, 4), t, t, scale=float(rng.choice([0.5, 3.0, 20.0])))
+    expected = ref.causal_weights_efficient(scores, d_k)
+    assert_close(f"efficient mask ({t} tokens, d_k={d_k})", stage.causal_weights_efficient(scores, d_k), expected,
+                 mistakes=mask_mistakes(scores, d_k))
+    weights = softmax(scores / np.sqrt(d_k))
+    assert_close(f"simple mask ({t} tokens)", stage.causal_weights_simple(weights), expected, rtol=1e-4, atol=1e-5)

@@ -79,3 +79,11 @@ def test_masks_differ_between_calls(stage):
     a = stage.attention_dropout(ONES[:20, :20], 0.5, training=True, seed=1)
     b = stage.attention_dropout(ONES[:20, :20], 0.5, training=True, seed=2)
     assert not np.array_equal(a, b), "two differently seeded calls dropped the same elements: is the mask fixed?"
+
+
+def test_random_rates(stage, rng):
+    p = float(rng.uniform(0.05, 0.8))
+    check_dropout_properties(stage.attention_dropout(ONES, p, training=True, seed=int(rng.integers(2**31))),
+                             ONES, p, f"attention_dropout(p={p:.3f})")
+    check_dropout_properties(stage.dropout_by_hand(ONES, p, seed=int(rng.integers(2**31))),
+                             ONES, p, f"dropout_by_hand(p={p:.3f})")

@@ -10,6 +10,7 @@ attention weights in training mode only.
 import numpy as np
 import pytest
 
+from cases import module_case
 from checks import assert_close, multihead_mistakes
 
 pytestmark = pytest.mark.causal_attention
@@ -121,3 +122,11 @@ def test_output_of_a_token_ignores_later_tokens(stage):
     before, after = stage.forward(CLS, init, x, weights), stage.forward(CLS, init, changed, weights)
     assert_close("outputs of tokens 0-3 after changing tokens 4-5", after[:, :4], before[:, :4],
                  hint="Token t may only attend to tokens 0..t: mask the scores above the diagonal with -inf.")
+
+
+def test_random_cases(stage, reference, rng):
+    for _ in range(2):
+        init, x, weights = module_case(rng, reference.stage(STAGE), CLS)
+        assert_close(f"CausalAttention({init}) on x {x.shape}", stage.forward(CLS, init, x, weights),
+                     reference.stage(STAGE).forward(CLS, init, x, weights),
+                     mistakes=multihead_mistakes(x, weights, 1, out_proj=False))

@@ -7,6 +7,7 @@ along the last dimension: (b, num_tokens, num_heads * d_out).
 import numpy as np
 import pytest
 
+from cases import module_case
 from checks import assert_close
 
 pytestmark = pytest.mark.multihead_wrapper
@@ -79,3 +80,9 @@ def test_any_length_and_bias(stage, reference, device):
     w = head_weights(3, 2, 4, 2, True)
     assert_close("context_vecs (5 of 9 tokens, qkv_bias=True)", stage.forward(CLS, init, x, w, device=device),
                  reference.stage(STAGE).forward(CLS, init, x, w))
+
+
+def test_random_cases(stage, reference, rng, device):
+    init, x, weights = module_case(rng, reference.stage(STAGE), CLS, heads=True)
+    assert_close(f"wrapper({init}) on x {x.shape}", stage.forward(CLS, init, x, weights, device=device),
+                 reference.stage(STAGE).forward(CLS, init, x, weights))

@@ -11,6 +11,7 @@ equal to per_head_scores_loop(a).
 import numpy as np
 import pytest
 
+from cases import module_case, normal
 from checks import assert_close, multihead_mistakes
 
 pytestmark = pytest.mark.multihead_attention
@@ -127,3 +128,14 @@ def test_output_of_a_token_ignores_later_tokens(stage):
     changed[:, 5:] -= 2.0
     before, after = stage.forward(CLS, init, x, weights), stage.forward(CLS, init, changed, weights)
     assert_close("outputs of tokens 0-4 after changing tokens 5-6", after[:, :5], before[:, :5])
+
+
+def test_random_cases(stage, reference, rng, device):
+    for _ in range(2):
+        init, x, weights = module_case(rng, reference.stage(STAGE), CLS, heads=True, head_dim=True)
+        assert_close(f"MultiHeadAttention({init}) on x {x.shape}", stage.forward(CLS, init, x, weights, device=device),
+                     reference.stage(STAGE).forward(CLS, init, x, weights),
+                     mistakes=multihead_mistakes(x, weights, init["num_heads"]))
+    a = normal(rng, rng.integers(1, 3), rng.integers(1, 5), rng.integers(1, 7), rng.integers(1, 6))
+    assert_close(f"batched_head_scores(a {a.shape})", stage.batched_head_scores(a),
+                 reference.stage(STAGE).batched_head_scores(a))

@@ -11,6 +11,7 @@ its arguments.
 import numpy as np
 import pytest
 
+from cases import module_case
 from checks import assert_close, multihead_mistakes
 
 pytestmark = pytest.mark.other_forms
@@ -110,3 +111,16 @@ def test_combined_qkv_mask_broadcasts_over_batch_and_heads(stage):
     assert info["parameters"].get("W_qkv.weight") == [12, 4], (
         f"W_qkv should be nn.Linear(d_in, 3 * d_out): weight (12, 4); parameters: {info['parameters']}"
     )
+
+
+@pytest.mark.parametrize("cls", FORMS)
+def test_random_cases(stage, reference, rng, cls, device):
+    mha = reference.stage("s10_multihead_attention")
+    init, x, weights = module_case(rng, mha, "MultiHeadAttention", heads=True, head_dim=True)
+    expected = mha.forward("MultiHeadAttention", init, x, weights)
+    mapped = mapping(reference.stage(STAGE), cls, weights, init["num_heads"])
+    assert_close(f"{cls}({init}) on x {x.shape}", stage.forward(cls, init, x, mapped, device=device), expected)
+    mine = mapping(stage, cls, weights, init["num_heads"])
+    assert sorted(mine) == sorted(mapped), f"{FORMS[cls][0]} keys: expected {sorted(mapped)}, got {sorted(mine)}"
+    for key in mapped:
+        assert_close(f"{FORMS[cls][0]}(...)[{key!r}]", mine[key], mapped[key])
