@@ -1,0 +1,297 @@
+"""Grading a submission with the kit's full suite, for nbgrader's autograder cells.
+
+Every autograder cell of the course notebook ends in
+
+    from grader.autograde import grade_stage
+    grade_stage("causal_attention", points=12)
+
+The first call runs the whole suite (public and hidden tests, ``book`` tests
+deselected) ONCE against the submission folder, in a child ``pytest`` process
+with ``--isolate`` (the learner's modules run in the sandbox, never in the
+notebook kernel). The result is kept in this kernel; every cell then prints
+its stage's per-test verdicts and failure messages (never test code) and
+returns its score, which nbgrader reads as partial credit.
+
+Nothing here writes to stderr: nbgrader zeroes any grade cell with stderr
+output, so a correct submission that emits a warning would lose its points.
+
+This module is also a pytest plugin (``-p grader.autograde``): in the child
+pytest process it records one JSON line per test in the file named by
+``ATTNKIT_RESULTS``, so that a run cut short still leaves what it finished.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from . import TESTS
+
+RESULTS_ENV = "ATTNKIT_RESULTS"
+SUITE_ENV = "ATTNKIT_SUITE"  # another tests/ directory (kit development only)
+STAGE_FILE = re.compile(r"test_(s\d\d)_(\w+)\.py$")
+MESSAGE_LIMIT = 700  # characters of one failure message shown in feedback
+DETAILED_FAILURES = 12  # failures per stage shown with their message
+
+TEST_TIMEOUT = 10  # seconds per test (pytest-timeout in the child)
+
+
+class GradingError(RuntimeError):
+    """The grading run itself failed (an instructor-side problem, not the learner's)."""
+
+
+# ---------------------------------------------------------------- running the suite
+
+def suite_dir() -> Path:
+    return Path(os.environ.get(SUITE_ENV) or TESTS).resolve()
+
+
+def suite_timeout(test_timeout: float) -> float:
+    """Wall-clock limit of one whole suite run: start-up, plus at most one time-out per stage."""
+    return 90 + 12 * test_timeout
+
+
+def run_suite(submission, *, isolate=True, test_timeout=TEST_TIMEOUT, python=None) -> dict:
+    """Run the kit's suite on ``submission`` (a folder of stage modules) in a child process.
+
+    Returns {"tests": [{nodeid, stage, marker, label, outcome, message}], "seconds", "returncode",
+    "log"}. Tests the run did not reach (time limit, crash) count as failed.
+    """
+    submission = Path(submission).resolve()
+    tests = suite_dir()
+    files = sorted(str(p) for p in tests.glob("test_s[0-9][0-9]_*.py"))
+    if not files:
+        raise GradingError(f"no stage test files (test_sNN_*.py) in {tests}")
+    with tempfile.TemporaryDirectory(prefix="attnkit-grade-") as work:
+        results = Path(work) / "results.jsonl"
+        cmd = [
+            python or sys.executable, "-m", "pytest", *files,
+            # --impl=PATH as one word: pytest must not take PATH for a test path (it would load a
+            # conftest.py from the submission into this trusted process).
+            "--rootdir", str(tests.parent), f"--impl={submission}",
+            "-p", "grader.autograde", "-p", "no:cacheprovider",
+            "-m", "not book", "--assert=plain", "-q", "--tb=no", "--no-header",
+            "-o", f"timeout={test_timeout}", "-o", "timeout_method=signal",
+        ]
+        if isolate:
+            cmd.append("--isolate")
+        env = dict(os.environ, **{RESULTS_ENV: str(results)})
+        env.pop("NBGRADER_EXECUTION", None)
+        env.pop("PYTHONSAFEPATH", None)
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, timeout=suite_timeout(test_timeout),
+            )
+            returncode, log = proc.returncode, proc.stdout.decode("utf-8", "replace")
+        except subprocess.TimeoutExpired as exc:
+            returncode, log = None, (exc.stdout or b"").decode("utf-8", "replace")
+        seconds = time.monotonic() - start
+        tests_run = read_results(results, cut_short=returncode not in (0, 1))
+    if not tests_run:
+        raise GradingError(
+            f"the grading run collected no tests (pytest exit code {returncode}). Its output:\n"
+            + log[-3000:]
+        )
+    return {"tests": tests_run, "seconds": round(seconds, 2), "returncode": returncode, "log": log[-20000:]}
+
+
+def read_results(path: Path, cut_short: bool) -> list[dict]:
+    """Combine the collected list with the verdicts the child recorded."""
+    if not path.is_file():
+        return []
+    collected, verdicts = [], {}
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line cut off by a crash
+        if "collected" in entry:
+            collected = entry["collected"]
+        else:
+            verdicts[entry["nodeid"]] = entry
+    out = []
+    for test in collected:
+        verdict = verdicts.get(test["nodeid"])
+        if verdict is None:
+            why = ("not run: the grading run hit its time limit or crashed before this test"
+                   if cut_short else "not run")
+            verdict = {"outcome": "failed", "message": why}
+        out.append({**test, "outcome": verdict["outcome"], "message": verdict.get("message", "")})
+    return out
+
+
+# ---------------------------------------------------------------- scoring and reporting
+
+def stage_verdicts(results: dict, marker: str) -> list[dict]:
+    return [t for t in results["tests"] if t["marker"] == marker]
+
+
+def stage_score(tests: list[dict], points: float) -> float:
+    """points x (passed / counted); skipped tests (e.g. CUDA cases without a GPU) do not count."""
+    counted = [t for t in tests if t["outcome"] in ("passed", "failed")]
+    if not counted:
+        return 0.0
+    passed = sum(t["outcome"] == "passed" for t in counted)
+    return round(points * passed / len(counted), 2)
+
+
+def stage_report(marker: str, points: float, tests: list[dict]) -> str:
+    counted = [t for t in tests if t["outcome"] in ("passed", "failed")]
+    passed = [t for t in counted if t["outcome"] == "passed"]
+    score = stage_score(tests, points)
+    lines = [f"Stage {marker}: {len(passed)} of {len(counted)} checks pass -> {score:g} of {points:g} points"]
+    shown = 0
+    for t in tests:
+        if t["outcome"] == "passed":
+            lines.append(f"  PASS  {t['label']}")
+        elif t["outcome"] == "failed":
+            lines.append(f"  FAIL  {t['label']}")
+            if shown < DETAILED_FAILURES:
+                shown += 1
+                message = t["message"].strip() or "the check failed (no message)"
+                if len(message) > MESSAGE_LIMIT:
+                    message = message[:MESSAGE_LIMIT] + " [...]"
+                lines.extend("        " + m for m in message.splitlines())
+        else:
+            lines.append(f"  skip  {t['label']} ({t['message'].strip() or 'skipped'})")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the kernel side
+
+_RESULTS: dict = {}
+
+
+@contextlib.contextmanager
+def _no_stderr():
+    """Keep anything this process would write to stderr out of the cell's outputs."""
+    sink = io.StringIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with contextlib.redirect_stderr(sink):
+            yield sink
+
+
+def submission_folder() -> Path:
+    """The autograded folder: nbgrader runs the notebook with it as the working directory."""
+    return Path(os.getcwd()).resolve()
+
+
+def results_for(folder: Path, test_timeout: float) -> dict:
+    key = str(folder)
+    if key not in _RESULTS:
+        try:
+            _RESULTS[key] = run_suite(folder, isolate=True, test_timeout=test_timeout)
+        except GradingError as exc:
+            _RESULTS[key] = exc  # fail every stage cell the same way, without rerunning
+        else:
+            report = folder / "attnkit-grading.json"  # for the instructor's records, never read back
+            with contextlib.suppress(OSError):
+                report.write_text(json.dumps(_RESULTS[key], indent=1))
+    if isinstance(_RESULTS[key], GradingError):
+        raise _RESULTS[key]
+    return _RESULTS[key]
+
+
+def grade_stage(marker: str, points: float, test_timeout: float = TEST_TIMEOUT) -> float:
+    """Print this stage's verdicts and return its score (the autograder cell's partial credit)."""
+    with _no_stderr():
+        results = results_for(submission_folder(), test_timeout)
+        tests = stage_verdicts(results, marker)
+        if not tests:
+            raise GradingError(f"the suite has no graded tests for stage {marker!r}")
+        report = stage_report(marker, points, tests)
+        score = stage_score(tests, points)
+    print(report)
+    return score
+
+
+# ---------------------------------------------------------------- pytest plugin (child side)
+
+_record = {"file": None, "verdicts": {}, "timed_out": set(), "timeout": None}
+
+
+def _label(nodeid: str) -> str:
+    parts = nodeid.split("::")[1:]
+    return " / ".join(re.sub(r"^test_?", "", p).replace("_", " ") for p in parts)
+
+
+def _item_entry(nodeid: str) -> dict | None:
+    match = STAGE_FILE.search(nodeid.split("::")[0])
+    if not match:
+        return None
+    return {"nodeid": nodeid, "stage": f"{match.group(1)}_{match.group(2)}", "marker": match.group(2),
+            "label": _label(nodeid)}
+
+
+def _write(entry: dict):
+    if _record["file"] is not None:
+        _record["file"].write(json.dumps(entry) + "\n")
+        _record["file"].flush()
+
+
+def _message(report) -> str:
+    longrepr = report.longrepr
+    if longrepr is None:
+        return ""
+    if isinstance(longrepr, tuple):  # skips: (path, line, reason)
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None and crash.message:
+        return re.sub(r"^(AssertionError|adapters\.SubmissionError|grader\.\w+\.\w+Error): ", "", crash.message)
+    return str(longrepr).strip().splitlines()[-1] if str(longrepr).strip() else ""
+
+
+def pytest_configure(config):
+    path = os.environ.get(RESULTS_ENV)
+    if path:
+        _record["file"] = open(path, "a", encoding="utf-8")
+    try:
+        _record["timeout"] = float(config.getini("timeout") or 0) or None
+    except (ValueError, KeyError):
+        _record["timeout"] = None
+
+
+def pytest_collection_finish(session):
+    entries = [e for e in (_item_entry(item.nodeid) for item in session.items) if e]
+    _write({"collected": entries})
+
+
+def pytest_runtest_setup(item):
+    entry = _item_entry(item.nodeid)
+    if entry and entry["stage"] in _record["timed_out"]:
+        import pytest
+
+        pytest.fail("not run: an earlier check of this stage hit the time limit", pytrace=False)
+
+
+def pytest_runtest_logreport(report):
+    verdicts = _record["verdicts"]
+    state = verdicts.setdefault(report.nodeid, {"outcome": "passed", "message": ""})
+    if report.failed and state["outcome"] != "failed":
+        state.update(outcome="failed", message=_message(report))
+        limit = _record["timeout"]
+        if limit and report.when == "call" and report.duration >= 0.9 * limit:
+            entry = _item_entry(report.nodeid)
+            if entry:
+                _record["timed_out"].add(entry["stage"])
+    elif report.skipped and state["outcome"] == "passed":
+        state.update(outcome="skipped", message=_message(report))
+    if report.when == "teardown":
+        _write({"nodeid": report.nodeid, **verdicts.pop(report.nodeid)})
+
+
+def pytest_unconfigure(config):
+    if _record["file"] is not None:
+        _record["file"].close()
+        _record["file"] = None

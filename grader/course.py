@@ -1,0 +1,476 @@
+"""An nbgrader course built from the kit (``attnkit course build DIR``).
+
+    DIR/
+      nbgrader_config.py          course id, root, timeouts, kernel, exchange, grading hooks
+      attnkit-course.json         marks DIR as an attnkit course (rebuilds are allowed)
+      source/<assignment>/        what a student gets:
+        attention.ipynb           stage explanations, demos, one locked autograder cell per stage
+        sNN_topic.py              the stubs (from exercises/)
+        conftest.py               the kit's root conftest (pytest options)
+        tests/                    public tests only, conftest.py, adapters.py, checks.py
+        fixtures/public/          the published numbers
+        pytest.ini                `pytest` there runs the public tests on the student's modules
+
+Rebuilding rewrites the config and ``source/<assignment>/`` and leaves the gradebook, submissions
+and everything nbgrader made alone. The release is checked for leaks before the build returns: no
+solution line, no hidden test name, no hidden fixture.
+
+The two preprocessors at the end plug into nbgrader's autograde through the config (nbgrader
+itself is used unmodified): code cells the source notebook does not have are dropped before
+execution, and the kernel starts with PYTHONSAFEPATH=1 so that files in a submission folder cannot
+shadow modules the kernel imports.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from . import EXERCISES, FIXTURES, KIT, SOLUTIONS, TESTS
+from .autograde import TEST_TIMEOUT, suite_timeout
+from .kit import marker, stages
+from .notebook import build_notebook
+from .stubs import BEGIN, END, out_of_sync
+
+MARKER_FILE = "attnkit-course.json"
+ASSIGNMENT = "attention"
+NOTEBOOK = "attention"  # attention.ipynb
+SUPPORT_FILES = ("conftest.py", "adapters.py", "checks.py")
+
+# Relative weights of the stages (harder stages weigh more); they add up to 100.
+DEFAULT_WEIGHTS = {
+    "attention_scores": 5, "normalization": 8, "context_vectors": 5, "trainable_projections": 8,
+    "self_attention": 10, "causal_mask": 8, "dropout": 8, "causal_attention": 12,
+    "multihead_wrapper": 8, "multihead_attention": 16, "other_forms": 12,
+}
+
+
+class CourseError(Exception):
+    """Bad input for a course build (printed as a plain error by the CLI)."""
+
+
+@dataclass
+class Course:
+    root: Path
+    course_id: str = "attention-kit"
+    assignment: str = ASSIGNMENT
+    points: dict = field(default_factory=dict)  # stage module -> points
+    test_timeout: float = TEST_TIMEOUT
+    exchange_root: str | None = None
+    db_url: str | None = None
+
+    @property
+    def source(self) -> Path:
+        return self.root / "source" / self.assignment
+
+    @property
+    def notebook(self) -> str:
+        return NOTEBOOK
+
+    @property
+    def total(self) -> float:
+        return round(sum(self.points.values()), 2)
+
+    def stage_files(self) -> list[str]:
+        return [f"{s}.py" for s in self.points]
+
+    @classmethod
+    def load(cls, root) -> "Course":
+        root = Path(root).resolve()
+        path = root / MARKER_FILE
+        if not path.is_file():
+            raise CourseError(f"{root} is not an attnkit course (no {MARKER_FILE}); run `attnkit course build {root}`")
+        data = json.loads(path.read_text())
+        return cls(root=root, **{k: v for k, v in data.items() if k != "root"})
+
+
+# ---------------------------------------------------------------- points
+
+def plan_points(total: float | None = 100, overrides: dict[str, float] | None = None) -> dict[str, float]:
+    """Points per stage module. ``overrides`` (marker -> points) fixes some stages; the others share
+    what is left of ``total`` in proportion to DEFAULT_WEIGHTS. total=None: overrides + defaults as is."""
+    overrides = dict(overrides or {})
+    all_stages = stages()
+    by_marker = {marker(s): s for s in all_stages}
+    unknown = sorted(set(overrides) - set(by_marker))
+    if unknown:
+        raise CourseError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(by_marker)}")
+    for m, p in overrides.items():
+        if not p >= 0:
+            raise CourseError(f"points for {m} must be >= 0, got {p}")
+    free = [s for s in all_stages if marker(s) not in overrides]
+    weights = {s: DEFAULT_WEIGHTS.get(marker(s), 8) for s in free}
+    fixed = sum(overrides.values())
+    if total is None:
+        total = fixed + sum(weights.values())
+    if fixed > total + 1e-9 or (not free and abs(fixed - total) > 1e-9):
+        raise CourseError(f"the stage points given add up to {fixed:g}, which does not fit a total of {total:g}")
+    left = total - fixed
+    points, given = {}, 0.0
+    for i, s in enumerate(all_stages):
+        if marker(s) in overrides:
+            points[s] = float(overrides[marker(s)])
+        elif s == free[-1]:
+            points[s] = round(left - given, 2)  # absorbs the rounding
+        else:
+            points[s] = round(left * weights[s] / sum(weights.values()), 2)
+            given += points[s]
+    return points
+
+
+# ---------------------------------------------------------------- public tests
+
+def _is_public(decorators) -> bool:
+    return any(ast.unparse(d) == "pytest.mark.public" for d in decorators)
+
+
+def _names_used(node) -> set[str]:
+    """Names a statement needs: every Name it loads, the arguments of functions (pytest fixtures)
+    and the strings of usefixtures(...)."""
+    names = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            names.add(sub.id)
+        elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.update(a.arg for a in sub.args.args + sub.args.kwonlyargs)
+        elif isinstance(sub, ast.Call) and ast.unparse(sub.func).endswith("usefixtures"):
+            names.update(a.value for a in sub.args if isinstance(a, ast.Constant) and isinstance(a.value, str))
+    return names
+
+
+def _defined(node) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return set()
+
+
+def _test_names(node) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+        return {node.name}
+    if isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+        return {node.name} | {n.name for n in node.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")}
+    return set()
+
+
+@dataclass
+class PublicTests:
+    source: str | None  # the public-only test file (None: the stage has no public test)
+    public: list[str]  # names of the public tests
+    hidden: list[str]  # names of the tests left out
+
+
+def public_tests(path: Path) -> PublicTests:
+    """Derive a public-only test file: imports, ``pytestmark``, the tests marked public and the
+    module-level helpers, fixtures and constants they use (transitively). Comments between
+    statements and the module docstring are not carried over."""
+    text = Path(path).read_text()
+    tree = ast.parse(text)
+    lines = text.splitlines()
+    body = tree.body
+    keep, public, hidden = set(), [], []
+    for i, node in enumerate(body):
+        tests = _test_names(node)
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or "pytestmark" in _defined(node):
+            keep.add(i)
+        elif tests:
+            if _is_public(node.decorator_list) and isinstance(node, ast.FunctionDef):
+                keep.add(i)
+                public.append(node.name)
+            elif isinstance(node, ast.ClassDef) and _is_public(node.decorator_list):
+                keep.add(i)
+                public.extend(sorted(tests))
+            else:
+                hidden.extend(sorted(tests))
+    # Helpers the kept statements need, transitively.
+    definers = {}
+    for i, node in enumerate(body):
+        if not _test_names(node):
+            for name in _defined(node):
+                definers.setdefault(name, []).append(i)
+    todo = list(keep)
+    while todo:
+        for name in _names_used(body[todo.pop()]):
+            for j in definers.get(name, []):
+                if j not in keep:
+                    keep.add(j)
+                    todo.append(j)
+    used = set().union(*(_names_used(body[i]) for i in keep)) if keep else set()
+    for forbidden in ("hidden_fx", "reference"):
+        if forbidden in used and public:
+            raise CourseError(f"{path.name}: a public test (or a helper it uses) needs the instructor-only "
+                              f"fixture {forbidden!r}; it cannot be shipped to students")
+    if not public:
+        return PublicTests(None, public, hidden)
+    stage = path.stem.removeprefix("test_")
+    chunks = [f'"""Public tests of stage {stage} (the ones shipped with the assignment)."""']
+    for i in sorted(keep):
+        node = body[i]
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        chunks.append("\n".join(lines[first - 1:node.end_lineno]))
+    source = chunks[0] + "\n" + _join(body, keep, chunks[1:])
+    return PublicTests(source, public, hidden)
+
+
+def _join(body, keep, chunks) -> str:
+    """Imports grouped at the top, two blank lines around definitions."""
+    out, previous = "", None
+    for i, chunk in zip(sorted(keep), chunks):
+        kind = "import" if isinstance(body[i], (ast.Import, ast.ImportFrom)) else (
+            "def" if isinstance(body[i], (ast.FunctionDef, ast.ClassDef)) else "stmt")
+        if previous is None:
+            sep = "\n"
+        elif kind == "def" or previous == "def" or (kind != previous):
+            sep = "\n\n\n" if "def" in (kind, previous) else "\n\n"
+        else:
+            sep = "\n"
+        out += sep + chunk
+        previous = kind
+    return out + "\n"
+
+
+# ---------------------------------------------------------------- leaks
+
+def solution_lines() -> set[str]:
+    """Distinctive lines of the reference solutions' learner regions (stripped): lines that do not
+    also appear outside the regions or in the student-safe test support files, are not comments,
+    and are long enough to mean something."""
+    inside, outside = set(), set()
+    for name in SUPPORT_FILES:
+        outside.update(line.strip() for line in (TESTS / name).read_text().splitlines())
+    for stage in stages():
+        region = False
+        for line in (SOLUTIONS / f"{stage}.py").read_text().splitlines():
+            s = line.strip()
+            if s == BEGIN:
+                region = True
+            elif s == END:
+                region = False
+            elif region:
+                inside.add(s)
+            else:
+                outside.add(s)
+    return {s for s in inside - outside if len(s) >= 12 and not s.startswith("#")}
+
+
+def find_leaks(folder: Path, hidden_names, sol_lines=None) -> list[str]:
+    """Problems in a folder meant for students: solution lines, hidden test names, hidden fixtures."""
+    sol_lines = solution_lines() if sol_lines is None else sol_lines
+    words = re.compile(r"\b(" + "|".join(map(re.escape, sorted(hidden_names))) + r")\b") if hidden_names else None
+    problems = []
+    for path in sorted(Path(folder).rglob("*")):
+        rel = path.relative_to(folder)
+        if "hidden" in rel.parts:
+            problems.append(f"{rel}: hidden fixtures must not ship")
+        if not path.is_file() or path.suffix not in (".py", ".ipynb", ".ini", ".txt", ".md", ".json", ".html"):
+            continue
+        text = path.read_text(errors="replace")
+        if path.suffix in (".ipynb", ".html", ".json"):
+            text = text.replace("\\n", "\n").replace('\\"', '"')
+        stripped = {line.strip().strip('",') for line in text.splitlines()} | {
+            line.strip() for line in text.splitlines()}
+        for line in sorted(sol_lines & stripped):
+            problems.append(f"{rel}: solution line {line!r}")
+        if words:
+            for name in sorted(set(words.findall(text))):
+                problems.append(f"{rel}: hidden test name {name!r}")
+    return problems
+
+
+# ---------------------------------------------------------------- building
+
+def nbgrader_config(course: Course) -> str:
+    stage_files = ", ".join(repr(f) for f in course.stage_files())
+    execute_timeout = int(suite_timeout(course.test_timeout) + 60)
+    lines = [
+        '"""nbgrader configuration of an attention-kit course (written by `attnkit course build`;',
+        'a rebuild overwrites it: change the build options instead of editing this file)."""',
+        "import os",
+        "import sys",
+        "",
+        "from grader.course import KeepCourseCells, SafePathExecute",
+        "from nbconvert.preprocessors import ClearMetadataPreprocessor",
+        "from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds,",
+        "                                    IgnorePattern, LimitOutput, OverwriteCells, OverwriteKernelspec,",
+        "                                    SaveAutoGrades)",
+        "",
+        "HERE = os.path.dirname(os.path.abspath(__file__))",
+        "c = get_config()  # noqa: F821 (provided by nbgrader)",
+        "",
+        "# nbgrader runs `alembic` when it creates the gradebook: find it next to this Python even when",
+        "# the virtual environment is not activated.",
+        'os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")',
+        "",
+        f"c.CourseDirectory.course_id = {course.course_id!r}",
+        "c.CourseDirectory.root = HERE",
+        'c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".pytest_cache",',
+        '                            "attnkit-grading.json"]',
+    ]
+    if course.db_url:
+        lines.append(f"c.CourseDirectory.db_url = {course.db_url!r}")
+    else:
+        lines.append("# The gradebook is HERE/gradebook.db (SQLite); set c.CourseDirectory.db_url for another database.")
+    exchange = repr(course.exchange_root) if course.exchange_root else 'os.path.join(HERE, "exchange")'
+    lines += [
+        f"c.Exchange.root = {exchange}",
+        "",
+        "# Students write code in the stage modules; the notebook has no solution cells.",
+        'c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}',
+        "",
+        "# Autograde: the kernel is python3; each autograder cell may run the whole suite (first cell).",
+        'c.Execute.kernel_name = "python3"',
+        f"c.Execute.timeout = {execute_timeout}",
+        "c.OverwriteCells.add_missing_cells = True",
+        "# Keep the student's modules: nbgrader otherwise overwrites every file with the source's.",
+        f"c.Autograde.exclude_overwriting = {{{course.assignment!r}: [{stage_files}]}}",
+        "c.Autograde.sanitize_preprocessors = [",
+        "    ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells, KeepCourseCells, CheckCellMetadata,",
+        "]",
+        "c.Autograde.autograde_preprocessors = [",
+        "    SafePathExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,",
+        "    AssignLatePenalties, CheckCellMetadata,",
+        "]",
+        "",
+        "# zip_collect (LMS downloads): files named <student>_<file>, e.g. alice_s08_causal_attention.py",
+        'c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/_]+)_(?P<file_id>[^/]+)$"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def pytest_ini() -> str:
+    config = tomllib.loads((KIT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    markers = "".join(f"\n    {m}" for m in config.get("markers", []))
+    return (
+        "# Run `pytest` here to test your own modules against the public tests.\n"
+        "[pytest]\n"
+        "testpaths = tests\n"
+        "impl = .\n"
+        "addopts = -ra --tb=short\n"
+        f"markers ={markers}\n"
+        "filterwarnings = error::pytest.PytestUnknownMarkWarning\n"
+    )
+
+
+def _check_target(root: Path):
+    if root.exists() and not root.is_dir():
+        raise CourseError(f"{root} exists and is not a directory")
+    if root.is_dir() and any(root.iterdir()) and not (root / MARKER_FILE).is_file():
+        raise CourseError(
+            f"{root} is not empty and is not an attnkit course (no {MARKER_FILE}); "
+            "choose an empty or new directory"
+        )
+
+
+def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, points=None,
+          test_timeout=TEST_TIMEOUT, exchange_root=None, db_url=None) -> Course:
+    """(Re)create the course at ``root``; returns its description. Raises CourseError on bad input."""
+    root = Path(root).expanduser().resolve()
+    _check_target(root)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", assignment):
+        raise CourseError(f"assignment name {assignment!r}: use letters, digits, '_', '.', '-'")
+    if not test_timeout > 0:
+        raise CourseError("test_timeout must be positive")
+    stale = out_of_sync()
+    if stale:
+        raise CourseError(f"exercises/ is out of date with solutions/ ({', '.join(stale)}): run `attnkit stubs`")
+    course = Course(root=root, course_id=course_id, assignment=assignment, points=plan_points(total, points),
+                    test_timeout=float(test_timeout), exchange_root=exchange_root, db_url=db_url)
+
+    root.mkdir(parents=True, exist_ok=True)
+    if course.source.exists():
+        shutil.rmtree(course.source)
+    src = course.source
+    (src / "tests").mkdir(parents=True)
+    (src / "fixtures" / "public").mkdir(parents=True)
+    for name in course.stage_files():
+        shutil.copyfile(EXERCISES / name, src / name)
+    hidden_names = []
+    for stage in course.points:
+        path = TESTS / f"test_{stage}.py"
+        if not path.is_file():
+            raise CourseError(f"no test file for stage {stage} ({path})")
+        derived = public_tests(path)
+        hidden_names += derived.hidden
+        if derived.source:
+            (src / "tests" / path.name).write_text(derived.source)
+    for name in SUPPORT_FILES:
+        shutil.copyfile(TESTS / name, src / "tests" / name)
+    shutil.copyfile(KIT / "conftest.py", src / "conftest.py")  # the --impl/--isolate options
+    for npz in sorted((FIXTURES / "public").glob("*.npz")):
+        shutil.copyfile(npz, src / "fixtures" / "public" / npz.name)
+    (src / "pytest.ini").write_text(pytest_ini())
+    nbformat.write(build_notebook(course.points, course.test_timeout), src / f"{NOTEBOOK}.ipynb")
+
+    # A hidden name that is also public somewhere (another stage) is not a leak.
+    public_names = {n for p in (TESTS.glob("test_s[0-9][0-9]_*.py")) for n in public_tests(p).public}
+    leaks = find_leaks(src, set(hidden_names) - public_names)
+    if leaks:
+        shutil.rmtree(src)
+        raise CourseError("the release would leak instructor-only material:\n  " + "\n  ".join(leaks[:20]))
+
+    (root / "nbgrader_config.py").write_text(nbgrader_config(course))
+    data = asdict(course)
+    data.pop("root")
+    (root / MARKER_FILE).write_text(json.dumps(data, indent=1) + "\n")
+    return course
+
+
+def hidden_test_names() -> set[str]:
+    hidden, public = set(), set()
+    for path in TESTS.glob("test_s[0-9][0-9]_*.py"):
+        derived = public_tests(path)
+        hidden.update(derived.hidden)
+        public.update(derived.public)
+    return hidden - public
+
+
+# ---------------------------------------------------------------- nbgrader preprocessors
+
+from nbgrader.api import Gradebook, MissingEntry  # noqa: E402  (nbgrader-side code below)
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor  # noqa: E402
+from nbgrader.utils import setenv  # noqa: E402
+
+
+class KeepCourseCells(NbGraderPreprocessor):
+    """Autograde (sanitize step): drop every code cell the source notebook does not have.
+
+    The course notebook carries no student code, so a code cell a student added can only be an
+    attempt to run something in the grading kernel (patching the grader, printing a score).
+    """
+
+    def preprocess(self, nb, resources):
+        info = resources["nbgrader"]
+        with Gradebook(info["db_url"]) as gb:
+            try:
+                known = {cell.name for cell in gb.find_notebook(info["notebook"], info["assignment"]).source_cells}
+            except MissingEntry:
+                return nb, resources
+        kept = []
+        for cell in nb.cells:
+            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+            if cell.cell_type != "code" or grade_id in known:
+                kept.append(cell)
+            else:
+                self.log.warning("Dropping a code cell that is not part of the assignment: %r",
+                                 cell.source[:60])
+        nb.cells = kept
+        return nb, resources
+
+
+class SafePathExecute(Execute):
+    """nbgrader's Execute with PYTHONSAFEPATH=1 for the kernel: the submission folder (the kernel's
+    working directory) is not put on sys.path, so a student's ``grader/`` or ``json.py`` cannot
+    replace what the kernel imports."""
+
+    def preprocess(self, nb, resources, *args, **kwargs):
+        with setenv(PYTHONSAFEPATH="1"):
+            return super().preprocess(nb, resources, *args, **kwargs)
