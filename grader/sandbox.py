@@ -146,8 +146,9 @@ class _Capture:
 class _Child:
     """One running child: the process, its pipes, its work directory. Killing is idempotent."""
 
-    def __init__(self, proc, requests, replies, capture, workdir, uid):
+    def __init__(self, proc, requests, replies, capture, workdir, uid, unshared):
         self.proc, self.requests, self.replies = proc, requests, replies
+        self.unshared = unshared  # proc is unshare, and the zygote its child
         self.capture, self.workdir, self.uid = capture, workdir, uid
         self.alive = True
 
@@ -155,12 +156,31 @@ class _Child:
         if not self.alive:
             return
         self.alive = False
+        # Under unshare, kill the zygote first (the init of the pid namespace: its death
+        # takes every process of the namespace with it) so that unshare, still alive, reaps
+        # it; then the whole process group (unshare itself, or the zygote in plain modes).
+        if self.unshared:
+            for pid in _children(self.proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # setpriv/unshare and the zygote
+            os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         if self.uid is not None:
-            _kill_uid(self.uid)  # without a pid namespace, strays may have left the group
+            # Without a pid namespace strays may have left the process group; with one,
+            # the kernel tears the namespace down asynchronously. Either way, wait (briefly)
+            # until nothing runs under the dedicated uid any more.
+            for _ in range(100):
+                if not _kill_uid(self.uid):
+                    break
+                time.sleep(0.02)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -174,10 +194,23 @@ class _Child:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def _children(pid):
+    """The children of process ``pid`` (Linux /proc), or [] when that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(child) for child in handle.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def _kill_uid(uid):
-    """Kill every process whose real uid is ``uid`` (a dedicated sandbox uid, never a person's)."""
+    """Kill every process whose real uid is ``uid`` (a dedicated sandbox uid, never a person's).
+
+    Returns how many there were (zombies included).
+    """
+    found = 0
     if uid < UID_BASE:
-        return
+        return found
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -185,10 +218,12 @@ def _kill_uid(uid):
                     for line in status:
                         if line.startswith("Uid:"):
                             if int(line.split()[1]) == uid:
+                                found += 1
                                 os.kill(int(entry), signal.SIGKILL)
                             break
             except (OSError, ValueError):
                 pass
+    return found
 
 
 def _modes():
@@ -520,7 +555,7 @@ class IsolatedBackend:
         os.close(requests_r)
         os.close(replies_w)
         capture = _Capture({"stdout": proc.stdout, "stderr": proc.stderr}, self.output_bytes)
-        child = _Child(proc, requests_w, replies_r, capture, workdir, uid)
+        child = _Child(proc, requests_w, replies_r, capture, workdir, uid, unshared=confined)
         self._child = child
         try:
             header, _ = self._receive(time.monotonic() + self.start_seconds)
@@ -531,7 +566,9 @@ class IsolatedBackend:
         if header.get("kind") != "ready":
             child.kill()
             tail = child.capture.last_lines("stderr", 5)
-            raise SandboxUnavailable(f"{header.get('message')}" + (f" ({tail})" if tail else ""))
+            lines = str(header.get("message")).strip().splitlines() or [""]
+            message = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+            raise SandboxUnavailable(message + (f" (stderr: {tail})" if tail else ""))
         return child
 
 

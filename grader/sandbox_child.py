@@ -328,10 +328,15 @@ def main():
             continue  # a stray request for a worker that has gone: ignore
         pid = os.fork()
         if pid == 0:
+            code = 0
             try:
                 serve(adapters, config, header["module"], requests, replies)
+            except SystemExit as exc:  # sys.exit() in learner code: report its exit code
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except BaseException:
+                code = 70
             finally:
-                os._exit(70)
+                os._exit(code)
         status = wait_for(pid)
         write_message(replies, {"kind": "ended", "token": header["token"], "status": status})
 
