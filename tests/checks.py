@@ -6,6 +6,8 @@ one in plain words.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 F32 = dict(rtol=1e-4, atol=1e-6)  # float32 default tolerance
@@ -65,6 +67,26 @@ def assert_close(name, actual, expected, *, rtol=1e-4, atol=1e-6, mistakes=None,
     if hint:
         lines.append(hint)
     raise AssertionError("\n".join(lines))
+
+
+def parameter_count(info):
+    """Number of trainable values of an inspected module, however its parameters are laid out."""
+    return int(sum(np.prod(shape) for shape in info["parameters"].values()))
+
+
+def check_causal_mask(mask, context_length):
+    """A causal mask buffer: (context_length, context_length), possibly with leading 1s for broadcasting;
+    nonzero (True) strictly above the diagonal, zero elsewhere."""
+    mask = np.asarray(mask)
+    t = context_length
+    assert mask.shape[-2:] == (t, t) and mask.size == t * t, (
+        f"mask has shape {mask.shape}; expected (context_length, context_length) = ({t}, {t})"
+    )
+    mask = mask.reshape(t, t)
+    future = np.triu(np.ones((t, t), bool), 1)
+    assert np.all(mask[future] != 0) and np.all(mask[~future] == 0), (
+        f"mask should be 1 (True) strictly above the diagonal (the future) and 0 elsewhere; yours:\n{mask}"
+    )
 
 
 # NumPy references for the common mistakes (the trusted side computes them itself).
@@ -142,3 +164,37 @@ def multihead_mistakes(x, weights, num_heads, out_proj=True):
             x, weights, num_heads, out_proj=False)
     right = run()
     return {why: c for why, c in candidates.items() if not np.allclose(c, right, rtol=1e-4, atol=1e-6)}
+
+
+# Errors, not wrong numbers: what the message of an exception usually means.
+ERROR_HINTS = [
+    (r"must match the size of tensor b.*(?s:.*)mask|mask(?s:.*)must match the size of tensor b",
+     "a mask sized for context_length met scores for fewer tokens: cut it to the sequence, "
+     "self.mask.bool()[:num_tokens, :num_tokens] (and never hard-code the sequence length)"),
+    (r"view size is not compatible with input tensor's size and stride",
+     "view() after transpose(): the tensor is no longer contiguous; call .contiguous() first, or use .reshape()"),
+    (r"shape '\[[\d, ]+\]' is invalid for input of size",
+     "a view/reshape whose sizes do not fit the tensor: take b and num_tokens from x.shape instead of "
+     "hard-coding them, and split d_out into (num_heads, head_dim)"),
+    (r"mat1 and mat2 shapes cannot be multiplied|size mismatch, got input",
+     "a matrix product with mismatched inner sizes: x has shape (..., d_in) and multiplies W of shape "
+     "(d_in, d_out) on the right; check for a missing or extra transpose"),
+    (r"has no attribute '(\w+)'",
+     r"self.\1 is used but never set: assign it in __init__"),
+    (r"Expected all tensors to be on the same device",
+     "a tensor stayed on the CPU while the module moved: keep the mask as a registered buffer "
+     "(self.register_buffer) and create new tensors on x.device"),
+    (r"time limit", "the code ran past the time limit: an infinite loop?"),
+    (r"maximum recursion depth", "a function or forward() calls itself without end"),
+    (r"NotImplementedError", "this part is still a stub: write the code its TODO describes"),
+]
+
+
+def explain_error(text):
+    """Plain-words readings of an exception's text (empty if none applies)."""
+    found = []
+    for pattern, meaning in ERROR_HINTS:
+        match = re.search(pattern, text)
+        if match:
+            found.append(match.expand(meaning) if match.re.groups else meaning)
+    return found

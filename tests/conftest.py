@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from adapters import Implementation, LocalBackend
+from checks import explain_error
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent  # the kit, or a student's release folder
@@ -121,6 +122,22 @@ GPU_SKIP = pytest.mark.skipif(
 def device(request):
     """Every batched multi-head test runs on the CPU, and again on CUDA when there is one."""
     return request.param
+
+
+# ---------------------------------------------------------------- failures that are errors
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """When learner code raised (rather than computed wrong numbers), say what the error usually means."""
+    report = yield
+    if report.failed and call.excinfo is not None and not call.excinfo.errisinstance(AssertionError):
+        hints = explain_error(str(report.longrepr))
+        marker = item.get_closest_marker("hint")
+        if marker:
+            hints.append(marker.args[0])
+        if hints and hasattr(report.longrepr, "addsection"):
+            report.longrepr.addsection("Likely mistake", "\n".join(hints))
+    return report
 
 
 # ---------------------------------------------------------------- summary

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cases import module_case
-from checks import assert_close, multihead_mistakes
+from checks import assert_close, check_causal_mask, multihead_mistakes, parameter_count
 
 pytestmark = pytest.mark.causal_attention
 STAGE = "s08_causal_attention"
@@ -75,23 +75,17 @@ def test_mask_is_a_registered_buffer(stage):
         "no buffer named 'mask': create it with self.register_buffer('mask', ...) so that it is saved "
         "in the state_dict and follows the module to the GPU"
     )
-    assert "mask" in info["persistent_buffers"], "the mask buffer should be persistent (part of the state_dict)"
-    mask = np.asarray(info["buffers"]["mask"])
-    assert mask.shape == (5, 5), f"mask has shape {mask.shape}; expected (context_length, context_length) = (5, 5)"
-    future = np.triu(np.ones((5, 5), bool), 1)
-    assert np.all(mask[future] != 0) and np.all(mask[~future] == 0), (
-        f"mask should be 1 (True) strictly above the diagonal (the future) and 0 elsewhere; yours:\n{mask}"
-    )
+    check_causal_mask(info["buffers"]["mask"], 5)
 
 
 @pytest.mark.parametrize("qkv_bias", [False, True])
 def test_qkv_bias_is_honoured(stage, qkv_bias):
     info = stage.inspect(CLS, dict(d_in=4, d_out=3, context_length=5, dropout=0.0, qkv_bias=qkv_bias))
-    biases = sorted(n for n in info["parameters"] if n.endswith(".bias"))
-    expected = sorted(f"{n}.bias" for n in NAMES) if qkv_bias else []
-    assert biases == expected, (
-        f"with qkv_bias={qkv_bias} the bias parameters should be {expected}; yours: {biases}. "
-        "Pass bias=qkv_bias to every nn.Linear."
+    expected = 3 * 4 * 3 + (3 * 3 if qkv_bias else 0)
+    assert parameter_count(info) == expected, (
+        f"CausalAttention(4, 3, qkv_bias={qkv_bias}) should have {expected} trainable values "
+        f"(three 3x4 weights{' and three biases of 3' if qkv_bias else ', no biases'}); yours has "
+        f"{parameter_count(info)}: {info['parameters']}. Pass bias=qkv_bias to every nn.Linear."
     )
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cases import module_case, normal
-from checks import assert_close, multihead_mistakes
+from checks import assert_close, check_causal_mask, multihead_mistakes, parameter_count
 
 pytestmark = pytest.mark.multihead_attention
 STAGE = "s10_multihead_attention"
@@ -89,17 +89,15 @@ def test_gpt2_sized_heads(stage, reference, device, dtype):
     assert_close(f"context_vecs ({device}, {dtype})", out, expected, **TOLERANCE[dtype])
 
 
-def test_parameters_and_mask(stage):
+def test_parameters_mask_and_dropout(stage):
     info = stage.inspect(CLS, dict(d_in=6, d_out=8, context_length=5, dropout=0.1, num_heads=2))
-    expected = {"W_query.weight": [8, 6], "W_key.weight": [8, 6], "W_value.weight": [8, 6],
-                "out_proj.weight": [8, 8], "out_proj.bias": [8]}
-    assert info["parameters"] == expected, f"parameters should be {expected}; yours: {info['parameters']}"
-    assert "mask" in info["persistent_buffers"], "register the causal mask as a buffer named 'mask'"
-    mask = np.asarray(info["buffers"]["mask"])
-    future = np.triu(np.ones((5, 5), bool), 1)
-    assert mask.shape == (5, 5) and np.all(mask[future] != 0) and np.all(mask[~future] == 0), (
-        f"mask should be (context_length, context_length), nonzero strictly above the diagonal; yours:\n{mask}"
+    expected = 3 * 8 * 6 + 8 * 8 + 8
+    assert parameter_count(info) == expected, (
+        f"MultiHeadAttention(6, 8, ...) should have {expected} trainable values: W_query, W_key, W_value "
+        f"(8x6 each, no bias by default) and out_proj (8x8 with bias); yours: {info['parameters']}"
     )
+    assert "mask" in info["buffers"], "register the causal mask as a buffer named 'mask'"
+    check_causal_mask(info["buffers"]["mask"], 5)
     assert info["dropout_p"].get("dropout") == 0.1, f"expected self.dropout = nn.Dropout(0.1): {info['dropout_p']}"
 
 
