@@ -277,6 +277,7 @@ class IsolatedBackend:
         self.start_seconds = start_seconds
         self.confine = confine  # None: the strongest that works; or one of the mode names
         self.mode = None
+        self.degraded = ""  # why stronger confinements failed, if they did
         self.adapters = adapters()
         self.stats = {"starts": 0, "start_seconds": []}
         self.last_output = {"stdout": "", "stderr": ""}
@@ -479,8 +480,9 @@ class IsolatedBackend:
             self.mode = mode
             if not self.confine:
                 _chosen_mode = mode
+            self.degraded = "; ".join(failures)
             if mode in WEAKNESS:
-                _warn_once(mode, WEAKNESS[mode] + ("; stronger ones failed: " + "; ".join(failures) if failures else ""))
+                _warn_once(mode, WEAKNESS[mode] + (f"; stronger ones failed: {self.degraded}" if failures else ""))
             child = self._child
             self._finalizer = weakref.finalize(self, child.kill)  # also runs at interpreter exit
             return

@@ -401,6 +401,8 @@ def serve(adapters, config, module, requests, replies):
             out, reply = [], {"kind": "submission_error", "message": str(exc)}
         except Exception as exc:
             frames = [f for f in traceback.extract_tb(exc.__traceback__) if inside(f.filename, submission)]
+            for frame in frames:  # the learner knows the file by its name, not our copy's path
+                frame.filename = os.path.basename(frame.filename)
             out, reply = [], {
                 "kind": "exception", "type": type(exc).__name__, "message": str(exc),
                 "memory": isinstance(exc, MemoryError) or "can't allocate memory" in str(exc),

@@ -234,7 +234,51 @@ def test_confinement(isolated_reference):
     """On a machine like the CI's (root, util-linux unshare) the strongest confinement holds."""
     good_call_works(isolated_reference)
     if os.geteuid() == 0 and shutil.which("unshare"):
-        assert isolated_reference.mode == "namespaces"
+        assert isolated_reference.mode == "namespaces", isolated_reference.degraded
+
+
+# ---------------------------------------------------------------- the wire format
+
+def test_the_wire_format_round_trips_plain_values():
+    from grader.sandbox_child import decode, encode
+
+    value = {"a": (np.arange(3, dtype=np.int64), [1, 2.5, None, True]), "b": np.float32(2), 3: "x",
+             "c": np.zeros((2, 0), dtype=bool), "d": np.array(1 + 2j)}
+    blobs = []
+    same(decode(encode(value, blobs), blobs), value)
+
+
+def deep(levels):
+    nested = []
+    for _ in range(levels):
+        nested = [nested]
+    return nested
+
+
+def npy(array):
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=True)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("data, blobs", [
+    ({"__array__": 0}, [npy(np.array([object()], dtype=object))]),  # would need pickle
+    ({"__array__": 0}, [npy(np.zeros(2, dtype=[("x", "f4")]))]),  # structured
+    ({"__array__": 0}, [npy(np.array(["text"]))]),  # not numeric
+    ({"__array__": 0}, [npy(np.zeros(10))[:-8]]),  # truncated
+    ({"__array__": 1}, []),  # dangling reference
+    ({"__class__": "os.system"}, []),
+    ({"__tuple__": [], "extra": 1}, []),
+    ({"__dict__": [[[1], 2]]}, []),  # unhashable key
+    (deep(100), []),  # nested beyond MAX_DEPTH
+])
+def test_the_parent_rejects_anything_but_plain_data(data, blobs):
+    from grader.sandbox_child import ProtocolError, decode
+
+    with pytest.raises(ProtocolError):
+        decode(data, blobs)
 
 
 # ---------------------------------------------------------------- learner errors
@@ -244,7 +288,7 @@ def test_the_stub_message_comes_through(hostile):
         hostile.run("call", "s06_causal_mask", func="causal_weights_simple", args=(np.ones((3, 3), np.float32),))
     message = str(info.value)
     assert message.startswith("NotImplementedError: s06_causal_mask: causal_weights_simple: ")
-    assert "s06_causal_mask.py" in message  # the learner's frame, from the short traceback
+    assert 'File "s06_causal_mask.py", line' in message  # the learner's frame, from the short traceback
 
 
 def test_infinite_loop_at_call_time_hits_the_wall_clock(hostile):
