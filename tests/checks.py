@@ -110,17 +110,20 @@ def linear(x, weights, name):
 
 
 def multihead(x, weights, num_heads, *, scale_by="head_dim", split="view_transpose", out_proj=True,
-              qkv_bias=True, mask="causal"):
+              qkv_bias=True, mask="causal", values="W_value"):
     """NumPy multi-head causal attention, with switches that reproduce typical mistakes.
 
     x: (b, T, d_in); weights: MultiHeadAttention state_dict (W_query/W_key/W_value, out_proj).
     scale_by: "head_dim" (right), "d_out", "none"; split: "view_transpose" (right) or "view_only"
-    (reshaping straight to (b, heads, T, head_dim)); mask: "causal", "none", "zero" (fill 0).
+    (reshaping straight to (b, heads, T, head_dim)); mask: "causal", "none", "zero" (fill 0);
+    values: "W_value" (right) or "inputs" (x itself, when d_in == d_out).
     """
     if not qkv_bias:
         weights = {k: v for k, v in weights.items() if not (k.startswith("W_") and k.endswith("bias"))}
     b, t, _ = x.shape
     q, k, v = (linear(x, weights, n) for n in ("W_query", "W_key", "W_value"))
+    if values == "inputs":
+        v = x
     d_out = q.shape[-1]
     hd = d_out // num_heads
 
@@ -159,6 +162,8 @@ def multihead_mistakes(x, weights, num_heads, out_proj=True):
         "masked with 0 instead of -inf: a masked score of 0 still gets weight": run(mask="zero"),
         "qkv_bias was ignored: pass bias=qkv_bias to W_query, W_key and W_value": run(qkv_bias=False),
     }
+    if x.shape[-1] == weights["W_value.weight"].shape[0]:
+        candidates["the values were the inputs: mix the projected values W_value(x), not x"] = run(values="inputs")
     if out_proj:
         candidates["out_proj was not applied to the concatenated heads"] = multihead(
             x, weights, num_heads, out_proj=False)

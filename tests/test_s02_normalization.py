@@ -20,6 +20,11 @@ def stage(impl):
     return impl.stage(STAGE)
 
 
+def whole_sum(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum()
+
+
 def sum_normalised(x, axis=-1):
     return x / x.sum(axis=axis, keepdims=True)
 
@@ -73,6 +78,8 @@ def test_softmax_of_a_vector_and_of_each_row(stage, hidden_fx, form):
             "softmax over dim 0 (columns) instead of the last dim (rows)": softmax(hidden_fx.matrix, axis=0),
             "one softmax over the whole matrix: the max/sum must be taken per row (keepdim=True)":
                 softmax(hidden_fx.matrix.reshape(-1)).reshape(hidden_fx.matrix.shape),
+            "the exponentials were divided by their sum over the whole tensor; sum each row "
+            "(dim=dim, keepdim=True)": whole_sum(hidden_fx.matrix),
         },
     )
 

@@ -8,6 +8,8 @@ the per-head form owns rows h*head_dim .. (h+1)*head_dim-1 of each projection.
 Head(d_in, head_dim, context_length, dropout, qkv_bias) takes every size from
 its arguments.
 """
+import itertools
+
 import numpy as np
 import pytest
 
@@ -42,8 +44,22 @@ def check_mapping(stage, fx, prefix, cls):
         f"{FORMS[cls][0]} should return a dict with keys {sorted(expected)}; got "
         f"{sorted(got) if isinstance(got, dict) else type(got).__name__}"
     )
+    mha = fx.sub(prefix + "mha/weights/")
     for key, value in expected.items():
-        assert_close(f"{FORMS[cls][0]}(...)[{key!r}]", got[key], value)
+        assert_close(f"{FORMS[cls][0]}(...)[{key!r}]", got[key], value, mistakes=stacking_mistakes(mha, key))
+
+
+def stacking_mistakes(mha, key):
+    """W_qkv stacked in the wrong order of roles."""
+    if not key.startswith("W_qkv."):
+        return {}
+    kind = key.split(".")[1]
+    roles = ("query", "key", "value")
+    return {
+        f"W_qkv stacks the rows in the order {', '.join(order)}; stack them as query, key, value":
+            np.concatenate([mha[f"W_{r}.{kind}"] for r in order])
+        for order in itertools.permutations(roles) if order != roles
+    }
 
 
 def check_forward(stage, fx, prefix, cls, device="cpu"):
@@ -87,6 +103,7 @@ def test_own_mapping_and_own_class_reproduce_multihead_attention(stage, hidden_f
                  hidden_fx["case0/output"])
 
 
+@pytest.mark.hint("take every size from the constructor arguments (d_in, head_dim, context_length), never from globals")
 def test_head_takes_its_sizes_from_its_arguments(stage, reference):
     r = np.random.default_rng(11)
     init = dict(d_in=5, head_dim=3, context_length=7, dropout=0.0, qkv_bias=True)
