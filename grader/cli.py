@@ -2,7 +2,8 @@
 
     attnkit stubs      write exercises/ from solutions/
     attnkit fixtures   regenerate fixtures/ from solutions/
-    attnkit demo       grade the built-in sample submissions
+    attnkit course build DIR   (re)create an nbgrader course from the kit
+    attnkit demo [--dir DIR]   a whole nbgrader grading round on built-in sample submissions
 """
 from __future__ import annotations
 
@@ -24,6 +25,54 @@ def cmd_fixtures(args):
     print(f"wrote {len(manifest['files'])} fixture files and manifest.json")
 
 
+def _points(text):
+    """STAGE=POINTS, STAGE being a stage's marker (causal_attention) or module (s08_causal_attention)."""
+    name, sep, value = text.partition("=")
+    try:
+        points = float(value)
+    except ValueError:
+        points = None
+    if not sep or points is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected STAGE=POINTS, e.g. causal_attention=12")
+    name = name.strip()
+    if name[:1] == "s" and name[1:3].isdigit() and "_" in name:
+        name = name.split("_", 1)[1]
+    return name, points
+
+
+def cmd_course_build(args):
+    from .course import CourseError, build
+
+    try:
+        course = build(
+            args.dir, course_id=args.course_id, assignment=args.assignment, total=args.total,
+            points=dict(args.points or []), test_timeout=args.test_timeout,
+            exchange_root=args.exchange, db_url=args.db_url,
+        )
+    except CourseError as exc:
+        print(f"attnkit course build: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"built course {course.course_id!r} in {course.root}")
+    print(f"  source/{course.assignment}/: notebook {course.notebook}.ipynb, {len(course.points)} stage stubs, "
+          f"public tests, public fixtures ({course.total:g} points)")
+    for stage, points in course.points.items():
+        print(f"    {stage:<28} {points:>6g}")
+    print(f"next: cd {course.root} && nbgrader generate_assignment {course.assignment}")
+    return 0
+
+
+def cmd_demo(args):
+    from .course import CourseError
+    from .demo import run
+
+    try:
+        run(args.dir)
+    except CourseError as exc:
+        print(f"attnkit demo: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -31,6 +80,31 @@ def main(argv=None):
     p = sub.add_parser("fixtures", help="regenerate fixtures/ from solutions/")
     p.add_argument("--out", help="write somewhere else than fixtures/")
     p.set_defaults(func=cmd_fixtures)
+
+    p = sub.add_parser("course", help="nbgrader course management")
+    course_sub = p.add_subparsers(dest="course_command", required=True)
+    b = course_sub.add_parser(
+        "build", help="(re)create an nbgrader course directory from the kit",
+        description="Write DIR/nbgrader_config.py and DIR/source/ASSIGNMENT/ (stubs, public tests, notebook). "
+                    "DIR must be new, empty or an attnkit course; a rebuild keeps the gradebook and submissions.",
+    )
+    b.add_argument("dir", metavar="DIR")
+    b.add_argument("--course-id", default="attention-kit", help="nbgrader course id (default: %(default)s)")
+    b.add_argument("--assignment", default="attention", help="assignment name (default: %(default)s)")
+    b.add_argument("--total", type=float, default=100,
+                   help="total points; stages without --points share what is left (default: %(default)s)")
+    b.add_argument("--points", type=_points, action="append", metavar="STAGE=POINTS",
+                   help="fix one stage's points, e.g. --points causal_attention=15 (repeatable)")
+    b.add_argument("--test-timeout", type=float, default=60,
+                   help="seconds per test when grading, behind the sandbox's own limit (default: %(default)s)")
+    b.add_argument("--exchange", help="nbgrader Exchange.root (default: DIR/exchange)")
+    b.add_argument("--db-url", help="nbgrader gradebook URL (default: sqlite DIR/gradebook.db)")
+    b.set_defaults(func=cmd_course_build)
+
+    p = sub.add_parser("demo", help="grade the built-in sample submissions with nbgrader, print a table")
+    p.add_argument("--dir", default="attnkit-demo", help="course directory to (re)create (default: ./%(default)s)")
+    p.set_defaults(func=cmd_demo)
+
     args = parser.parse_args(argv)
     return args.func(args) or 0
 

@@ -341,6 +341,7 @@ def nbgrader_config(course: Course) -> str:
         "",
         "# zip_collect (LMS downloads): files named <student>_<file>, e.g. alice_s08_causal_attention.py",
         'c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/_]+)_(?P<file_id>[^/]+)$"',
+        'c.FileNameCollectorPlugin.valid_ext = [".ipynb", ".py"]  # the notebook and the stage modules',
         "",
     ]
     return "\n".join(lines)
@@ -358,6 +359,30 @@ def pytest_ini() -> str:
         f"markers ={markers}\n"
         "filterwarnings = error::pytest.PytestUnknownMarkWarning\n"
     )
+
+
+def _local_imports(path: Path) -> set[str]:
+    """Modules of the kit's tests/ folder that a file imports (by plain name)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return {f"{n}.py" for n in names if (TESTS / f"{n}.py").is_file() and not n.startswith("test_")}
+
+
+def support_files(public_tests_dir: Path) -> list[str]:
+    """The support modules students need: SUPPORT_FILES and whatever they or the public tests
+    import from tests/ (e.g. cases.py), transitively."""
+    todo = [TESTS / n for n in SUPPORT_FILES] + sorted(Path(public_tests_dir).glob("test_*.py"))
+    needed = set(SUPPORT_FILES)
+    while todo:
+        for name in _local_imports(todo.pop()):
+            if name not in needed:
+                needed.add(name)
+                todo.append(TESTS / name)
+    return sorted(needed)
 
 
 def _check_target(root: Path):
@@ -402,7 +427,7 @@ def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, 
         hidden_names += derived.hidden
         if derived.source:
             (src / "tests" / path.name).write_text(derived.source)
-    for name in SUPPORT_FILES:
+    for name in support_files(src / "tests"):
         shutil.copyfile(TESTS / name, src / "tests" / name)
     shutil.copyfile(KIT / "conftest.py", src / "conftest.py")  # the --impl/--isolate options
     for npz in sorted((FIXTURES / "public").glob("*.npz")):

@@ -1,0 +1,169 @@
+"""``attnkit demo``: a whole nbgrader grading round on the built-in sample submissions.
+
+Builds a course, releases the assignment with ``generate_assignment``, puts one submission per
+sample (grader/samples.py) in ``submitted/``, then runs nbgrader's own autograde,
+generate_feedback and export, and prints a table of students x stages from the gradebook.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from . import course as course_mod
+from .kit import marker
+from .samples import SAMPLES, write_submission
+
+DEMO_FILE = ".attnkit-demo"  # marks a directory the demo may wipe and rebuild
+NBGRADER_OUTPUTS = ("release", "submitted", "autograded", "feedback", "exchange", "gradebook.db", "grades.csv",
+                    "nbgrader.log")
+
+
+def load_api(root: Path):
+    """nbgrader's Python API, configured by the course's own nbgrader_config.py."""
+    from nbgrader.apps import NbGraderAPI
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    api = NbGraderAPI(config=config)
+    api.log.setLevel("ERROR")
+    return api
+
+
+def check(result: dict, what: str):
+    if not result.get("success"):
+        raise RuntimeError(f"nbgrader {what} failed:\n{result.get('error') or result.get('log')}")
+
+
+def stage_scores(root: Path, c: course_mod.Course, students) -> dict:
+    """{student: {stage module: score}} read from the gradebook (nbgrader's Gradebook API)."""
+    from nbgrader.api import Gradebook
+
+    config_db = f"sqlite:///{root / 'gradebook.db'}" if not c.db_url else c.db_url
+    scores = {}
+    with Gradebook(config_db, c.course_id) as gb:
+        for student in students:
+            scores[student] = {
+                stage: gb.find_grade(f"grade_{stage}", c.notebook, c.assignment, student).score
+                for stage in c.points
+            }
+    return scores
+
+
+def prepare(root: Path):
+    """Make ``root`` ready for a fresh demo: new or empty, or a previous demo (wiped)."""
+    if root.exists() and any(root.iterdir()):
+        if not (root / DEMO_FILE).is_file():
+            raise course_mod.CourseError(
+                f"{root} is not empty and was not made by `attnkit demo`; choose another --dir"
+            )
+        for name in NBGRADER_OUTPUTS:
+            path = root / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+    root.mkdir(parents=True, exist_ok=True)
+
+
+@contextlib.contextmanager
+def stderr_to(path: Path):
+    """Send this process's stderr (and its children's: the kernels) to a log file meanwhile: nbgrader's
+    harmless noise (SQLAlchemy warnings, "kernel running over TCP") would bury the progress lines."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "a") as log, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def run(root="attnkit-demo", out=print) -> dict:
+    root = Path(root).expanduser().resolve()
+    prepare(root)
+    with stderr_to(root / "nbgrader.log"):
+        result = _run(root, out)
+    out(f"nbgrader's own log output: {root / 'nbgrader.log'}")
+    return result
+
+
+def _run(root: Path, out) -> dict:
+    start = time.monotonic()
+
+    def step(message):
+        out(f"[{time.monotonic() - start:5.1f}s] {message}", flush=True)
+
+    step(f"building the course in {root}")
+    c = course_mod.build(root)
+    (root / DEMO_FILE).write_text("made by `attnkit demo`; the demo may wipe and rebuild this directory\n")
+    api = load_api(root)
+
+    t = time.monotonic()
+    check(api.generate_assignment(c.assignment, force=True), "generate_assignment")
+    step(f"nbgrader generate_assignment {c.assignment}: {time.monotonic() - t:.1f} s")
+
+    release = root / "release" / c.assignment
+    for sample in SAMPLES:
+        dest = write_submission(sample, release, root / "submitted" / sample.student / c.assignment)
+        (dest / "timestamp.txt").write_text("2026-01-15 12:00:00.000000 UTC")
+    step(f"{len(SAMPLES)} sample submissions in submitted/")
+
+    timings = {}
+    for i, sample in enumerate(SAMPLES, start=1):
+        t = time.monotonic()
+        check(api.autograde(c.assignment, sample.student, force=True), f"autograde {sample.student}")
+        timings[sample.student] = time.monotonic() - t
+        step(f"autograde {i}/{len(SAMPLES)} {sample.student:<18} {timings[sample.student]:5.1f} s  ({sample.description})")
+
+    t = time.monotonic()
+    check(api.generate_feedback(c.assignment, force=True), "generate_feedback")
+    step(f"nbgrader generate_feedback: {time.monotonic() - t:.1f} s")
+
+    t = time.monotonic()
+    grades_csv = root / "grades.csv"
+    export = subprocess.run(
+        [sys.executable, "-m", "nbgrader", "export", "--to", str(grades_csv)],
+        cwd=root, capture_output=True, text=True,
+    )
+    if export.returncode != 0 or not grades_csv.is_file():
+        raise RuntimeError(f"nbgrader export failed:\n{export.stderr[-3000:]}")
+    step(f"nbgrader export: {time.monotonic() - t:.1f} s")
+
+    scores = stage_scores(root, c, [s.student for s in SAMPLES])
+    out("")
+    out(table(c, scores))
+    out("")
+    out(f"grades.csv:    {grades_csv}")
+    out(f"feedback HTML: {root / 'feedback'}/<student>/{c.assignment}/{c.notebook}.html, e.g.")
+    out(f"               {root / 'feedback' / SAMPLES[2].student / c.assignment / (c.notebook + '.html')}")
+    out(f"autograde: {sum(timings.values()) / len(timings):.1f} s per submission on average; "
+        f"whole demo {time.monotonic() - start:.0f} s")
+    return {"course": c, "scores": scores, "timings": timings, "grades_csv": grades_csv}
+
+
+def table(c: course_mod.Course, scores: dict) -> str:
+    """Students x stages with totals; the last column says whether the sample lost points exactly
+    on the stages it was written to break."""
+    stages = list(c.points)
+    head = f"{'student':<18}" + "".join(f"{s[:3]:>7}" for s in stages) + f"{'total':>8}  as expected?"
+    lines = [head, f"{'(max)':<18}" + "".join(f"{c.points[s]:>7g}" for s in stages) + f"{c.total:>8g}"]
+    samples = {s.student: s for s in SAMPLES}
+    for student, row in scores.items():
+        sample = samples.get(student)
+        lost = {marker(s) for s in stages if (row[s] or 0) < c.points[s] - 1e-9}
+        expected = set(marker(s) for s in stages) if sample and "*" in sample.breaks else set(sample.breaks if sample else ())
+        verdict = "yes" if lost == expected else f"NO (lost points on: {', '.join(sorted(lost)) or 'nothing'})"
+        total = sum(v or 0 for v in row.values())
+        lines.append(f"{student:<18}" + "".join(f"{(v or 0):>7g}" for v in row.values()) + f"{total:>8.2f}  {verdict}")
+    legend = "stages: " + ", ".join(f"{s[:3]} {marker(s)}" for s in stages)
+    return "\n".join(lines + ["", legend])

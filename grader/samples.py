@@ -1,0 +1,122 @@
+"""Sample submissions for ``attnkit demo`` and the nbgrader end-to-end test.
+
+Each sample is the reference solutions (or the untouched stubs) with a few small source edits,
+the way real mistakes look. ``breaks`` names the stages the sample should lose points on; every
+other stage must get full marks.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import EXERCISES, SOLUTIONS
+from .kit import stages
+
+
+@dataclass(frozen=True)
+class Sample:
+    student: str  # an nbgrader student id (no underscores: zip_collect splits on the first one)
+    description: str
+    base: str = "solutions"  # or "exercises"
+    edits: dict = field(default_factory=dict)  # stage module -> [(old, new), ...], each old must occur
+    breaks: tuple = ()  # markers of the stages this sample should lose points on ("*": all)
+
+
+SAMPLES = [
+    Sample("reference", "the reference solutions"),
+    Sample("untouched", "the stubs as released, nothing written", base="exercises", breaks=("*",)),
+    Sample(
+        "softmax-dim0", "all-pairs softmax over dim 0 (columns sum to 1)",
+        edits={"s02_normalization": [
+            ("torch.softmax(all_pairs_scores(inputs), dim=-1)", "torch.softmax(all_pairs_scores(inputs), dim=0)"),
+        ]},
+        breaks=("normalization",),
+    ),
+    Sample(
+        "no-scaling", "forgot to divide the scores by sqrt(d_k)",
+        edits={"s04_trainable_projections": [("torch.softmax(scores / d_k**0.5, dim=-1)", "torch.softmax(scores, dim=-1)")]},
+        breaks=("trainable_projections",),
+    ),
+    Sample(
+        "tril-for-triu", "efficient causal mask built with tril: hides the past instead of the future",
+        edits={"s06_causal_mask": [(
+            "torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=1)",
+            "torch.tril(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=-1)",
+        )]},
+        breaks=("causal_mask",),
+    ),
+    Sample(
+        "no-head-transpose", "split the heads with one view(b, heads, tokens, head_dim), no transpose",
+        edits={"s10_multihead_attention": [(
+            ".view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)",
+            ".view(b, self.num_heads, num_tokens, self.head_dim)",
+        )] * 3},
+        breaks=("multihead_attention",),
+    ),
+    Sample(
+        "syntax-error", "a missing closing parenthesis in SelfAttention_v1.forward",
+        edits={"s05_self_attention": [(
+            "attn_scores = queries @ keys.transpose(-2, -1)  # (num_tokens, num_tokens)",
+            "attn_scores = queries @ keys.transpose(-2, -1  # (num_tokens, num_tokens)",
+        )]},
+        breaks=("self_attention",),
+    ),
+    Sample(
+        "endless-loop", "a while loop that never advances its index in context_vector",
+        edits={"s03_context_vectors": [(
+            "    for weight, x_i in zip(attn_weights, inputs):\n        context += weight * x_i\n",
+            "    i = 0\n    while i < len(inputs):\n        context += attn_weights[i] * inputs[i]\n",
+        )]},
+        breaks=("context_vectors",),
+    ),
+    Sample(
+        "noisy-correct", "correct, but warns and prints to stderr (must still get full marks)",
+        edits={"s01_attention_scores": [(
+            "import torch\n",
+            "import sys\nimport warnings\n\nimport torch\n\n"
+            "warnings.warn('s01 imported: this message goes to stderr', UserWarning)\n"
+            "print('debug output on stderr', file=sys.stderr)\n",
+        ), (
+            "    return inputs @ query\n",
+            "    warnings.warn('attention_scores_matmul called', RuntimeWarning)\n    return inputs @ query\n",
+        )]},
+    ),
+]
+
+
+def by_student(student: str) -> Sample:
+    for sample in SAMPLES:
+        if sample.student == student:
+            return sample
+    raise KeyError(student)
+
+
+def apply_edits(text: str, edits, where: str) -> str:
+    for old, new in edits:
+        if old not in text:
+            raise ValueError(f"sample edit for {where} no longer applies (the solution changed): {old!r}")
+        text = text.replace(old, new, 1)
+    return text
+
+
+def write_modules(sample: Sample, dest: Path) -> Path:
+    """Write the sample's stage modules into ``dest`` (created if needed)."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    base = SOLUTIONS if sample.base == "solutions" else EXERCISES
+    for stage in stages():
+        text = (base / f"{stage}.py").read_text()
+        if stage in sample.edits:
+            text = apply_edits(text, sample.edits[stage], f"{sample.student}/{stage}")
+        (dest / f"{stage}.py").write_text(text)
+    return dest
+
+
+def write_submission(sample: Sample, release: Path, dest: Path) -> Path:
+    """A student's submission folder: the released assignment with the sample's modules in it."""
+    dest = Path(dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(release, dest)
+    return write_modules(sample, dest)
