@@ -74,7 +74,7 @@ def check(stage_marker):
     import subprocess
 
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "--no-header", "-p", "no:cacheprovider", "-m", stage_marker],
+        [sys.executable, "-m", "pytest", "-q", "--no-header", "--color=no", "-p", "no:cacheprovider", "-m", stage_marker],
         capture_output=True, text=True,
     )
     print((run.stdout + run.stderr)[-6000:])

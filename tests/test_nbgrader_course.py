@@ -261,6 +261,8 @@ def test_feedback_shows_verdicts_but_no_hidden_test_code(graded):
         stripped = {line.strip() for line in text.splitlines()}
         assert not stripped & code, f"{student}: hidden test code in feedback: {sorted(stripped & code)[:3]}"
         assert not stripped & sol, f"{student}: solution lines in feedback: {sorted(stripped & sol)[:3]}"
+    feedback_files = list((graded["root"] / "feedback").rglob("*"))
+    assert not [p for p in feedback_files if p.name == "attnkit-grading.json"], "the grading record must stay private"
     tril = html.unescape((graded["root"] / "feedback" / TAMPERED / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text())
     assert "FAIL" in tril and "PASS" in tril
 
