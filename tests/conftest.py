@@ -136,7 +136,11 @@ def pytest_runtest_makereport(item, call):
         if marker:
             hints.append(marker.args[0])
         if hints and hasattr(report.longrepr, "addsection"):
-            report.longrepr.addsection("Likely mistake", "\n".join(hints))
+            text = "\n".join(hints)
+            report.longrepr.addsection("Likely mistake", text)  # for the terminal
+            crash = getattr(report.longrepr, "reprcrash", None)
+            if crash is not None:  # for one-line reports (grading feedback, -rf summaries)
+                crash.message += f"\nLikely mistake: {text}"
     return report
 
 
