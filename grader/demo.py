@@ -90,22 +90,22 @@ def stderr_to(path: Path):
 
 def run(root="attnkit-demo", out=print) -> dict:
     root = Path(root).expanduser().resolve()
+    start = time.monotonic()
     prepare(root)
+    out(f"[  0.0s] building the course in {root}", flush=True)
+    c = course_mod.build(root)
+    (root / DEMO_FILE).write_text("made by `attnkit demo`; the demo may wipe and rebuild this directory\n")
     with stderr_to(root / "nbgrader.log"):
-        result = _run(root, out)
+        result = _run(root, c, start, out)
     out(f"nbgrader's own log output: {root / 'nbgrader.log'}")
     return result
 
 
-def _run(root: Path, out) -> dict:
-    start = time.monotonic()
+def _run(root: Path, c: course_mod.Course, start: float, out) -> dict:
 
     def step(message):
         out(f"[{time.monotonic() - start:5.1f}s] {message}", flush=True)
 
-    step(f"building the course in {root}")
-    c = course_mod.build(root)
-    (root / DEMO_FILE).write_text("made by `attnkit demo`; the demo may wipe and rebuild this directory\n")
     api = load_api(root)
 
     t = time.monotonic()
