@@ -21,7 +21,7 @@ def run_suite(impl, tmp_path, *extra):
     junit = tmp_path / "junit.xml"
     stage_files = [str(KIT / "tests" / f"test_{s}.py") for s in stages()]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *stage_files, "--impl", str(impl), "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", *stage_files, f"--impl={impl}", "-p", "no:cacheprovider",
          f"--junitxml={junit}", "-q", *extra],
         cwd=KIT, capture_output=True, text=True, timeout=600,
     )
