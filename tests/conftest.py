@@ -41,11 +41,13 @@ def pytest_collection_modifyitems(config, items):
 def impl(request):
     """The implementation under test (see --impl and --isolate)."""
     root = request.config.impl_root
-    if request.config.getoption("--isolate"):
-        from grader.sandbox import IsolatedBackend
+    if not request.config.getoption("--isolate"):
+        yield Implementation(LocalBackend(root))
+        return
+    from grader.sandbox import IsolatedBackend
 
-        return Implementation(IsolatedBackend(root))
-    return Implementation(LocalBackend(root))
+    with IsolatedBackend(root) as backend:  # the sandbox stops with the session
+        yield Implementation(backend)
 
 
 @pytest.fixture(scope="session")
