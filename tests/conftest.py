@@ -92,6 +92,12 @@ def load_fixture(visibility, stage):
 
 
 @pytest.fixture(scope="module")
+def stage(impl, request):
+    """The stage module this test file covers (test_s08_causal_attention.py: s08_causal_attention)."""
+    return impl.stage(stage_of(request.node.nodeid))
+
+
+@pytest.fixture(scope="module")
 def public_fx(request):
     """The public fixture of the stage this test file covers (the book's running example)."""
     return load_fixture("public", stage_of(request.node.nodeid))

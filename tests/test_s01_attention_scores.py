@@ -14,11 +14,6 @@ STAGE = "s01_attention_scores"
 FORMS = ["attention_scores_loop", "attention_scores_matmul"]
 
 
-@pytest.fixture(scope="module")
-def stage(impl):
-    return impl.stage(STAGE)
-
-
 @pytest.mark.public
 @pytest.mark.parametrize("form", FORMS)
 def test_journey_scores_every_token_against_the_query(stage, public_fx, form):

@@ -15,11 +15,6 @@ pytestmark = pytest.mark.normalization
 STAGE = "s02_normalization"
 
 
-@pytest.fixture(scope="module")
-def stage(impl):
-    return impl.stage(STAGE)
-
-
 def whole_sum(x):
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum()

@@ -14,11 +14,6 @@ pytestmark = pytest.mark.context_vectors
 STAGE = "s03_context_vectors"
 
 
-@pytest.fixture(scope="module")
-def stage(impl):
-    return impl.stage(STAGE)
-
-
 @pytest.mark.public
 def test_journey_context_vector(stage, public_fx):
     assert_close(

@@ -14,11 +14,6 @@ pytestmark = pytest.mark.trainable_projections
 STAGE = "s04_trainable_projections"
 
 
-@pytest.fixture(scope="module")
-def stage(impl):
-    return impl.stage(STAGE)
-
-
 def scaling_mistakes(scores, d_k):
     return {
         "the scores were not scaled: divide them by sqrt(d_k) before the softmax": softmax(scores),

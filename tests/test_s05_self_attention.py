@@ -16,11 +16,6 @@ STAGE = "s05_self_attention"
 NAMES = ("W_query", "W_key", "W_value")
 
 
-@pytest.fixture(scope="module")
-def stage(impl):
-    return impl.stage(STAGE)
-
-
 def v1_mistakes(x, w):
     q, k, v = x @ w["W_query"], x @ w["W_key"], x @ w["W_value"]
     d_k = k.shape[-1]

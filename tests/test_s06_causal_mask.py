@@ -17,11 +17,6 @@ pytestmark = pytest.mark.causal_mask
 STAGE = "s06_causal_mask"
 
 
-@pytest.fixture(scope="module")
-def stage(impl):
-    return impl.stage(STAGE)
-
-
 def mask_mistakes(scores, d_k):
     t = scores.shape[-1]
     scaled = scores / np.sqrt(d_k)

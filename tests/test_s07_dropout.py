@@ -15,11 +15,6 @@ STAGE = "s07_dropout"
 ONES = np.ones((200, 200), np.float32)  # 40,000 draws: the kept fraction is within ±0.01 of 1-p
 
 
-@pytest.fixture(scope="module")
-def stage(impl):
-    return impl.stage(STAGE)
-
-
 def check_dropout_properties(out, x, p, name):
     assert out.shape == x.shape, f"{name}: shape {out.shape}, expected {x.shape}"
     kept = out != 0

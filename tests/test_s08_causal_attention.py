@@ -19,11 +19,6 @@ CLS = "CausalAttention"
 NAMES = ("W_query", "W_key", "W_value")
 
 
-@pytest.fixture(scope="module")
-def stage(impl):
-    return impl.stage(STAGE)
-
-
 def random_case(seed, b, t, d_in, d_out, context_length, qkv_bias=False):
     r = np.random.default_rng(seed)
     init = dict(d_in=d_in, d_out=d_out, context_length=context_length, dropout=0.0, qkv_bias=qkv_bias)

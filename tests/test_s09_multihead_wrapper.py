@@ -15,11 +15,6 @@ STAGE = "s09_multihead_wrapper"
 CLS = "MultiHeadAttentionWrapper"
 
 
-@pytest.fixture(scope="module")
-def stage(impl):
-    return impl.stage(STAGE)
-
-
 def head_weights(seed, num_heads, d_in, d_out, qkv_bias):
     r = np.random.default_rng(seed)
     w = {}

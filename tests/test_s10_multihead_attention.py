@@ -19,11 +19,6 @@ STAGE = "s10_multihead_attention"
 CLS = "MultiHeadAttention"
 
 
-@pytest.fixture(scope="module")
-def stage(impl):
-    return impl.stage(STAGE)
-
-
 def mha_case(seed, b, t, d_in, d_out, context_length, num_heads, qkv_bias):
     r = np.random.default_rng(seed)
     w = {}

@@ -24,11 +24,6 @@ FORMS = {
 }
 
 
-@pytest.fixture(scope="module")
-def stage(impl):
-    return impl.stage(STAGE)
-
-
 def mapping(stage, cls, mha_weights, num_heads):
     func, _ = FORMS[cls]
     if cls == "MultiHeadAttentionPerHead":
