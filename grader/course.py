@@ -355,7 +355,7 @@ def pytest_ini() -> str:
         "[pytest]\n"
         "testpaths = tests\n"
         "impl = .\n"
-        "addopts = -ra --tb=short\n"
+        f"addopts = {config['addopts']}\n"
         f"markers ={markers}\n"
         "filterwarnings = error::pytest.PytestUnknownMarkWarning\n"
     )
