@@ -4,6 +4,7 @@
     attnkit fixtures   regenerate fixtures/ from solutions/
     attnkit course build DIR   (re)create an nbgrader course from the kit
     attnkit demo [--dir DIR]   a whole nbgrader grading round on built-in sample submissions
+    attnkit report DIR         an HTML class report (plots + tables) from the graded results
 """
 from __future__ import annotations
 
@@ -73,6 +74,25 @@ def cmd_demo(args):
     return 0
 
 
+def cmd_report(args):
+    from .report import ReportError, build_report
+
+    if args.dir is None and args.results is None:
+        print("attnkit report: error: give a course DIR or --results FOLDER", file=sys.stderr)
+        return 2
+    try:
+        index, report = build_report(course=args.dir, assignment=args.assignment, results=args.results,
+                                     out=args.out)
+    except ReportError as exc:
+        print(f"attnkit report: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"class report on {len(report.students)} students, {len(report.stages)} stages, "
+          f"{len(report.limits)} limit hits: {index}")
+    for mismatch in report.mismatches:
+        print(f"  warning: {mismatch}")
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -104,6 +124,19 @@ def main(argv=None):
     p = sub.add_parser("demo", help="grade the built-in sample submissions with nbgrader, print a table")
     p.add_argument("--dir", default="attnkit-demo", help="course directory to (re)create (default: ./%(default)s)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "report", help="write an HTML class report (score distributions, frequent mistakes, limits hit)",
+        description="Read the gradebook and attnkit-grades/ASSIGNMENT/*.json of a graded course (or a folder of "
+                    "result files with --results) and write index.html with PNG plots and tables.",
+    )
+    p.add_argument("dir", metavar="DIR", nargs="?", help="the course directory")
+    p.add_argument("--assignment", help="assignment name (default: the course's)")
+    p.add_argument("--results", metavar="FOLDER", help="read <student>.json files from FOLDER, no gradebook")
+    p.add_argument("--out", metavar="FOLDER",
+                   help="where to write index.html and the PNGs (default: attnkit-grades/ASSIGNMENT/report/ "
+                        "or FOLDER/report)")
+    p.set_defaults(func=cmd_report)
 
     args = parser.parse_args(argv)
     return args.func(args) or 0

@@ -1,0 +1,441 @@
+"""``attnkit report``: a class report as a self-contained folder (index.html + PNG plots).
+
+It reads what ``attnkit grade`` leaves behind:
+
+    COURSE/gradebook.db                          nbgrader's gradebook: one grade cell per stage
+    COURSE/attnkit-grades/<assignment>/<student>.json   per student: stages, tests, messages, limits
+
+and writes ``COURSE/attnkit-grades/<assignment>/report/index.html`` with
+
+- the score distribution per stage (histograms of points / max points, one small plot per stage),
+- the most frequent diagnosed mistakes per stage (the "Likely mistake:" lines of failed tests),
+- the students whose code hit a limit (time, memory, crash, exit, output), with the stage.
+
+Every plot has a table next to it with the same numbers, so the page is readable without the images.
+Points come from the gradebook when there is one (it is what ``nbgrader export`` shows); the JSON
+files supply the details. Where the two disagree, the page says so.
+"""
+from __future__ import annotations
+
+import html
+import json
+import statistics
+import textwrap
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+GRADES_DIR = "attnkit-grades"
+SCHEMA = 1
+LIMIT_KINDS = ("time", "memory", "crash", "exit", "output")
+TOP_MISTAKES = 8  # mistakes listed per stage
+BINS = 10  # histogram bins over 0..100 %
+
+
+class ReportError(Exception):
+    """Missing or unreadable input (printed as a plain error by the CLI)."""
+
+
+# ---------------------------------------------------------------- reading the results
+
+def results_dir(course_root, assignment: str) -> Path:
+    return Path(course_root) / GRADES_DIR / assignment
+
+
+def load_results(folder) -> list[dict]:
+    """The per-student JSON files of ``folder`` (grades.json and other files are skipped), by student."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ReportError(f"{folder} does not exist: grade the class first (`attnkit grade`)")
+    students = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ReportError(f"{path}: not readable JSON ({exc})") from None
+        if not isinstance(data, dict) or "stages" not in data or "student" not in data:
+            continue  # grades.json, or anything else that is not one student's record
+        if data.get("schema") != SCHEMA:
+            raise ReportError(f"{path}: schema {data.get('schema')!r}, this report reads schema {SCHEMA}")
+        students.append(data)
+    if not students:
+        raise ReportError(f"no student results (<student>.json) in {folder}")
+    return sorted(students, key=lambda s: s["student"])
+
+
+def load_gradebook(db_url: str, course_id: str, assignment: str) -> dict:
+    """{student: {stage: (score, max_score)}} from nbgrader's gradebook, for the autograded cells
+    named ``grade_<stage>`` of the assignment's notebooks."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    scores = {}
+    with Gradebook(db_url, course_id) as gb:
+        try:
+            gb.find_assignment(assignment)
+        except MissingEntry:
+            raise ReportError(f"the gradebook has no assignment {assignment!r}") from None
+        for submission in gb.assignment_submissions(assignment):
+            row = scores.setdefault(submission.student_id, {})
+            for notebook in submission.notebooks:
+                for grade in notebook.grades:
+                    stage = grade.name.removeprefix("grade_")
+                    row[stage] = (grade.score, grade.max_score)
+    return scores
+
+
+# ---------------------------------------------------------------- the numbers
+
+@dataclass
+class StageSummary:
+    stage: str
+    marker: str
+    max_points: float
+    points: dict = field(default_factory=dict)  # student -> points
+    mistakes: Counter = field(default_factory=Counter)  # mistake text -> tests that named it
+    mistake_students: dict = field(default_factory=lambda: defaultdict(set))  # mistake -> students
+
+    @property
+    def fractions(self) -> list[float]:
+        m = self.max_points
+        return [p / m if m else 0.0 for p in self.points.values()]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.points.values()) if self.points else 0.0
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.points.values()) if self.points else 0.0
+
+    @property
+    def full_marks(self) -> int:
+        return sum(p >= self.max_points - 1e-9 for p in self.points.values())
+
+    @property
+    def zero(self) -> int:
+        return sum(p <= 1e-9 for p in self.points.values())
+
+
+@dataclass
+class Limit:
+    student: str
+    stage: str
+    kind: str
+    test: str
+    message: str
+
+
+@dataclass
+class ClassReport:
+    assignment: str
+    source: str  # where the numbers came from, for the page
+    stages: dict  # stage -> StageSummary, teaching order
+    students: dict  # student -> {"total", "max_total", "seconds"}
+    limits: list  # [Limit]
+    mismatches: list = field(default_factory=list)  # gradebook vs JSON disagreements, as text
+
+
+def first_line(text: str) -> str:
+    return " ".join(text.strip().split("\n")[0].split())
+
+
+def summarize(results: list[dict], gradebook: dict | None = None, assignment: str | None = None,
+              source: str = "") -> ClassReport:
+    """The report's numbers. ``gradebook`` ({student: {stage: (score, max)}}), when given, supplies
+    the points; the JSON results supply mistakes and limits (and the points otherwise)."""
+    stages: dict[str, StageSummary] = {}
+    students, limits, mismatches = {}, [], []
+    for record in results:
+        student = record["student"]
+        book = (gradebook or {}).get(student) if gradebook is not None else None
+        if gradebook is not None and book is None:
+            mismatches.append(f"{student}: has a result file but no submission in the gradebook")
+        total = 0.0
+        for entry in record["stages"]:
+            stage = entry["stage"]
+            s = stages.get(stage)
+            if s is None:
+                s = stages[stage] = StageSummary(stage, entry.get("marker") or stage.split("_", 1)[-1],
+                                                 float(entry["max_points"]))
+            points = float(entry["points"])
+            if book is not None:
+                if stage not in book:
+                    mismatches.append(f"{student}: stage {stage} is not in the gradebook")
+                else:
+                    score, max_score = book[stage]
+                    score = float(score or 0.0)
+                    if abs(score - points) > 0.005:
+                        mismatches.append(f"{student}: {stage} has {score:g} points in the gradebook, "
+                                          f"{points:g} in {student}.json (the gradebook's figure is used)")
+                    points = score
+                    if max_score is not None:
+                        s.max_points = float(max_score)
+            s.points[student] = points
+            total += points
+            for test in entry.get("tests", []):
+                if test.get("outcome") == "failed":
+                    for mistake in test.get("mistakes") or []:
+                        text = first_line(mistake)
+                        if text:
+                            s.mistakes[text] += 1
+                            s.mistake_students[text].add(student)
+                if test.get("limit"):
+                    limits.append(Limit(student, stage, test["limit"], test.get("label") or test.get("nodeid", ""),
+                                        first_line(test.get("message") or "")))
+        students[student] = {"total": round(total, 2), "max_total": record.get("max_total"),
+                             "seconds": record.get("seconds")}
+    if gradebook is not None:
+        for student in sorted(set(gradebook) - set(students)):
+            mismatches.append(f"{student}: in the gradebook but has no result file")
+    order = sorted(stages)  # sNN_ prefixes sort in teaching order
+    return ClassReport(assignment or (results[0].get("assignment") if results else ""), source,
+                       {k: stages[k] for k in order}, students, limits, mismatches)
+
+
+def limit_table(report: ClassReport) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Students who hit limits: [(student, [(stage, kind), ...])], one (stage, kind) per stage and kind."""
+    seen = defaultdict(list)
+    for lim in report.limits:
+        if (lim.stage, lim.kind) not in seen[lim.student]:
+            seen[lim.student].append((lim.stage, lim.kind))
+    return sorted(seen.items())
+
+
+# ---------------------------------------------------------------- plots
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_scores(report: ClassReport, path: Path) -> Path:
+    """Small multiples: one histogram of points/max per stage, plus the totals."""
+    plt = _pyplot()
+    panels = list(report.stages.values())
+    n = len(panels) + 1
+    cols = 4
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    bins = [i / BINS * 100 for i in range(BINS + 1)]
+    for ax, s in zip(axes.flat, panels):
+        ax.hist([f * 100 for f in s.fractions], bins=bins, color="#4c72b0", edgecolor="white")
+        ax.axvline(s.mean / s.max_points * 100 if s.max_points else 0, color="#c44e52", lw=1.5)
+        ax.set_title(f"{s.stage}\nmean {s.mean:.2f} / {s.max_points:g}", fontsize=9)
+        ax.set_xlim(0, 100)
+        ax.tick_params(labelsize=8)
+    totals = [v["total"] / v["max_total"] * 100 if v.get("max_total") else 0 for v in report.students.values()]
+    ax = axes.flat[len(panels)]
+    ax.hist(totals, bins=bins, color="#55a868", edgecolor="white")
+    ax.set_title(f"total\nmean {statistics.fmean(totals) if totals else 0:.1f} %", fontsize=9)
+    ax.set_xlim(0, 100)
+    ax.tick_params(labelsize=8)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("students", fontsize=8)
+    for ax in axes[-1, :]:
+        ax.set_xlabel("% of the stage's points", fontsize=8)
+    fig.suptitle(f"Score distribution per stage ({len(report.students)} students; red line: mean)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_mistakes(report: ClassReport, path: Path) -> Path | None:
+    """One horizontal bar chart per stage that has diagnosed mistakes: students per mistake."""
+    plt = _pyplot()
+    panels = [s for s in report.stages.values() if s.mistakes]
+    if not panels:
+        return None
+    heights = [min(len(s.mistakes), TOP_MISTAKES) for s in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, sum(0.45 * h + 0.8 for h in heights)),
+                             gridspec_kw={"height_ratios": [h + 1 for h in heights]}, squeeze=False)
+    for ax, s in zip(axes[:, 0], panels):
+        top = top_mistakes(s)
+        labels = ["\n".join(textwrap.wrap(text, 70, max_lines=2, placeholder=" …")) for text, _, _ in top]
+        counts = [len(students) for _, _, students in top]
+        ax.barh(range(len(top)), counts, color="#dd8452")
+        ax.set_yticks(range(len(top)), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(s.stage, fontsize=9, loc="left")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.tick_params(axis="x", labelsize=8)
+    axes[-1, 0].set_xlabel("students", fontsize=8)
+    fig.suptitle("Most frequent diagnosed mistakes per stage", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_limits(report: ClassReport, path: Path) -> Path | None:
+    """Stacked bars: students per stage that hit each kind of limit."""
+    plt = _pyplot()
+    if not report.limits:
+        return None
+    pairs = {(lim.student, lim.stage, lim.kind) for lim in report.limits}
+    stages = [s for s in report.stages if any(p[1] == s for p in pairs)]
+    kinds = [k for k in LIMIT_KINDS if any(p[2] == k for p in pairs)]
+    kinds += sorted({p[2] for p in pairs} - set(kinds))
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(stages) + 1.5))
+    left = [0] * len(stages)
+    for kind in kinds:
+        counts = [sum(1 for p in pairs if p[1] == s and p[2] == kind) for s in stages]
+        ax.barh(range(len(stages)), counts, left=left, label=kind)
+        left = [a + b for a, b in zip(left, counts)]
+    ax.set_yticks(range(len(stages)), stages, fontsize=8)
+    ax.invert_yaxis()
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("students", fontsize=8)
+    ax.legend(title="limit", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title("Students whose code hit a limit, per stage", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def top_mistakes(s: StageSummary, n: int = TOP_MISTAKES) -> list[tuple[str, int, list[str]]]:
+    """[(mistake, failed tests naming it, students)] by number of students, then tests."""
+    rows = [(text, count, sorted(s.mistake_students[text])) for text, count in s.mistakes.items()]
+    rows.sort(key=lambda r: (-len(r[2]), -r[1], r[0]))
+    return rows[:n]
+
+
+# ---------------------------------------------------------------- the page
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+img { max-width: 100%; border: 1px solid #eee; }
+.warn { background: #fff4e5; border-left: 4px solid #e69500; padding: 0.5em 1em; }
+.small { color: #666; font-size: 0.85em; }
+"""
+
+
+def _e(value) -> str:
+    return html.escape(str(value))
+
+
+def _table(head: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
+    out = ["<table>", "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>"]
+    for row in rows:
+        cells = "".join(f"<td class=num>{_e(v)}</td>" if i in numeric else f"<td>{_e(v)}</td>"
+                        for i, v in enumerate(row))
+        out.append(f"<tr>{cells}</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def render_html(report: ClassReport, images: dict) -> str:
+    n = len(report.students)
+    parts = [
+        "<!doctype html>", "<html lang=en><head><meta charset=utf-8>",
+        f"<title>Class report: {_e(report.assignment)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>Class report: {_e(report.assignment)}</h1>",
+        f"<p>{n} students. Points from {_e(report.source)}. "
+        f"Written {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by <code>attnkit report</code>.</p>",
+    ]
+    if report.mismatches:
+        parts.append("<div class=warn><b>The gradebook and the result files disagree:</b><ul>"
+                     + "".join(f"<li>{_e(m)}</li>" for m in report.mismatches) + "</ul></div>")
+    parts.append("<p>Contents: <a href='#scores'>scores per stage</a> · <a href='#mistakes'>frequent mistakes</a>"
+                 " · <a href='#limits'>limits hit</a> · <a href='#students'>students</a></p>")
+
+    parts.append("<h2 id=scores>Scores per stage</h2>")
+    if images.get("scores"):
+        parts.append(f"<img src='{_e(images['scores'])}' alt='histograms of the score per stage'>")
+    rows = [[s.stage, f"{s.max_points:g}", f"{s.mean:.2f}", f"{(s.mean / s.max_points * 100) if s.max_points else 0:.0f} %",
+             f"{s.median:g}", s.full_marks, s.zero, sum(s.mistakes.values())] for s in report.stages.values()]
+    parts.append(_table(["stage", "max", "mean", "mean %", "median", "full marks", "zero", "mistakes named"],
+                        rows, numeric={1, 2, 3, 4, 5, 6, 7}))
+
+    parts.append("<h2 id=mistakes>Most frequent diagnosed mistakes</h2>")
+    parts.append("<p class=small>From the “Likely mistake:” lines of failed tests. Students: how many students' "
+                 "code made it; tests: how many failed tests named it.</p>")
+    if images.get("mistakes"):
+        parts.append(f"<img src='{_e(images['mistakes'])}' alt='bar charts of the most frequent mistakes per stage'>")
+    any_mistake = False
+    for s in report.stages.values():
+        top = top_mistakes(s)
+        if not top:
+            continue
+        any_mistake = True
+        parts.append(f"<h3>{_e(s.stage)}</h3>")
+        parts.append(_table(["mistake", "students", "tests", "who"],
+                            [[text, len(who), count, ", ".join(who[:10]) + (" …" if len(who) > 10 else "")]
+                             for text, count, who in top], numeric={1, 2}))
+    if not any_mistake:
+        parts.append("<p>No failed test named a likely mistake.</p>")
+
+    parts.append("<h2 id=limits>Students who hit limits</h2>")
+    if images.get("limits"):
+        parts.append(f"<img src='{_e(images['limits'])}' alt='students per stage who hit a limit'>")
+    if report.limits:
+        parts.append(_table(["student", "stage", "limit", "test", "message"],
+                            [[x.student, x.stage, x.kind, x.test, x.message[:200]] for x in
+                             sorted(report.limits, key=lambda x: (x.student, x.stage, x.test))]))
+    else:
+        parts.append("<p>No student's code hit a time, memory, crash, exit or output limit.</p>")
+
+    parts.append("<h2 id=students>Students</h2>")
+    stages = list(report.stages.values())
+    head = ["student"] + [s.stage[:3] for s in stages] + ["total", "seconds"]
+    rows = [[name] + [f"{s.points.get(name, 0):g}" for s in stages]
+            + [f"{info['total']:g}", "" if info.get("seconds") is None else f"{info['seconds']:.1f}"]
+            for name, info in sorted(report.students.items())]
+    rows.insert(0, ["(max)"] + [f"{s.max_points:g}" for s in stages] + [f"{sum(s.max_points for s in stages):g}", ""])
+    parts.append(_table(head, rows, numeric=set(range(1, len(head)))))
+    parts.append("<p class=small>" + " · ".join(f"{_e(s.stage[:3])} = {_e(s.stage)}" for s in stages) + "</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(report: ClassReport, out_dir) -> Path:
+    """Write out_dir/index.html and its PNGs; returns the HTML path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob("*.png"):
+        old.unlink()
+    images = {}
+    for name, plot in (("scores", plot_scores), ("mistakes", plot_mistakes), ("limits", plot_limits)):
+        if plot(report, out_dir / f"{name}.png"):
+            images[name] = f"{name}.png"
+    index = out_dir / "index.html"
+    index.write_text(render_html(report, images), encoding="utf-8")
+    return index
+
+
+def build_report(course=None, assignment: str | None = None, results=None, out=None) -> tuple[Path, ClassReport]:
+    """From a course directory (gradebook + attnkit-grades/<assignment>/) or a results folder alone."""
+    gradebook = None
+    if results is not None:
+        folder = Path(results)
+        source = f"the result files in {folder}"
+    else:
+        from .course import Course, CourseError
+
+        try:
+            c = Course.load(course)
+        except CourseError as exc:
+            raise ReportError(str(exc)) from None
+        assignment = assignment or c.assignment
+        folder = results_dir(c.root, assignment)
+        db_url = c.db_url or f"sqlite:///{c.root / 'gradebook.db'}"
+        if not c.db_url and not (c.root / "gradebook.db").is_file():
+            raise ReportError(f"no gradebook in {c.root}: grade the class first (`attnkit grade`)")
+        gradebook = load_gradebook(db_url, c.course_id, assignment)
+        source = "the nbgrader gradebook"
+    data = load_results(folder)
+    report = summarize(data, gradebook, assignment, source)
+    index = write_report(report, Path(out) if out else folder / "report")
+    return index, report
