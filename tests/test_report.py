@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from grader.course import build
 from grader.kit import marker
 from grader.report import build_report, load_results, summarize
+
+# grader.course (nbformat) and nbgrader are imported inside the fixtures: importing them here would
+# slow down every `pytest -m public` run in the kit by seconds, at collection.
 
 pytestmark = pytest.mark.kit
 
@@ -63,6 +65,8 @@ def synthetic_record(student: str, points: dict, rng: random.Random) -> dict:
 def graded_class(tmp_path_factory):
     """A course with 40 graded students: gradebook + JSON files. One gradebook grade differs from its JSON."""
     from nbgrader.api import Gradebook
+
+    from grader.course import build
 
     # nbgrader runs `alembic` when it creates a gradebook: find it next to this Python
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
