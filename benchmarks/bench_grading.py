@@ -1,0 +1,236 @@
+"""Grading throughput: serial `nbgrader autograde` against `attnkit grade`, on the same class.
+
+    python benchmarks/bench_grading.py [--n 100] [--nbgrader-n 6] [--dir DIR] [--keep]
+
+1. builds a course (`attnkit course build` + `nbgrader generate_assignment`) and N synthetic
+   submissions in nbgrader's `submitted/<student>/<assignment>/` layout: a mix of correct ones (the
+   reference and the catalogue's correct variants), buggy ones (the catalogue's typical mistakes,
+   tests/catalogue.py) and broken ones (a syntax error; the stubs handed in untouched);
+2. grades a sample of --nbgrader-n of them with nbgrader's own autograde, one after another (what
+   nbgrader does: a fresh kernel per notebook), and extrapolates its rate to the class — nbgrader
+   takes seconds per submission, so grading all N with it would take long; the sample has the
+   same mix;
+3. grades all N with `attnkit grade` (all cores, pre-warmed workers);
+4. prints submissions/s for each and the ratio (target: attnkit grade >= 50x nbgrader), and checks
+   that both gave the sampled students the same points.
+
+Run it on an otherwise idle machine: the figures are wall-clock rates.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+KIT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(KIT))
+sys.path.insert(0, str(KIT / "tests"))  # catalogue.py
+TARGET = 50.0
+TIMESTAMP = "2026-01-15 12:00:00.000000 UTC"
+
+
+# ---------------------------------------------------------------- the class
+
+def kinds():
+    """[(kind, name, writer)]: writer(dest) puts a submission's stage modules into dest."""
+    from catalogue import BUGS, VARIANTS
+
+    from grader import SOLUTIONS
+    from grader.samples import by_student, write_modules
+
+    def from_catalogue(entry):
+        def write(dest):
+            with tempfile.TemporaryDirectory() as tmp:
+                built = entry.build(SOLUTIONS, Path(tmp) / "s")
+                for module in built.glob("s[0-9][0-9]_*.py"):
+                    shutil.copy(module, dest / module.name)
+        return write
+
+    def from_sample(name):
+        return lambda dest: write_modules(by_student(name), dest)
+
+    correct = [("correct", "reference", from_sample("reference"))]
+    correct += [("correct", v.name, from_catalogue(v)) for v in VARIANTS]
+    buggy = [("buggy", b.name, from_catalogue(b)) for b in BUGS]
+    broken = [("broken", "syntax-error", from_sample("syntax-error")),
+              ("broken", "stubs", from_sample("untouched"))]
+    return correct, buggy, broken
+
+
+def class_plan(n: int, seed: int = 0) -> list[tuple[str, str, object]]:
+    """N submissions: about 35 % correct, 50 % buggy, 15 % broken, cycling through each group."""
+    correct, buggy, broken = kinds()
+    counts = {"broken": round(0.15 * n), "correct": round(0.35 * n)}
+    counts["buggy"] = n - counts["broken"] - counts["correct"]
+    plan = []
+    for group, entries in (("correct", correct), ("buggy", buggy), ("broken", broken)):
+        plan += [entries[i % len(entries)] for i in range(counts[group])]
+    random.Random(seed).shuffle(plan)
+    return plan
+
+
+def build_class(root: Path, n: int):
+    """Course + release + N submissions under submitted/; returns (course, [(student, kind, name)])."""
+    from grader.course import build
+    from grader.demo import check, load_api
+
+    course = build(root)
+    check(load_api(root).generate_assignment(course.assignment, force=True), "generate_assignment")
+    release = root / "release" / course.assignment
+    students = []
+    for i, (kind, name, write) in enumerate(class_plan(n), start=1):
+        student = f"s{i:04d}"  # nbgrader student ids: no underscores
+        dest = root / "submitted" / student / course.assignment
+        shutil.copytree(release, dest)
+        write(dest)
+        (dest / "timestamp.txt").write_text(TIMESTAMP)
+        students.append((student, kind, name))
+    return course, students
+
+
+def sample(students, k: int) -> list:
+    """k students with the class's mix: every group represented in proportion (at least one each)."""
+    groups = {}
+    for s in students:
+        groups.setdefault(s[1], []).append(s)
+    picked = [g[0] for g in groups.values()][:k]
+    rest = [s for s in students if s not in picked]
+    return picked + rest[: max(0, k - len(picked))]
+
+
+# ---------------------------------------------------------------- graders
+
+def grade_with_nbgrader(root: Path, course, students) -> tuple[float, dict]:
+    """nbgrader's autograde, one student after another, through its Python API (no command-line start-up
+    per student: the most favourable way to run it). Returns (seconds, {student: total points})."""
+    from grader.demo import check, load_api, stage_scores, stderr_to
+
+    api = load_api(root)
+    start = time.perf_counter()
+    with stderr_to(root / "nbgrader.log"):
+        for i, (student, kind, name) in enumerate(students, start=1):
+            t = time.perf_counter()
+            check(api.autograde(course.assignment, student, force=True), f"autograde {student}")
+            print(f"  nbgrader autograde {i}/{len(students)} {student} ({kind}: {name}) "
+                  f"{time.perf_counter() - t:.1f} s", flush=True)
+    seconds = time.perf_counter() - start
+    scores = stage_scores(root, course, [s[0] for s in students])
+    return seconds, {student: round(sum(v or 0 for v in row.values()), 2) for student, row in scores.items()}
+
+
+def attnkit_grade_available() -> bool:
+    """Whether this checkout's attnkit has the `grade` verb."""
+    import contextlib
+    import io
+
+    from grader import cli
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            cli.main(["grade", "--help"])
+        except SystemExit as exc:
+            return exc.code == 0
+    return False
+
+
+def grade_with_attnkit(root: Path, course, workers: int | None) -> tuple[float, dict]:
+    """`attnkit grade COURSE --force --quiet` on the whole class (a fresh process, as an instructor runs it).
+    Returns (seconds, {student: total}) read from its result files."""
+    cmd = [sys.executable, "-m", "grader.cli", "grade", str(root), "--force", "--quiet"]
+    if workers:
+        cmd += ["--workers", str(workers)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=root, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    out = root / "attnkit-grades" / course.assignment
+    totals = {}
+    for path in out.glob("*.json"):
+        record = json.loads(path.read_text())
+        if isinstance(record, dict) and "student" in record:
+            totals[record["student"]] = record["total"]
+    return seconds, totals
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=100, help="submissions in the class (default: %(default)s)")
+    parser.add_argument("--nbgrader-n", type=int, default=6,
+                        help="submissions graded by nbgrader; its rate is extrapolated to the class (default: %(default)s)")
+    parser.add_argument("--workers", type=int, help="passed on to attnkit grade (default: its own)")
+    parser.add_argument("--dir", help="course directory to create (default: a temporary one, removed at the end)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary course directory")
+    args = parser.parse_args(argv)
+    nb_n = max(1, min(args.nbgrader_n, args.n))
+
+    # nbgrader runs `alembic` when it creates the gradebook: find it next to this Python
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    if args.dir:
+        root = Path(args.dir).resolve()
+        if root.exists() and any(root.iterdir()):
+            raise SystemExit(f"{root} is not empty; choose a new --dir")
+        cleanup = False
+    else:
+        root = Path(tempfile.mkdtemp(prefix="attnkit-bench-")) / "course"
+        cleanup = not args.keep
+
+    try:
+        t = time.perf_counter()
+        course, students = build_class(root, args.n)
+        mix = {k: sum(s[1] == k for s in students) for k in ("correct", "buggy", "broken")}
+        print(f"built {args.n} submissions in {root}/submitted ({mix['correct']} correct, {mix['buggy']} buggy, "
+              f"{mix['broken']} broken) in {time.perf_counter() - t:.0f} s", flush=True)
+
+        picked = sample(students, nb_n)
+        print(f"nbgrader autograde, serial, on {len(picked)} of them:", flush=True)
+        nb_seconds, nb_totals = grade_with_nbgrader(root, course, picked)
+        nb_rate = len(picked) / nb_seconds
+        print("  totals: " + ", ".join(f"{s} {nb_totals[s]:g}" for s, _, _ in picked), flush=True)
+
+        have_attnkit = attnkit_grade_available()
+        if have_attnkit:
+            print(f"attnkit grade on all {args.n} ...", flush=True)
+            ak_seconds, ak_totals = grade_with_attnkit(root, course, args.workers)
+            ak_rate = args.n / ak_seconds
+        else:
+            print("attnkit grade: not available in this checkout yet (no `grade` verb); only nbgrader is timed.")
+
+        print()
+        print(f"grading throughput, {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} at the end)")
+        print(f"{'grader':<34}{'graded':>8}{'seconds':>10}{'subm./s':>10}{'s/subm.':>9}")
+        extrapolated = f"(~{args.n / nb_rate:.0f} s for all {args.n}, extrapolated)" if nb_n < args.n else ""
+        print(f"{'nbgrader autograde (serial)':<34}{len(picked):>8}{nb_seconds:>10.1f}{nb_rate:>10.3f}"
+              f"{1 / nb_rate:>9.2f}  {extrapolated}")
+        if have_attnkit:
+            print(f"{'attnkit grade':<34}{args.n:>8}{ak_seconds:>10.1f}{ak_rate:>10.3f}{1 / ak_rate:>9.2f}")
+            ratio = ak_rate / nb_rate
+            print()
+            print(f"ratio attnkit grade / nbgrader: {ratio:.1f}x (target >= {TARGET:g}x: "
+                  f"{'met' if ratio >= TARGET else 'NOT met'})")
+            if nb_n < args.n:
+                print(f"  nbgrader's rate is measured on {len(picked)} submissions with the class's mix and "
+                      "assumed to hold for the whole class")
+            differ = {s: (nb_totals[s], ak_totals.get(s)) for s in nb_totals
+                      if ak_totals.get(s) is None or abs(nb_totals[s] - ak_totals[s]) > 0.011}
+            print("same totals for the students both graded" if not differ else
+                  f"DIFFERENT totals (nbgrader, attnkit grade): {differ}")
+    finally:
+        if cleanup:
+            shutil.rmtree(root.parent, ignore_errors=True)
+        else:
+            print(f"course kept in {root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
