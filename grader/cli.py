@@ -93,6 +93,41 @@ def cmd_report(args):
     return 0
 
 
+def cmd_grade(args):
+    from .grade import GradeError, course_target, folder_target, grade
+
+    try:
+        if args.submissions:
+            if not args.out:
+                raise GradeError("--submissions needs --out DIR (where the grades go)")
+            points = None
+            if args.course:
+                from .course import Course
+
+                points = Course.load(args.course).points
+            target = folder_target(args.submissions, args.out, args.assignment, points=points,
+                                   test_timeout=args.test_timeout or 60)
+        else:
+            target = course_target(args.course or ".", args.assignment)
+            if args.test_timeout:
+                target.test_timeout = args.test_timeout
+        outcome = grade(target, students=args.student, force=args.force, executor=args.executor,
+                        scheduler=args.scheduler, workers=args.workers, quiet=args.quiet)
+    except GradeError as exc:
+        print(f"attnkit grade: error: {exc}", file=sys.stderr)
+        return 2
+    graded = len(outcome.graded)
+    rate = f", {graded / outcome.seconds:.2f} submissions/s" if graded and outcome.seconds else ""
+    print(f"{target.assignment}: graded {graded}, already graded {len(outcome.skipped)}, "
+          f"errors {len(outcome.errors)} in {outcome.seconds:.1f} s{rate}")
+    for student, why in sorted(outcome.errors.items()):
+        print(f"  not graded: {student}: {why.splitlines()[0]} (run again to retry)")
+    if not args.quiet:
+        print(f"grades: {target.out} (one JSON per student, grades.csv, grades.json)"
+              + ("; gradebook updated" if target.gradebook else ""))
+    return 1 if outcome.errors else 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -137,6 +172,28 @@ def main(argv=None):
                    help="where to write index.html and the PNGs (default: attnkit-grades/ASSIGNMENT/report/ "
                         "or FOLDER/report)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "grade", help="grade every submission of an assignment in parallel (resumable)",
+        description="Grade every submission of ASSIGNMENT: nbgrader's COURSE/submitted/<student>/ASSIGNMENT/ "
+                    "(scores go into the gradebook and COURSE/attnkit-grades/ASSIGNMENT/), or with --submissions "
+                    "a folder of submission folders (grades go to --out). Students already graded with the same "
+                    "modules are skipped: a run killed at any moment resumes where it stopped.",
+    )
+    p.add_argument("assignment", nargs="?", metavar="ASSIGNMENT", help="default: the course's assignment")
+    p.add_argument("--course", help="nbgrader course directory (default: the current one); with --submissions: "
+                                    "take the stage points from this course")
+    p.add_argument("--submissions", metavar="DIR", help="grade the submission folders in DIR instead")
+    p.add_argument("--out", metavar="DIR", help="with --submissions: where the grades go")
+    p.add_argument("--student", action="append", metavar="ID", help="grade only this student (repeatable)")
+    p.add_argument("--force", action="store_true", help="regrade students already graded")
+    p.add_argument("--workers", type=int, help="local grading workers (default: one per core)")
+    p.add_argument("--executor", choices=["local", "dask"], default="local",
+                   help="where the grading jobs run (default: %(default)s)")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="with --executor dask: the scheduler, e.g. tcp://host:8786")
+    p.add_argument("--test-timeout", type=float, help="seconds per test (default: the course's, or 60)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars (CI)")
+    p.set_defaults(func=cmd_grade)
 
     args = parser.parse_args(argv)
     return args.func(args) or 0

@@ -34,9 +34,21 @@ Process layout: one child ("zygote") per backend imports torch once, then
 forks a worker per stage module; the worker imports the learner's module and
 answers the operations on it. A crash in one stage costs that stage only; a
 timeout kills the whole child, which is restarted on the next call.
+
+Warm reuse (``keep_warm()``, for grading many submissions in one process):
+closing a backend then keeps its zygote instead of killing it, and the next
+``IsolatedBackend`` with the same limits takes it over, so torch is imported
+once per grading process rather than once per submission. Before the handover
+the zygote's workers are gone (its pid namespace holds nothing else), its
+scratch space (/tmp, /dev/shm) is emptied, and the read-only submission
+folder it sees is refilled with the new submission's modules. Only the
+confinements with a pid namespace and a private file system are reused; with
+weaker ones a leftover process could outlive its submission, so those
+children are still killed.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -66,6 +78,15 @@ UID_BASE = 1_500_000_000  # dedicated uids come from here on (no real user lives
 _chosen_mode = None  # the first confinement that worked in this process
 _warned = set()
 _uid_counter = 0
+REUSABLE = ("namespaces", "userns")  # confinements whose children may serve another submission
+_warm = {"enabled": False, "idle": {}}  # see keep_warm(); idle: limits key -> _Child
+_warm_lock = threading.Lock()
+_dropped = [0]  # bytes of learner output dropped by the output cap, all backends of this process
+
+
+def dropped_output_bytes() -> int:
+    """How much learner output the cap has dropped so far in this process (a running count)."""
+    return _dropped[0]
 
 
 class SandboxWarning(UserWarning):
@@ -254,6 +275,45 @@ WEAKNESS = {
 }
 
 
+def submission_sources(root) -> dict[str, bytes]:
+    """The stage modules of folder ``root`` the child may see: regular files named sNN_topic.py of
+    at most MAX_MODULE_BYTES. Symlinks are not followed (one could point at the solutions)."""
+    sources = {}
+    for path in sorted(Path(root).iterdir()):
+        if STAGE_FILE.match(path.name) and path.is_file() and not path.is_symlink():
+            if path.stat().st_size <= MAX_MODULE_BYTES:
+                sources[path.name] = path.read_bytes()
+    return sources
+
+
+def _fill(folder: Path, sources: dict[str, bytes]):
+    """Make ``folder`` hold exactly ``sources`` (readable by the child's dedicated uid)."""
+    for old in folder.iterdir():
+        old.unlink()
+    for name, data in sources.items():
+        (folder / name).write_bytes(data)
+        (folder / name).chmod(0o644)
+
+
+def keep_warm(enabled: bool = True):
+    """Keep closed backends' children for the next IsolatedBackend of this process (see the module
+    docstring). Turning it off kills the idle children."""
+    _warm["enabled"] = enabled
+    if not enabled:
+        discard_warm()
+
+
+def discard_warm():
+    """Kill the idle warm children."""
+    with _warm_lock:
+        idle, _warm["idle"] = list(_warm["idle"].values()), {}
+    for child in idle:
+        child.kill()
+
+
+atexit.register(discard_warm)
+
+
 # ---------------------------------------------------------------- the backend
 
 class IsolatedBackend:
@@ -279,7 +339,7 @@ class IsolatedBackend:
         self.mode = None
         self.degraded = ""  # why stronger confinements failed, if they did
         self.adapters = adapters()
-        self.stats = {"starts": 0, "start_seconds": []}
+        self.stats = {"starts": 0, "start_seconds": [], "reused": 0, "dropped_output": {}}
         self.last_output = {"stdout": "", "stderr": ""}
         self._child = None
         self._module = None  # the stage module the current worker serves
@@ -297,7 +357,62 @@ class IsolatedBackend:
 
     def close(self):
         with self._lock:
-            self._stop()
+            if not (_warm["enabled"] and self.mode in REUSABLE and self._release()):
+                self._stop()
+
+    def _warm_key(self):
+        return (self.mode, self.memory_bytes, self.processes, self.tmp_bytes, _torch_threads())
+
+    def _release(self) -> bool:
+        """Hand a clean child to the warm pool; False if it could not be cleaned (then kill it)."""
+        child = self._child
+        if child is None or not child.alive:
+            return False
+        deadline = time.monotonic() + 5
+        try:
+            self._retire(deadline)
+            token = secrets.token_hex(8)
+            self._send({"cmd": "reset", "token": token}, [], deadline)
+            while True:
+                header, _ = self._receive(deadline)
+                if header.get("kind") == "reset" and header.get("token") == token:
+                    break
+        except (_Timeout, _ChildGone, ProtocolError):
+            return False
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        self._child = None
+        self._module = self._token = None
+        _fill(child.workdir / "box" / "submission", {})
+        with _warm_lock:
+            previous = _warm["idle"].pop(self._warm_key(), None)
+            _warm["idle"][self._warm_key()] = child
+        if previous is not None:
+            previous.kill()
+        return True
+
+    def _take_warm(self) -> bool:
+        """Take over an idle child with this backend's limits, refilled with this submission."""
+        modes = [self.confine] if self.confine else [_chosen_mode]
+        for mode in modes:
+            if mode not in REUSABLE:
+                continue
+            self.mode = mode
+            with _warm_lock:
+                child = _warm["idle"].pop(self._warm_key(), None)
+            if child is None:
+                continue
+            if child.proc.poll() is not None:
+                child.kill()
+                continue
+            _fill(child.workdir / "box" / "submission", submission_sources(self.root))
+            child.capture.limit = self.output_bytes
+            self._child = child
+            self._finalizer = weakref.finalize(self, child.kill)
+            self.stats["reused"] += 1
+            return True
+        return False
 
     def _stop(self):
         if self._child is not None:
@@ -352,6 +467,12 @@ class IsolatedBackend:
             finally:
                 if self._child is not None:
                     self.last_output = {name: self._child.capture.text(name) for name in ("stdout", "stderr")}
+                    with self._child.capture.lock:
+                        dropped = sum(self._child.capture.dropped.values())
+                    if dropped:
+                        _dropped[0] += dropped  # the output cap was hit (the verdict itself does not change)
+                        counts = self.stats["dropped_output"]
+                        counts[module] = counts.get(module, 0) + dropped
 
     def _failure(self, module, header):
         """The SubmissionError for a reply that is not a result."""
@@ -439,16 +560,21 @@ class IsolatedBackend:
             raise ProtocolError(f"a result of {sum(sizes)} bytes (limit {self.result_bytes})")
         return header, [self._read(n, deadline) for n in sizes]
 
+    def _retire(self, deadline):
+        """Tell the current worker, if any, to leave, and wait until the zygote says it has."""
+        if self._module is not None:
+            self._send({"cmd": "close", "token": self._token}, [], deadline)
+            while True:
+                header, _ = self._receive(deadline)
+                if header.get("kind") == "ended" and header.get("token") == self._token:
+                    break
+            self._module = self._token = None
+
     def _open(self, module):
         """Retire the current worker, if any, and ask the zygote for one serving ``module``."""
         if self._module is not None:
-            deadline = time.monotonic() + 5
             try:
-                self._send({"cmd": "close", "token": self._token}, [], deadline)
-                while True:
-                    header, _ = self._receive(deadline)
-                    if header.get("kind") == "ended" and header.get("token") == self._token:
-                        break
+                self._retire(time.monotonic() + 5)
             except (_Timeout, _ChildGone, ProtocolError):
                 self._stop()  # a worker that will not leave costs a restart, no more
                 self._ensure_child()
@@ -465,6 +591,8 @@ class IsolatedBackend:
     def _ensure_child(self):
         global _chosen_mode
         if self._child is not None:
+            return
+        if _warm["enabled"] and self._take_warm():
             return
         modes = [self.confine] if self.confine else ([_chosen_mode] if _chosen_mode else _modes())
         failures = []
@@ -497,12 +625,9 @@ class IsolatedBackend:
         (box / "submission").mkdir()
         (workdir / "newroot").mkdir()
         (workdir / "tmp").mkdir()
-        # The child's whole view of the submission: a copy of its stage modules. Symlinks
-        # are not followed (one could point at the solutions).
-        for path in sorted(self.root.iterdir()):
-            if STAGE_FILE.match(path.name) and path.is_file() and not path.is_symlink():
-                if path.stat().st_size <= MAX_MODULE_BYTES:
-                    shutil.copyfile(path, box / "submission" / path.name)
+        # The child's whole view of the submission: a copy of its stage modules.
+        for name, data in submission_sources(self.root).items():
+            (box / "submission" / name).write_bytes(data)
         shutil.copyfile(CHILD_SCRIPT, box / "runtime" / "sandbox_child.py")
         shutil.copyfile(a.__file__, box / "runtime" / "adapters.py")
         for path in [workdir, *workdir.rglob("*")]:

@@ -10,7 +10,9 @@ directory and runs ``python -I sandbox_child.py CONFIG`` there. The child:
 2. sets resource limits, imports NumPy and torch once (the "zygote");
 3. forks one *worker* per stage module; the worker imports the learner's
    module and answers operations until told to close. Learner code only ever
-   runs in a worker, so a crash costs one stage and the zygote stays clean.
+   runs in a worker, so a crash costs one stage and the zygote stays clean;
+4. on ``reset`` (between two submissions, when the grader reuses a warm
+   zygote) empties its scratch space (/tmp, /dev/shm).
 
 Wire format (both directions): an 8-byte little-endian length, a JSON header,
 then the binary blobs the header lists. Arrays travel as ``.npy`` blobs
@@ -324,6 +326,13 @@ def main():
         if message is None:
             return 0  # the grader closed the pipe (or died)
         header, _ = message
+        if header.get("cmd") == "reset":
+            # Between two submissions (warm reuse): nothing one leaves in the scratch
+            # space may reach the next. Workers are gone by now (the pid namespace too).
+            for scratch in (config["tmp"], "/dev/shm" if config["newroot"] else None):
+                wipe(scratch)
+            write_message(replies, {"kind": "reset", "token": header.get("token")})
+            continue
         if header.get("cmd") != "open":
             continue  # a stray request for a worker that has gone: ignore
         pid = os.fork()
@@ -339,6 +348,22 @@ def main():
                 os._exit(code)
         status = wait_for(pid)
         write_message(replies, {"kind": "ended", "token": header["token"], "status": status})
+
+
+def wipe(folder):
+    """Remove everything inside ``folder`` (best effort: what cannot go stays)."""
+    import shutil
+
+    if not folder or not os.path.isdir(folder):
+        return
+    for entry in os.scandir(folder):
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
 
 
 def wait_for(pid):

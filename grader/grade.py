@@ -1,0 +1,553 @@
+"""``attnkit grade``: grade a whole class, fast, resumably, locally or on a Dask cluster.
+
+Layout of a run::
+
+    main process (trusted)                 grading workers (trusted), one per core
+    ----------------------                 ---------------------------------------
+    find submissions, fingerprints    -->  job: student, the stage modules' sources, seed
+    skip those already graded              one pytest session, suite collected once;
+    write <student>.json + gradebook  <--  per job: run every collected item again
+    grades.csv, grades.json                (learner code only in the sandbox: a warm
+                                           zygote per worker, a confined fork per stage)
+
+A worker is a ``python -m grader.grade`` process that imports torch, pytest and
+the test modules once, collects the suite once (the same files and options as
+``grader.autograde.run_suite``: book tests deselected, the same per-test time
+limit, the autograde plugin that records verdicts), and then grades job after
+job by running the collected items again with ``--impl`` and ``--seed`` set to
+the job's submission. Session fixtures (the ``impl`` backend) are torn down
+after each submission; the sandbox keeps its zygote warm between them
+(``grader.sandbox.keep_warm``), so a submission costs forks, not a torch import.
+Its results are exactly run_suite's: the same tests, options and seed.
+
+Jobs carry the sources rather than a path, so the same job runs on a Dask
+worker on another machine (``--executor dask``): there, each Dask worker process
+starts its own grading worker process on first use and keeps it.
+
+Resuming: a student whose record (see ``grader.results``) exists with the same
+fingerprint and the same points is not graded again (``--force`` regrades). A
+record is written atomically as soon as its submission is graded; the gradebook
+is updated right after and brought in line with every record at the end of the
+run, so a run killed at any moment loses at most the submissions in flight.
+"""
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import results as R
+from .autograde import TEST_TIMEOUT, GradingError, submission_seed, suite_dir, suite_timeout
+
+START_SECONDS = 300  # a worker must be ready (torch, pytest, collection) within this
+
+
+class GradeError(RuntimeError):
+    """A problem with the grading setup (printed as a plain error by the CLI)."""
+
+
+class WorkerError(RuntimeError):
+    """A grading worker died or stopped answering (never the learner's doing: their code is boxed)."""
+
+
+# ---------------------------------------------------------------- the worker process
+
+class SuiteSession:
+    """A pytest session with the stage suites collected once, run again for each submission."""
+
+    def __init__(self, work: Path, test_timeout: float):
+        from _pytest.config import _prepareconfig
+        from _pytest.main import Session
+
+        from . import autograde, sandbox
+
+        self.autograde, self.sandbox = autograde, sandbox
+        self.work = work
+        self.staging = work / "submission"  # the trusted copy the sandbox copies from
+        self.staging.mkdir()
+        tests = suite_dir()
+        files = sorted(str(p) for p in tests.glob("test_s[0-9][0-9]_*.py"))
+        if not files:
+            raise GradingError(f"no stage test files (test_sNN_*.py) in {tests}")
+        args = [  # run_suite's options, minus the terminal, the log capture and the cache
+            *files, "--rootdir", str(tests.parent), f"--impl={self.staging}", "--isolate",
+            "-p", "grader.autograde", "-p", "no:cacheprovider", "-p", "no:logging", "--capture=no",
+            "-m", "not book", "--assert=plain", "-q", "--tb=no", "--no-header",
+            "-o", f"timeout={test_timeout}", "-o", "timeout_method=signal", "--seed=0",
+        ]
+        sandbox.keep_warm()
+        self.config = _prepareconfig(args)
+        self.config._do_configure()
+        self.session = Session.from_config(self.config)
+        self.config.hook.pytest_sessionstart(session=self.session)
+        self.config.hook.pytest_collection(session=self.session)
+        self.items = list(self.session.items)
+        self.entries = [e for e in (autograde._item_entry(i.nodeid) for i in self.items) if e]
+        if not self.entries:
+            raise GradingError("the grading session collected no tests")
+
+    def grade(self, sources: dict[str, bytes], seed: int) -> dict:
+        from _pytest.runner import runtestprotocol
+
+        for old in self.staging.iterdir():
+            old.unlink()
+        for name, data in sources.items():
+            (self.staging / name).write_bytes(data)
+        self.config.impl_root = self.staging.resolve()
+        self.config.case_seed = seed
+        record = self.autograde._record
+        path = self.work / "results.jsonl"
+        record.update(file=open(path, "w", encoding="utf-8"), verdicts={}, timed_out=set())
+        capped = []
+        started = time.monotonic()
+        try:
+            self.autograde._write({"collected": self.entries})
+            for index, item in enumerate(self.items):
+                following = self.items[index + 1] if index + 1 < len(self.items) else None
+                before = self.sandbox.dropped_output_bytes()
+                # nextitem=None after the last item tears the session fixtures down: the
+                # sandbox backend goes back to the warm pool, the next submission gets its own.
+                runtestprotocol(item, nextitem=following, log=True)
+                if self.sandbox.dropped_output_bytes() > before:
+                    capped.append(item.nodeid)
+        finally:
+            record["file"].close()
+            record["file"] = None
+        seconds = time.monotonic() - started
+        return {"tests": self.autograde.read_results(path, cut_short=False), "output_capped": capped,
+                "seconds": round(seconds, 3)}
+
+
+def _die_with_parent():
+    """Linux: SIGKILL this process when the process (thread) that started it dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def serve(options: dict) -> int:
+    """The worker's main loop: one JSON job per line on stdin, one JSON answer per line out."""
+    _die_with_parent()
+    # Private copies of the job pipes: whatever pytest or torch print goes to the worker's log.
+    jobs = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+    os.dup2(2, 1)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    cpu = options.get("cpu")
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        allowed = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {allowed[cpu % len(allowed)]})  # the sandbox children inherit it
+    started = time.monotonic()
+    import torch
+
+    torch.set_num_threads(1)  # one core per worker; the sandbox child computes with as many
+    work = Path(tempfile.mkdtemp(prefix="attnkit-worker-"))
+    try:
+        suite = SuiteSession(work, options["test_timeout"])
+        answers.write(json.dumps({"ready": True, "seconds": round(time.monotonic() - started, 3)}) + "\n")
+        for line in jobs:
+            job = json.loads(line)
+            sources = {name: base64.b64decode(data) for name, data in job["sources"].items()}
+            answers.write(json.dumps(suite.grade(sources, job["seed"])) + "\n")
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class WorkerProcess:
+    """The trusted side's handle on one grading worker process: start, send a job, wait, restart."""
+
+    def __init__(self, *, test_timeout: float = TEST_TIMEOUT, cpu: int | None = None):
+        self.test_timeout, self.cpu = test_timeout, cpu
+        self.proc = None
+        self.log = None
+        self.start_seconds = None  # how long the last start took (torch, pytest, collection)
+        self._buffer = b""
+
+    def start(self):
+        self.log = tempfile.TemporaryFile()
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        env.pop("NBGRADER_EXECUTION", None)
+        options = {"test_timeout": self.test_timeout, "cpu": self.cpu}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "grader.grade", json.dumps(options)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self.log, cwd=tempfile.gettempdir(), env=env,
+        )
+        self._buffer = b""
+        answer = self._answer(time.monotonic() + START_SECONDS)
+        self.start_seconds = answer.get("seconds")
+
+    def grade(self, job: dict) -> dict:
+        started = None
+        if self.proc is None or self.proc.poll() is not None:
+            self.close()
+            started = time.monotonic()
+            self.start()
+        line = json.dumps({"seed": job["seed"], "sources": {
+            name: base64.b64encode(data).decode() for name, data in job["sources"].items()}})
+        try:
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError:
+            raise self._failed("the grading worker stopped reading") from None
+        answer = self._answer(time.monotonic() + suite_timeout(self.test_timeout))
+        if started is not None:
+            answer["worker_start"] = round(time.monotonic() - started - answer["seconds"], 3)
+        return answer
+
+    def _answer(self, deadline) -> dict:
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._failed("the grading worker did not answer in time")
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if ready:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    raise self._failed("the grading worker died")
+                self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def _failed(self, what) -> WorkerError:
+        tail = ""
+        if self.log is not None:
+            self.log.seek(0, os.SEEK_END)
+            self.log.seek(max(0, self.log.tell() - 3000))
+            tail = self.log.read().decode("utf-8", "replace").strip()
+        self.close()
+        return WorkerError(what + (f"; its log ends with:\n{tail}" if tail else ""))
+
+    def close(self):
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                try:
+                    self.proc.kill()  # its sandbox children follow (parent-death signal)
+                except ProcessLookupError:
+                    pass
+            self.proc.wait()
+            for stream in (self.proc.stdin, self.proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+            self.proc = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+# ---------------------------------------------------------------- jobs (local threads or Dask tasks)
+
+_local = threading.local()  # this thread's WorkerProcess
+_handles: list[WorkerProcess] = []  # every handle of this process, to close them all
+_handles_lock = threading.Lock()
+_cpus = itertools.count()
+
+
+def run_job(job: dict, options: dict) -> dict:
+    """Grade one submission in this thread's warm worker process (started on first use).
+
+    ``job``: {"student", "sources": {module file name: bytes}, "seed"}; ``options``:
+    {"test_timeout", "pin"}. Returns {"student", "tests", "output_capped", "seconds",
+    "worker_start", "error"}; never raises for a grading failure (the worker is restarted
+    and the job tried once more first).
+    """
+    handle = getattr(_local, "handle", None)
+    if handle is None or handle.test_timeout != options["test_timeout"]:
+        cpu = next(_cpus) if options.get("pin") else None
+        handle = _local.handle = WorkerProcess(test_timeout=options["test_timeout"], cpu=cpu)
+        with _handles_lock:
+            _handles.append(handle)
+    error = None
+    for _ in range(2):
+        try:
+            answer = handle.grade(job)
+            return {"student": job["student"], "tests": answer["tests"], "output_capped": answer["output_capped"],
+                    "seconds": answer["seconds"], "worker_start": answer.get("worker_start"), "error": None}
+        except (WorkerError, ValueError, KeyError) as exc:  # ValueError/KeyError: a garbled answer
+            handle.close()
+            error = f"{type(exc).__name__}: {exc}"
+    return {"student": job["student"], "tests": [], "output_capped": [], "seconds": 0.0,
+            "worker_start": None, "error": error}
+
+
+def close_workers():
+    """Stop every grading worker process this process started."""
+    with _handles_lock:
+        handles, _handles[:] = list(_handles), []
+    for handle in handles:
+        handle.close()
+
+
+def _local_results(jobs, options, workers):
+    """(job, result) as they complete, on ``workers`` local threads, each with its worker process."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnkit-grade")
+    try:
+        futures = {pool.submit(run_job, job, options): job for job in jobs}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+    finally:
+        close_workers()  # also unblocks threads still waiting on a worker (interrupted run)
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _dask_results(jobs, options, scheduler):
+    """The same jobs on an existing Dask distributed cluster (the workers need this kit installed)."""
+    try:
+        from distributed import Client, as_completed as dask_completed
+    except ImportError:
+        raise GradeError("--executor dask needs the 'distributed' package (pip install distributed)") from None
+    options = dict(options, pin=False)  # a cluster's workers place themselves
+    with Client(scheduler, timeout="30s") as client:
+        futures = {}
+        for job in jobs:
+            key = f"attnkit-grade-{job['student']}-{job['fingerprint'][:16]}-{os.urandom(4).hex()}"
+            futures[client.submit(run_job, job, options, key=key, pure=False)] = job
+        try:
+            for future in dask_completed(list(futures)):
+                yield futures[future], future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+            try:
+                client.run(close_workers)  # leave no grading processes behind on the cluster
+            except Exception:
+                pass
+
+
+# ---------------------------------------------------------------- the nbgrader gradebook
+
+class GradebookSync:
+    """Writes attnkit's per-stage scores into nbgrader's gradebook, through nbgrader's own API:
+    each stage's score becomes the auto score of its grade cell (``grade_<stage>``) in the
+    course notebook, so that the formgrader and ``nbgrader export`` show it."""
+
+    def __init__(self, db_url: str, assignment: str, notebook: str, points: dict[str, float]):
+        self.db_url, self.assignment, self.notebook, self.points = db_url, assignment, notebook, points
+
+    def check(self):
+        """Fail early, and clearly, if the assignment or its grade cells are not in the gradebook."""
+        from nbgrader.api import Gradebook, MissingEntry
+
+        with Gradebook(self.db_url) as gb:
+            try:
+                assignment = gb.find_assignment(self.assignment)
+            except MissingEntry:
+                raise GradeError(
+                    f"assignment {self.assignment!r} is not in the gradebook ({self.db_url}): run "
+                    f"`nbgrader generate_assignment {self.assignment}` in the course directory first"
+                ) from None
+            notebooks = {nb.name: nb for nb in assignment.notebooks}
+            if self.notebook not in notebooks:
+                raise GradeError(f"the gradebook's assignment {self.assignment!r} has no notebook {self.notebook!r}: "
+                                 f"run `nbgrader generate_assignment --force {self.assignment}`")
+            cells = {cell.name: cell.max_score for cell in notebooks[self.notebook].grade_cells}
+            missing = [s for s in self.points if f"grade_{s}" not in cells]
+            if missing:
+                raise GradeError(f"the gradebook has no grade cell for {', '.join(missing)}: the course was rebuilt "
+                                 f"after generate_assignment; run `nbgrader generate_assignment --force {self.assignment}`")
+            differ = [s for s, p in self.points.items() if abs(cells[f"grade_{s}"] - p) > 1e-9]
+            if differ:
+                raise GradeError(f"points in the gradebook differ from the course's for {', '.join(differ)}: "
+                                 f"run `nbgrader generate_assignment --force {self.assignment}`")
+
+    def write(self, records: list[dict], timestamps: dict[str, str] | None = None, progress=None) -> int:
+        """Bring the gradebook in line with ``records``; returns how many grades changed."""
+        from nbgrader.api import Gradebook, MissingEntry
+
+        timestamps = timestamps or {}
+        changed = 0
+        with Gradebook(self.db_url) as gb:
+            for record in records:
+                student = record["student"]
+                gb.update_or_create_student(student)
+                try:
+                    gb.find_submission(self.assignment, student)
+                except MissingEntry:
+                    extra = {"timestamp": timestamps[student]} if timestamps.get(student) else {}
+                    gb.add_submission(self.assignment, student, **extra)
+                for stage in record["stages"]:
+                    grade = gb.find_grade(f"grade_{stage['stage']}", self.notebook, self.assignment, student)
+                    if grade.auto_score != stage["points"]:
+                        grade.auto_score = stage["points"]
+                        changed += 1
+                    # as nbgrader's SaveAutoGrades: a grader's manual score still wants a look
+                    grade.needs_manual_grade = grade.manual_score is not None
+                if progress is not None:
+                    progress.update(1)
+            gb.db.commit()
+        return changed
+
+
+# ---------------------------------------------------------------- a grading run
+
+@dataclass
+class Target:
+    """Where the submissions are and where their grades go."""
+    submissions: dict[str, Path]  # student -> submission folder
+    assignment: str
+    out: Path  # the per-student records, grades.csv, grades.json
+    points: dict[str, float]  # stage module -> points, teaching order
+    test_timeout: float = TEST_TIMEOUT
+    gradebook: GradebookSync | None = None
+    timestamps: dict[str, str] = field(default_factory=dict)
+
+
+def course_target(course_dir, assignment: str | None) -> Target:
+    """nbgrader's layout: COURSE/submitted/<student>/<assignment>/."""
+    from .course import Course, CourseError
+
+    try:
+        course = Course.load(course_dir)
+    except CourseError as exc:
+        raise GradeError(str(exc)) from None
+    assignment = assignment or course.assignment
+    submitted = course.root / "submitted"
+    found = {}
+    if submitted.is_dir():
+        for student in sorted(p for p in submitted.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if (student / assignment).is_dir():
+                found[student.name] = student / assignment
+    timestamps = {}
+    for student, folder in found.items():
+        stamp = folder / "timestamp.txt"
+        if stamp.is_file():
+            timestamps[student] = stamp.read_text().strip()
+    db_url = course.db_url or f"sqlite:///{course.root / 'gradebook.db'}"
+    return Target(submissions=found, assignment=assignment, out=course.root / "attnkit-grades" / assignment,
+                  points=dict(course.points), test_timeout=course.test_timeout, timestamps=timestamps,
+                  gradebook=GradebookSync(db_url, assignment, course.notebook, dict(course.points)))
+
+
+def folder_target(submissions_dir, out, assignment: str | None = None, points=None,
+                  test_timeout: float = TEST_TIMEOUT) -> Target:
+    """A folder of submission folders, one per student (named after the student)."""
+    from .course import plan_points
+
+    root = Path(submissions_dir).resolve()
+    if not root.is_dir():
+        raise GradeError(f"{root} is not a folder of submissions")
+    found = {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and not p.name.startswith(".")}
+    return Target(submissions=found, assignment=assignment or "attention", out=Path(out).resolve(),
+                  points=dict(points or plan_points()), test_timeout=test_timeout)
+
+
+@dataclass
+class Outcome:
+    graded: list[str] = field(default_factory=list)  # graded in this run
+    skipped: list[str] = field(default_factory=list)  # already graded (same fingerprint and points)
+    errors: dict[str, str] = field(default_factory=dict)  # student -> why grading failed (retried next run)
+    seconds: float = 0.0
+    first_result_seconds: float | None = None  # latency of the first graded submission
+    per_submission: list[dict] = field(default_factory=list)  # worker timings of graded submissions
+    records: dict[str, dict] = field(default_factory=dict)  # every student's current record
+    files: tuple = ()
+
+
+def _up_to_date(record: dict | None, fp: str, points: dict[str, float]) -> bool:
+    if record is None or record.get("fingerprint") != fp:
+        return False
+    return [(s["stage"], s["max_points"]) for s in record["stages"]] == list(points.items())
+
+
+def _bar(quiet, **kwargs):
+    from tqdm import tqdm
+
+    return tqdm(disable=quiet, file=sys.stderr, dynamic_ncols=True, **kwargs)
+
+
+def grade(target: Target, *, students=None, force=False, executor="local", scheduler=None,
+          workers=None, quiet=False) -> Outcome:
+    """Grade ``target``'s submissions (those of ``students`` if given) that need it."""
+    started = time.monotonic()
+    outcome = Outcome()
+    wanted = dict(target.submissions)
+    if students:
+        unknown = sorted(set(students) - set(wanted))
+        if unknown:
+            raise GradeError(f"no submission for {', '.join(unknown)} (found {len(wanted)} submissions)")
+        wanted = {s: wanted[s] for s in students}
+    if target.gradebook is not None:
+        target.gradebook.check()
+    target.out.mkdir(parents=True, exist_ok=True)
+
+    jobs = []
+    for student, folder in wanted.items():
+        fp = R.fingerprint(folder)
+        if not force and _up_to_date(R.read_record(R.record_path(target.out, student)), fp, target.points):
+            outcome.skipped.append(student)
+            continue
+        from .sandbox import submission_sources
+
+        jobs.append({"student": student, "fingerprint": fp, "seed": submission_seed(folder),
+                     "sources": submission_sources(folder)})
+
+    options = {"test_timeout": target.test_timeout, "pin": True}
+    if executor == "dask":
+        if not scheduler:
+            raise GradeError("--executor dask needs --scheduler ADDRESS (e.g. tcp://host:8786)")
+        stream = _dask_results(jobs, options, scheduler)
+    elif executor == "local":
+        workers = workers or os.cpu_count() or 1
+        stream = _local_results(jobs, options, max(1, min(workers, len(jobs) or 1)))
+    else:
+        raise GradeError(f"unknown executor {executor!r} (local or dask)")
+
+    failing = limited = 0
+    with _bar(quiet, total=len(jobs), desc=f"grading {target.assignment}", unit="sub") as bar:
+        if jobs:
+            for job, result in stream:
+                student = job["student"]
+                if result["error"]:
+                    outcome.errors[student] = result["error"]
+                else:
+                    record = R.build(student=student, assignment=target.assignment,
+                                     submission=target.submissions[student], tests=result["tests"],
+                                     points=target.points, seconds=result["seconds"],
+                                     output_capped=result["output_capped"], seed=job["seed"])
+                    if record["fingerprint"] != job["fingerprint"]:  # changed while being graded
+                        outcome.errors[student] = "the submission changed while it was graded; run again"
+                    else:
+                        R.write_record(target.out, record)
+                        if target.gradebook is not None:
+                            target.gradebook.write([record], target.timestamps)
+                        outcome.graded.append(student)
+                        outcome.per_submission.append({"student": student, "seconds": result["seconds"],
+                                                       "worker_start": result["worker_start"]})
+                        failing += record["total"] < record["max_total"]
+                        limited += bool(R.limits_hit(record))
+                if outcome.first_result_seconds is None:
+                    outcome.first_result_seconds = round(time.monotonic() - started, 3)
+                bar.set_postfix(not_full=failing, limits=limited, errors=len(outcome.errors), refresh=False)
+                bar.update(1)
+
+    # Bring every file and the gradebook in line with the records (also those of earlier runs).
+    outcome.records = R.read_records(target.out, set(target.submissions))
+    outcome.files = R.write_summary(target.out, target.assignment, list(outcome.records.values()))
+    if target.gradebook is not None and outcome.records:
+        with _bar(quiet or len(outcome.records) < 50, total=len(outcome.records), desc="gradebook",
+                  unit="student") as bar:
+            target.gradebook.write(list(outcome.records.values()), target.timestamps, progress=bar)
+    outcome.seconds = round(time.monotonic() - started, 3)
+    return outcome
+
+
+if __name__ == "__main__":
+    sys.exit(serve(json.loads(sys.argv[1])))

@@ -1,0 +1,201 @@
+"""The per-student grading record that ``attnkit grade`` writes (and ``attnkit report`` reads).
+
+One JSON file per student, ``<out>/<student>.json`` (``<out>`` is
+``COURSE/attnkit-grades/<assignment>/`` for an nbgrader course, or ``--out``)::
+
+    {"schema": 1,
+     "student": "alice", "assignment": "attention",
+     "submission": "/abs/path/of/the/submission/folder",
+     "fingerprint": "<sha256 hex of the stage modules' names and contents>",
+     "seed": 123,              # the seed of the randomized hidden cases (from the fingerprint)
+     "graded_at": "2026-01-31T12:00:00+00:00",   # ISO 8601, UTC
+     "seconds": 0.41,          # grading time of this submission in its worker
+     "total": 87.5, "max_total": 100.0,
+     "stages": [               # teaching order
+       {"stage": "s08_causal_attention", "marker": "causal_attention",
+        "points": 9.0, "max_points": 12.0,       # points = max_points x passed / counted
+        "passed": 9, "counted": 12,              # skipped tests (CUDA cases on a CPU) do not count
+        "tests": [{"nodeid": "tests/test_s08_....py::test_x[cpu]", "label": "x / cpu",
+                   "outcome": "passed" | "failed" | "skipped",
+                   "message": "...",             # the failure (or skip) message, as in feedback
+                   "mistakes": ["..."],          # the text after each "Likely mistake:" in message
+                   "limit": null | "time" | "memory" | "crash" | "exit" | "output"}]}]}
+
+``limit`` says which sandbox limit the test ran into: the wall-clock limit (or a
+test not run because an earlier one of its stage hit it), the memory limit, a
+crash (signal), an exit (``sys.exit``/``os._exit`` in learner code), or the cap
+on captured output (the output was truncated; the verdict stands on its own).
+
+Beside the per-student files: ``grades.csv`` (one row per student: total and
+points per stage) and ``grades.json`` (``{"schema": 1, "assignment", "max_total",
+"stages": {marker: max_points}, "students": [{"student", "total", "points":
+{marker: points}, "limits": [markers of stages that hit a limit], "fingerprint",
+"graded_at"}]}``). Every file is written atomically (a temporary file renamed
+over the old one), so a run killed at any moment leaves each file whole.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .autograde import TIME_LIMIT, stage_score, submission_seed
+from .kit import marker
+
+SCHEMA = 1
+MISTAKE = re.compile(r"Likely mistake:\s*(.*?)(?=\nLikely mistake:|\Z)", re.S)
+LIMITS = [  # (limit, what its message says), checked in this order
+    ("memory", re.compile(r"memory limit of")),
+    ("time", TIME_LIMIT),
+    ("crash", re.compile(r"died with signal|sandbox process died unexpectedly")),
+    ("exit", re.compile(r"exited with code \S+ before answering")),
+    ("output", re.compile(r"answer could not be read: a result of")),
+]
+
+
+def fingerprint(folder) -> str:
+    """sha256 of the stage modules' names and contents (the same bytes the seed is drawn from)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(folder).glob("s[0-9][0-9]_*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def mistakes(message: str) -> list[str]:
+    return [m.strip() for m in MISTAKE.findall(message or "") if m.strip()]
+
+
+def limit_of(message: str, output_capped: bool = False) -> str | None:
+    for name, pattern in LIMITS:
+        if pattern.search(message or ""):
+            return name
+    return "output" if output_capped else None
+
+
+def build(*, student, assignment, submission, tests, points, seconds, output_capped=(), seed=None) -> dict:
+    """The record of one graded submission. ``tests`` are run_suite's test entries (nodeid, stage,
+    marker, label, outcome, message); ``points`` maps stage modules to their points, in order;
+    ``output_capped``: nodeids during which the learner's output was truncated."""
+    submission = Path(submission).resolve()
+    capped = set(output_capped)
+    stages = []
+    for stage, max_points in points.items():
+        mine = [t for t in tests if t["stage"] == stage]
+        counted = [t for t in mine if t["outcome"] in ("passed", "failed")]
+        stages.append({
+            "stage": stage, "marker": marker(stage),
+            "points": stage_score(mine, max_points), "max_points": max_points,
+            "passed": sum(t["outcome"] == "passed" for t in counted), "counted": len(counted),
+            "tests": [{
+                "nodeid": t["nodeid"], "label": t["label"], "outcome": t["outcome"], "message": t["message"],
+                "mistakes": mistakes(t["message"]) if t["outcome"] == "failed" else [],
+                "limit": limit_of(t["message"], t["nodeid"] in capped) if t["outcome"] != "skipped" else None,
+            } for t in mine],
+        })
+    return {
+        "schema": SCHEMA, "student": student, "assignment": assignment, "submission": str(submission),
+        "fingerprint": fingerprint(submission),
+        "seed": submission_seed(submission) if seed is None else seed,
+        "graded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(seconds, 3),
+        "total": round(sum(s["points"] for s in stages), 2),
+        "max_total": round(sum(s["max_points"] for s in stages), 2),
+        "stages": stages,
+    }
+
+
+def limits_hit(record: dict) -> list[str]:
+    """Markers of the stages where some test ran into a sandbox limit."""
+    return [s["marker"] for s in record["stages"] if any(t["limit"] for t in s["tests"])]
+
+
+# ---------------------------------------------------------------- files
+
+def write_atomic(path: Path, text: str):
+    """Replace ``path`` with ``text`` in one step: readers (and a rerun after a crash) see the old
+    file or the new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with_suppressed(os.unlink, tmp)
+        raise
+
+
+def with_suppressed(func, *args):
+    try:
+        func(*args)
+    except OSError:
+        pass
+
+
+def record_path(out: Path, student: str) -> Path:
+    return Path(out) / f"{student}.json"
+
+
+def write_record(out: Path, record: dict) -> Path:
+    path = record_path(out, record["student"])
+    write_atomic(path, json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def read_record(path: Path) -> dict | None:
+    """A record, or None if the file is missing, unreadable or of another schema."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("schema") != SCHEMA or not isinstance(record.get("stages"), list):
+        return None
+    return record
+
+
+def read_records(out: Path, students=None) -> dict[str, dict]:
+    """student -> record for the records in ``out`` (only ``students`` if given)."""
+    found = {}
+    for path in sorted(Path(out).glob("*.json")):
+        if path.name == "grades.json" or (students is not None and path.stem not in students):
+            continue
+        record = read_record(path)
+        if record is not None and record.get("student") == path.stem:
+            found[path.stem] = record
+    return found
+
+
+def write_summary(out: Path, assignment: str, records: list[dict]) -> tuple[Path, Path]:
+    """grades.csv and grades.json in ``out`` for ``records`` (sorted by student)."""
+    records = sorted(records, key=lambda r: r["student"])
+    stages = {}
+    for record in records:
+        for s in record["stages"]:
+            stages.setdefault(s["marker"], s["max_points"])
+    rows = []
+    for record in records:
+        points = {s["marker"]: s["points"] for s in record["stages"]}
+        rows.append({"student": record["student"], "total": record["total"], "points": points,
+                     "limits": limits_hit(record), "fingerprint": record["fingerprint"],
+                     "graded_at": record["graded_at"]})
+    summary = {"schema": SCHEMA, "assignment": assignment,
+               "max_total": round(sum(stages.values()), 2), "stages": stages, "students": rows}
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["student", "total", "max_total", *stages, "limits", "graded_at"])
+    for row in rows:
+        writer.writerow([row["student"], row["total"], summary["max_total"],
+                         *(row["points"].get(m, "") for m in stages), " ".join(row["limits"]), row["graded_at"]])
+    csv_path, json_path = Path(out) / "grades.csv", Path(out) / "grades.json"
+    write_atomic(csv_path, buffer.getvalue())
+    write_atomic(json_path, json.dumps(summary, indent=1) + "\n")
+    return csv_path, json_path
