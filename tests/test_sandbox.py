@@ -439,3 +439,41 @@ def test_the_unprivileged_fallback_also_hides_the_kit(hostile_root):
         for secret in (SECRETS[0], hostile_root / "s01_attention_scores.py"):
             with pytest.raises(SubmissionError, match="^FileNotFoundError"):
                 call(backend, "read_bytes", str(secret))
+
+
+# ---------------------------------------------------------------- warm reuse across submissions
+
+def test_a_warm_child_serves_the_next_submission_and_forgets_the_last(hostile_root, tmp_path):
+    """keep_warm(): a closed backend's zygote serves the next submission, which sees only its own
+    modules and none of what the previous one left in /tmp."""
+    from grader.sandbox import discard_warm, keep_warm
+
+    other = tmp_path / "other"
+    shutil.copytree(hostile_root, other)
+    (other / "s02_normalization.py").write_text("# the second submission's own s02\n")
+    keep_warm()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with IsolatedBackend(hostile_root, **LIMITS) as first:
+                good_call_works(first)
+                if first.mode not in STRONG:
+                    pytest.skip(f"warm reuse needs a pid namespace (confinement here: {first.mode})")
+                assert bool(call(first, "write_file", "/tmp/left-behind.txt"))
+            with IsolatedBackend(other, **LIMITS) as second:
+                good_call_works(second)
+                assert second.stats == {**second.stats, "starts": 0, "reused": 1}
+                assert int(call(second, "list_dir", "/tmp")) == 0
+                seen = call(second, "read_bytes", "/sandbox/submission/s02_normalization.py")
+                assert bytes(seen.tolist()) == b"# the second submission's own s02\n"[:64]
+            with IsolatedBackend(hostile_root, **dict(LIMITS, memory_bytes=3 << 30)) as third:
+                good_call_works(third)
+                assert third.stats["starts"] == 1, "a child with other limits must not be reused"
+            with IsolatedBackend(hostile_root, **LIMITS) as fourth:
+                good_call_works(fourth)
+                assert fourth.stats["reused"] == 1
+                with pytest.raises(SubmissionError, match="time limit"):  # the limits hold in a reused child
+                    call(fourth, "spin")
+    finally:
+        keep_warm(False)
+        discard_warm()
