@@ -220,7 +220,7 @@ def plot_scores(report: ClassReport, path: Path) -> Path:
     n = len(panels) + 1
     cols = 4
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False, layout="constrained")
     bins = [i / BINS * 100 for i in range(BINS + 1)]
     for ax, s in zip(axes.flat, panels):
         ax.hist([f * 100 for f in s.fractions], bins=bins, color="#4c72b0", edgecolor="white")
@@ -241,7 +241,6 @@ def plot_scores(report: ClassReport, path: Path) -> Path:
     for ax in axes[-1, :]:
         ax.set_xlabel("% of the stage's points", fontsize=8)
     fig.suptitle(f"Score distribution per stage ({len(report.students)} students; red line: mean)", fontsize=11)
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -255,7 +254,8 @@ def plot_mistakes(report: ClassReport, path: Path) -> Path | None:
         return None
     heights = [min(len(s.mistakes), TOP_MISTAKES) for s in panels]
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, sum(0.45 * h + 0.8 for h in heights)),
-                             gridspec_kw={"height_ratios": [h + 1 for h in heights]}, squeeze=False)
+                             gridspec_kw={"height_ratios": [h + 1 for h in heights]}, squeeze=False,
+                             layout="constrained")
     for ax, s in zip(axes[:, 0], panels):
         top = top_mistakes(s)
         labels = ["\n".join(textwrap.wrap(text, 70, max_lines=2, placeholder=" …")) for text, _, _ in top]
@@ -268,7 +268,6 @@ def plot_mistakes(report: ClassReport, path: Path) -> Path | None:
         ax.tick_params(axis="x", labelsize=8)
     axes[-1, 0].set_xlabel("students", fontsize=8)
     fig.suptitle("Most frequent diagnosed mistakes per stage", fontsize=11)
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -283,7 +282,7 @@ def plot_limits(report: ClassReport, path: Path) -> Path | None:
     stages = [s for s in report.stages if any(p[1] == s for p in pairs)]
     kinds = [k for k in LIMIT_KINDS if any(p[2] == k for p in pairs)]
     kinds += sorted({p[2] for p in pairs} - set(kinds))
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(stages) + 1.5))
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(stages) + 1.5), layout="constrained")
     left = [0] * len(stages)
     for kind in kinds:
         counts = [sum(1 for p in pairs if p[1] == s and p[2] == kind) for s in stages]
@@ -295,7 +294,6 @@ def plot_limits(report: ClassReport, path: Path) -> Path | None:
     ax.set_xlabel("students", fontsize=8)
     ax.legend(title="limit", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set_title("Students whose code hit a limit, per stage", fontsize=11)
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
