@@ -342,18 +342,25 @@ class GradebookSync:
     def __init__(self, db_url: str, assignment: str, notebook: str, points: dict[str, float]):
         self.db_url, self.assignment, self.notebook, self.points = db_url, assignment, notebook, points
 
+    def _missing(self) -> GradeError:
+        return GradeError(
+            f"assignment {self.assignment!r} is not in the gradebook ({self.db_url}): run "
+            f"`nbgrader generate_assignment {self.assignment}` in the course directory first"
+        )
+
     def check(self):
         """Fail early, and clearly, if the assignment or its grade cells are not in the gradebook."""
         from nbgrader.api import Gradebook, MissingEntry
 
+        if self.db_url.startswith("sqlite:///") and not Path(self.db_url[len("sqlite:///"):]).is_file():
+            raise self._missing()  # (opening it would create an empty gradebook)
+        # nbgrader runs `alembic` when it opens a gradebook: find it next to this Python.
+        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
         with Gradebook(self.db_url) as gb:
             try:
                 assignment = gb.find_assignment(self.assignment)
             except MissingEntry:
-                raise GradeError(
-                    f"assignment {self.assignment!r} is not in the gradebook ({self.db_url}): run "
-                    f"`nbgrader generate_assignment {self.assignment}` in the course directory first"
-                ) from None
+                raise self._missing() from None
             notebooks = {nb.name: nb for nb in assignment.notebooks}
             if self.notebook not in notebooks:
                 raise GradeError(f"the gradebook's assignment {self.assignment!r} has no notebook {self.notebook!r}: "
@@ -487,6 +494,8 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
     if target.gradebook is not None:
         target.gradebook.check()
     target.out.mkdir(parents=True, exist_ok=True)
+    for stale in target.out.glob(".*.tmp"):  # a write cut short by a killed run
+        stale.unlink(missing_ok=True)
 
     jobs = []
     for student, folder in wanted.items():

@@ -1,0 +1,289 @@
+"""``attnkit grade``: a class graded by warm workers gets run_suite's verdicts, lands in the nbgrader
+gradebook and the JSON records, survives kill -9, and gives the same grades on a Dask cluster.
+
+The command runs as a real subprocess (``attnkit grade``), on an nbgrader course built and generated
+here, and on a plain folder of submissions.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from grader import SOLUTIONS
+from grader import results as R
+from grader.autograde import run_suite
+from grader.course import build
+from grader.kit import stages
+from grader.samples import by_student, write_submission
+
+pytestmark = [pytest.mark.kit, pytest.mark.timeout(600)]
+
+ASSIGNMENT = "attention"
+STUDENTS = ("reference", "softmax-dim0", "tril-for-triu", "endless-loop")
+ATTNKIT = [sys.executable, "-m", "grader.cli"]
+
+
+def attnkit(*args, cwd=None):
+    run = subprocess.run([*ATTNKIT, *args], cwd=cwd, capture_output=True, text=True)
+    assert run.returncode == 0, f"attnkit {' '.join(args)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    return run.stdout
+
+
+def records(out: Path) -> dict[str, dict]:
+    return R.read_records(out)
+
+
+def outcomes(record: dict) -> dict[str, str]:
+    return {t["nodeid"]: t["outcome"] for s in record["stages"] for t in s["tests"]}
+
+
+# ---------------------------------------------------------------- the record format (fast)
+
+def test_mistakes_and_limits_are_read_from_messages():
+    message = "weights differ\nLikely mistake: softmax over dim 0\nLikely mistake: no scaling\n  by sqrt(d_k)"
+    assert R.mistakes(message) == ["softmax over dim 0", "no scaling\n  by sqrt(d_k)"]
+    assert R.mistakes("plain failure") == []
+    assert R.limit_of("s03_context_vectors: time limit of 20 s exceeded — an infinite loop?") == "time"
+    assert R.limit_of("not run: an earlier check of this stage hit the time limit") == "time"
+    assert R.limit_of("s02: memory limit of 4 GiB exceeded (MemoryError: )") == "memory"
+    assert R.limit_of("s02: the child process died with signal SIGSEGV (a crash)") == "crash"
+    assert R.limit_of("s02: the child process exited with code 0 before answering (sys.exit?)") == "exit"
+    assert R.limit_of("wrong numbers", output_capped=True) == "output"
+    assert R.limit_of("wrong numbers") is None
+
+
+def test_records_are_written_whole_and_summarised(tmp_path):
+    tests = [
+        {"nodeid": "tests/test_s01_attention_scores.py::test_a", "stage": "s01_attention_scores",
+         "marker": "attention_scores", "label": "a", "outcome": "passed", "message": ""},
+        {"nodeid": "tests/test_s01_attention_scores.py::test_b", "stage": "s01_attention_scores",
+         "marker": "attention_scores", "label": "b", "outcome": "failed", "message": "x\nLikely mistake: y"},
+        {"nodeid": "tests/test_s01_attention_scores.py::test_c[cuda]", "stage": "s01_attention_scores",
+         "marker": "attention_scores", "label": "c / cuda", "outcome": "skipped", "message": "no CUDA"},
+    ]
+    record = R.build(student="ada", assignment="a1", submission=SOLUTIONS, tests=tests,
+                     points={"s01_attention_scores": 4.0}, seconds=0.5)
+    assert record["fingerprint"] == R.fingerprint(SOLUTIONS)
+    (stage,) = record["stages"]
+    assert (stage["points"], stage["passed"], stage["counted"]) == (2.0, 1, 2)
+    assert stage["tests"][1]["mistakes"] == ["y"] and stage["tests"][2]["limit"] is None
+    R.write_record(tmp_path, record)
+    assert R.read_records(tmp_path) == {"ada": record}
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+    csv_path, json_path = R.write_summary(tmp_path, "a1", [record])
+    assert list(csv.DictReader(csv_path.open()))[0]["attention_scores"] == "2.0"
+    assert json.loads(json_path.read_text())["students"][0]["total"] == 2.0
+
+
+# ---------------------------------------------------------------- an nbgrader course
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grade") / "course"
+    build(root)
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for student in STUDENTS:
+        folder = write_submission(by_student(student), root / "release" / ASSIGNMENT,
+                                  root / "submitted" / student / ASSIGNMENT)
+        (folder / "timestamp.txt").write_text("2026-01-15 10:00:00.000000 UTC")
+    start = time.monotonic()
+    stdout = attnkit("grade", "--course", str(root), "--quiet")
+    return root, stdout, time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_every_student_is_graded_and_the_bad_one_costs_only_its_limit(course):
+    root, stdout, seconds = course
+    assert f"graded {len(STUDENTS)}, already graded 0, errors 0" in stdout
+    found = records(root / "attnkit-grades" / ASSIGNMENT)
+    assert sorted(found) == sorted(STUDENTS)
+    for student, record in found.items():
+        breaks = set(by_student(student).breaks)
+        lost = {s["marker"] for s in record["stages"] if s["points"] < s["max_points"]}
+        assert lost == breaks, f"{student}: lost points on {lost}, expected {breaks}"
+    loop = {s["marker"]: s for s in found["endless-loop"]["stages"]}["context_vectors"]
+    assert {t["limit"] for t in loop["tests"]} == {"time"}
+    assert R.limits_hit(found["endless-loop"]) == ["context_vectors"]
+    # The endless loop held up its own worker for its time limit; the others went on.
+    others = max(found[s]["seconds"] for s in STUDENTS if s != "endless-loop")
+    assert others < 15, f"a correct submission took {others:.1f} s"
+    assert found["endless-loop"]["seconds"] < 20 + 15
+
+
+@pytest.mark.slow
+def test_verdicts_are_run_suites(course):
+    """Same tests, same outcomes as the isolated run nbgrader's autograder cells use."""
+    root = course[0]
+    found = records(root / "attnkit-grades" / ASSIGNMENT)
+    compared = ("reference", "softmax-dim0")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        suites = dict(zip(compared, pool.map(
+            lambda s: run_suite(root / "submitted" / s / ASSIGNMENT), compared)))
+    for student in compared:
+        expected = {t["nodeid"]: t["outcome"] for t in suites[student]["tests"]}
+        assert outcomes(found[student]) == expected, student
+        assert found[student]["seed"] == suites[student]["seed"]
+
+
+@pytest.mark.slow
+def test_the_gradebook_and_nbgrader_export_show_the_records(course, tmp_path):
+    from nbgrader.api import Gradebook
+
+    root = course[0]
+    found = records(root / "attnkit-grades" / ASSIGNMENT)
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        for student, record in found.items():
+            for stage in record["stages"]:
+                grade = gb.find_grade(f"grade_{stage['stage']}", "attention", ASSIGNMENT, student)
+                assert grade.auto_score == pytest.approx(stage["points"]), (student, stage["stage"])
+                assert grade.max_score == pytest.approx(stage["max_points"])
+            assert gb.find_submission(ASSIGNMENT, student).timestamp.year == 2026
+    export = tmp_path / "grades.csv"
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "export", "--to", str(export)], cwd=root,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {r["student_id"]: r for r in csv.DictReader(export.open()) if r["assignment"] == ASSIGNMENT}
+    assert sorted(rows) == sorted(found)
+    for student, record in found.items():
+        assert float(rows[student]["score"]) == pytest.approx(record["total"], abs=0.02), student
+    summary = {r["student"]: r for r in csv.DictReader((root / "attnkit-grades" / ASSIGNMENT / "grades.csv").open())}
+    assert {s: float(r["total"]) for s, r in summary.items()} == {s: r["total"] for s, r in found.items()}
+
+
+@pytest.mark.slow
+def test_student_and_force_regrade_only_whom_they_name(course):
+    root = course[0]
+    out = root / "attnkit-grades" / ASSIGNMENT
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.json") if p.name != "grades.json"}
+    assert "graded 0, already graded 1, errors 0" in attnkit("grade", "--course", str(root), "--quiet",
+                                                             "--student", "reference")
+    stdout = attnkit("grade", "--course", str(root), "--quiet", "--student", "reference",
+                     "--student", "softmax-dim0", "--force")
+    assert "graded 2, already graded 0, errors 0" in stdout
+    after = {p.name: p.stat().st_mtime_ns for p in out.glob("*.json") if p.name != "grades.json"}
+    changed = {name for name in before if after[name] != before[name]}
+    assert changed == {"reference.json", "softmax-dim0.json"}
+
+
+def test_an_assignment_not_generated_is_refused(tmp_path):
+    root = tmp_path / "course"
+    build(root)
+    (root / "submitted" / "ada" / ASSIGNMENT).mkdir(parents=True)
+    run = subprocess.run([*ATTNKIT, "grade", "--course", str(root), "--quiet"], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert "nbgrader generate_assignment attention" in run.stderr
+
+
+# ---------------------------------------------------------------- a folder of submissions
+
+CLASS = 8
+
+
+@pytest.fixture(scope="module")
+def submissions(tmp_path_factory):
+    """Eight submissions with distinct fingerprints: the reference with a comment, one softmax bug."""
+    root = tmp_path_factory.mktemp("class") / "submissions"
+    for number in range(CLASS):
+        folder = root / f"student{number:02d}"
+        folder.mkdir(parents=True)
+        for stage in stages():
+            text = (SOLUTIONS / f"{stage}.py").read_text()
+            if stage == "s01_attention_scores":
+                text += f"\n# submission {number}\n"
+            if stage == "s02_normalization" and number == 3:
+                text = text.replace("torch.softmax(all_pairs_scores(inputs), dim=-1)",
+                                    "torch.softmax(all_pairs_scores(inputs), dim=0)")
+            (folder / f"{stage}.py").write_text(text)
+    return root
+
+
+def descendants(pid: int) -> set[int]:
+    found = set()
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                for child in map(int, handle.read().split()):
+                    found |= {child} | descendants(child)
+    except OSError:
+        pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def local_grades(submissions, tmp_path_factory):
+    """Graded by a run killed with SIGKILL after its first records, then by a second run."""
+    out = tmp_path_factory.mktemp("local") / "grades"
+    cmd = [*ATTNKIT, "grade", "--submissions", str(submissions), "--out", str(out), "--quiet", "--workers", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while len(list(out.glob("student*.json"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = descendants(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = {p.stem: p.stat().st_mtime_ns for p in out.glob("student*.json")}
+    # The killed run's grading processes (and their sandboxes) die with it.
+    for _ in range(100):
+        if not any(os.path.exists(f"/proc/{pid}") and not _zombie(pid) for pid in workers):
+            break
+        time.sleep(0.1)
+    leftover = {pid for pid in workers if os.path.exists(f"/proc/{pid}") and not _zombie(pid)}
+    run = subprocess.run(cmd[:-2], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out, first, run.stdout, leftover
+
+
+def _zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_without_loss_or_duplication(local_grades):
+    out, first, stdout, leftover = local_grades
+    assert 2 <= len(first) < CLASS, f"the run was not cut midway ({len(first)} records)"
+    assert not leftover, f"processes of the killed run survive: {leftover}"
+    assert f"graded {CLASS - len(first)}, already graded {len(first)}, errors 0" in stdout
+    found = records(out)
+    assert sorted(found) == [f"student{n:02d}" for n in range(CLASS)]
+    for student, mtime in first.items():
+        assert (out / f"{student}.json").stat().st_mtime_ns == mtime, f"{student} was graded twice"
+    rows = list(csv.DictReader((out / "grades.csv").open()))
+    assert sorted(r["student"] for r in rows) == sorted(found)
+    assert {s for s, r in found.items() if r["total"] < r["max_total"]} == {"student03"}
+    assert not list(out.glob(".*.tmp"))
+
+
+@pytest.mark.slow
+def test_dask_gives_the_local_pools_grades(submissions, local_grades, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    from grader.grade import folder_target, grade
+
+    out = tmp_path / "dask"
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        outcome = grade(folder_target(submissions, out), executor="dask",
+                        scheduler=cluster.scheduler_address, quiet=True)
+    assert not outcome.errors and len(outcome.graded) == CLASS
+    local, remote = records(local_grades[0]), records(out)
+    assert sorted(local) == sorted(remote)
+    for student in local:
+        assert outcomes(remote[student]) == outcomes(local[student]), student
+        assert [(s["stage"], s["points"]) for s in remote[student]["stages"]] == \
+            [(s["stage"], s["points"]) for s in local[student]["stages"]]
+        assert (remote[student]["fingerprint"], remote[student]["seed"]) == \
+            (local[student]["fingerprint"], local[student]["seed"])
