@@ -1,36 +1,36 @@
 """Grades an instructor can trust: every catalogued mistake loses points on its own stage, with its
 cause named, and every correct variant gets full marks.
 
-Each submission goes through the same isolated grading run that nbgrader's autograder cells use
-(grader.autograde.run_suite: the full suite, book tests excluded, learner code in the sandbox).
+Each submission goes through the same isolated grading as nbgrader's autograder cells (the full suite,
+book tests excluded, learner code in the sandbox), run by ``attnkit grade``'s warm workers
+(grader.grade), whose verdicts are grader.autograde.run_suite's.
 """
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 from catalogue import BUGS, DEPENDENTS, VARIANTS
 from grader import SOLUTIONS
-from grader.autograde import run_suite, stage_score
-from grader.kit import marker, stages
+from grader.autograde import stage_score
+from grader.grade import folder_target, grade
+from grader.kit import stages
 
 pytestmark = [pytest.mark.kit, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """name -> {stage: (score out of 1, [failure messages])}, all submissions graded two at a time."""
+    """name -> {stage: (score out of 1, [failure messages])}, all submissions graded by attnkit grade's
+    warm workers (the same suite, seed and sandbox as run_suite; torch imported once per worker)."""
     root = tmp_path_factory.mktemp("catalogue")
-
-    def grade(entry):
-        results = run_suite(entry.build(SOLUTIONS, root / entry.name))
-        per_stage = {}
-        for stage in stages():
-            tests = [t for t in results["tests"] if t["marker"] == marker(stage)]
-            per_stage[stage] = (stage_score(tests, 1.0), [t["message"] for t in tests if t["outcome"] == "failed"])
-        return entry.name, per_stage
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(grade, BUGS + VARIANTS))
+    for entry in BUGS + VARIANTS:
+        entry.build(SOLUTIONS, root / "submissions" / entry.name)
+    target = folder_target(root / "submissions", root / "grades", points={stage: 1.0 for stage in stages()})
+    outcome = grade(target, quiet=True)
+    assert not outcome.errors, outcome.errors
+    return {
+        name: {s["stage"]: (stage_score(s["tests"], 1.0), [t["message"] for t in s["tests"] if t["outcome"] == "failed"])
+               for s in record["stages"]}
+        for name, record in outcome.records.items()
+    }
 
 
 def test_the_catalogue_is_large_and_spans_every_stage():
