@@ -17,7 +17,7 @@ solution line, no hidden test name, no hidden fixture.
 
 The two preprocessors at the end plug into nbgrader's autograde through the config (nbgrader
 itself is used unmodified): code cells the source notebook does not have are dropped before
-execution, and the kernel starts with PYTHONSAFEPATH=1 so that files in a submission folder cannot
+execution and the nbgrader metadata of the others is restored from the gradebook, and the kernel starts with PYTHONSAFEPATH=1 so that files in a submission folder cannot
 shadow modules the kernel imports.
 """
 from __future__ import annotations
@@ -332,7 +332,7 @@ def nbgrader_config(course: Course) -> str:
         "# Keep the student's modules: nbgrader otherwise overwrites every file with the source's.",
         f"c.Autograde.exclude_overwriting = {{{course.assignment!r}: [{stage_files}]}}",
         "c.Autograde.sanitize_preprocessors = [",
-        "    ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells, KeepCourseCells, CheckCellMetadata,",
+        "    ClearOutput, KeepCourseCells, DeduplicateIds, OverwriteKernelspec, OverwriteCells, CheckCellMetadata,",
         "]",
         "c.Autograde.autograde_preprocessors = [",
         "    SafePathExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,",
@@ -466,27 +466,49 @@ from nbgrader.utils import setenv  # noqa: E402
 
 
 class KeepCourseCells(NbGraderPreprocessor):
-    """Autograde (sanitize step): drop every code cell the source notebook does not have.
+    """Autograde (first sanitize step): the notebook's cells as the course made them.
 
     The course notebook carries no student code, so a code cell a student added can only be an
-    attempt to run something in the grading kernel (patching the grader, printing a score).
+    attempt to run something in the grading kernel (patching the grader, printing a score): every
+    code cell the source notebook does not have is dropped, and so is every second copy of a
+    known cell. The nbgrader metadata of the cells that stay is rebuilt from the gradebook (a
+    student may have edited it: flipped ``grade``, ``locked`` or ``points``, borrowed another
+    cell's id); other cells lose theirs. nbgrader's own sanitizers then see a well-formed notebook
+    (edited metadata otherwise makes them fail on the whole submission, e.g. a duplicated
+    grade_id: KeyError in OverwriteCells) and restore the locked sources and the cell types.
     """
 
     def preprocess(self, nb, resources):
         info = resources["nbgrader"]
         with Gradebook(info["db_url"]) as gb:
             try:
-                known = {cell.name for cell in gb.find_notebook(info["notebook"], info["assignment"]).source_cells}
+                source = gb.find_notebook(info["notebook"], info["assignment"])
             except MissingEntry:
                 return nb, resources
-        kept = []
+            cells = {cell.name: cell for cell in source.source_cells}
+            points = {cell.name: cell.max_score for cell in source.grade_cells}
+            solutions = {cell.name for cell in source.solution_cells}
+            tasks = {cell.name for cell in source.task_cells}
+        kept, seen = [], set()
         for cell in nb.cells:
-            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-            if cell.cell_type != "code" or grade_id in known:
+            meta = cell.metadata.get("nbgrader")
+            grade_id = meta.get("grade_id") if isinstance(meta, dict) else None
+            if isinstance(grade_id, str) and grade_id in cells and grade_id not in seen:
+                seen.add(grade_id)
+                restored = {"grade_id": grade_id, "locked": bool(cells[grade_id].locked),
+                            "grade": grade_id in points, "solution": grade_id in solutions,
+                            "task": grade_id in tasks, "schema_version": 3}
+                if grade_id in points:
+                    restored["points"] = points[grade_id]
+                if restored != {k: meta.get(k) for k in restored}:
+                    self.log.warning("Restoring the nbgrader metadata of cell %s", grade_id)
+                cell.metadata["nbgrader"] = restored
                 kept.append(cell)
+            elif cell.cell_type == "code":
+                self.log.warning("Dropping a code cell that is not part of the assignment: %r", cell.source[:60])
             else:
-                self.log.warning("Dropping a code cell that is not part of the assignment: %r",
-                                 cell.source[:60])
+                cell.metadata.pop("nbgrader", None)
+                kept.append(cell)
         nb.cells = kept
         return nb, resources
 
