@@ -33,7 +33,6 @@ run, so a run killed at any moment loses at most the submissions in flight.
 from __future__ import annotations
 
 import base64
-import itertools
 import json
 import os
 import select
@@ -111,7 +110,7 @@ class SuiteSession:
         path = self.work / "results.jsonl"
         record.update(file=open(path, "w", encoding="utf-8"), verdicts={}, timed_out=set())
         capped = []
-        started = time.monotonic()
+        started, trusted, boxed = time.monotonic(), time.process_time(), _sandbox_cpu()
         try:
             self.autograde._write({"collected": self.entries})
             for index, item in enumerate(self.items):
@@ -126,8 +125,31 @@ class SuiteSession:
             record["file"].close()
             record["file"] = None
         seconds = time.monotonic() - started
+        cpu = {"trusted": round(time.process_time() - trusted, 3), "sandbox": round(_sandbox_cpu() - boxed, 3)}
         return {"tests": self.autograde.read_results(path, cut_short=False), "output_capped": capped,
-                "seconds": round(seconds, 3)}
+                "seconds": round(seconds, 3), "cpu": cpu}
+
+
+def _sandbox_cpu() -> float:
+    """CPU seconds used by this process's children and their descendants, living or reaped
+    (Linux /proc; for the overhead breakdown only)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    times = os.times()
+    total = times.children_user + times.children_system
+    pending = [os.getpid()]
+    while pending:
+        pid = pending.pop()
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as handle:
+                    for child in map(int, handle.read().split()):
+                        pending.append(child)
+                        with open(f"/proc/{child}/stat") as stat:
+                            fields = stat.read().rsplit(")", 1)[1].split()
+                        total += sum(int(f) for f in fields[11:15]) / ticks  # utime stime cutime cstime
+        except (OSError, ValueError):
+            pass
+    return total
 
 
 def _die_with_parent():
@@ -148,14 +170,12 @@ def serve(options: dict) -> int:
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
     os.dup2(2, 1)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    cpu = options.get("cpu")
-    if cpu is not None and hasattr(os, "sched_setaffinity"):
-        allowed = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {allowed[cpu % len(allowed)]})  # the sandbox children inherit it
     started = time.monotonic()
     import torch
 
-    torch.set_num_threads(1)  # one core per worker; the sandbox child computes with as many
+    # One thread per worker (and per sandbox child, which copies this setting): workers share the
+    # cores; pinning them to cores (sched_setaffinity) measured no better, and worse on a busy machine.
+    torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="attnkit-worker-"))
     try:
         suite = SuiteSession(work, options["test_timeout"])
@@ -172,8 +192,8 @@ def serve(options: dict) -> int:
 class WorkerProcess:
     """The trusted side's handle on one grading worker process: start, send a job, wait, restart."""
 
-    def __init__(self, *, test_timeout: float = TEST_TIMEOUT, cpu: int | None = None):
-        self.test_timeout, self.cpu = test_timeout, cpu
+    def __init__(self, *, test_timeout: float = TEST_TIMEOUT):
+        self.test_timeout = test_timeout
         self.proc = None
         self.log = None
         self.start_seconds = None  # how long the last start took (torch, pytest, collection)
@@ -183,7 +203,7 @@ class WorkerProcess:
         self.log = tempfile.TemporaryFile()
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         env.pop("NBGRADER_EXECUTION", None)
-        options = {"test_timeout": self.test_timeout, "cpu": self.cpu}
+        options = {"test_timeout": self.test_timeout}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "grader.grade", json.dumps(options)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self.log, cwd=tempfile.gettempdir(), env=env,
@@ -258,21 +278,19 @@ class WorkerProcess:
 _local = threading.local()  # this thread's WorkerProcess
 _handles: list[WorkerProcess] = []  # every handle of this process, to close them all
 _handles_lock = threading.Lock()
-_cpus = itertools.count()
 
 
 def run_job(job: dict, options: dict) -> dict:
     """Grade one submission in this thread's warm worker process (started on first use).
 
     ``job``: {"student", "sources": {module file name: bytes}, "seed"}; ``options``:
-    {"test_timeout", "pin"}. Returns {"student", "tests", "output_capped", "seconds",
+    {"test_timeout"}. Returns {"student", "tests", "output_capped", "seconds",
     "worker_start", "error"}; never raises for a grading failure (the worker is restarted
     and the job tried once more first).
     """
     handle = getattr(_local, "handle", None)
     if handle is None or handle.test_timeout != options["test_timeout"]:
-        cpu = next(_cpus) if options.get("pin") else None
-        handle = _local.handle = WorkerProcess(test_timeout=options["test_timeout"], cpu=cpu)
+        handle = _local.handle = WorkerProcess(test_timeout=options["test_timeout"])
         with _handles_lock:
             _handles.append(handle)
     error = None
@@ -280,7 +298,8 @@ def run_job(job: dict, options: dict) -> dict:
         try:
             answer = handle.grade(job)
             return {"student": job["student"], "tests": answer["tests"], "output_capped": answer["output_capped"],
-                    "seconds": answer["seconds"], "worker_start": answer.get("worker_start"), "error": None}
+                    "seconds": answer["seconds"], "cpu": answer.get("cpu"), "worker_start": answer.get("worker_start"),
+                    "error": None}
         except (WorkerError, ValueError, KeyError) as exc:  # ValueError/KeyError: a garbled answer
             handle.close()
             error = f"{type(exc).__name__}: {exc}"
@@ -314,7 +333,6 @@ def _dask_results(jobs, options, scheduler):
         from distributed import Client, as_completed as dask_completed
     except ImportError:
         raise GradeError("--executor dask needs the 'distributed' package (pip install distributed)") from None
-    options = dict(options, pin=False)  # a cluster's workers place themselves
     with Client(scheduler, timeout="30s") as client:
         futures = {}
         for job in jobs:
@@ -508,7 +526,7 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
         jobs.append({"student": student, "fingerprint": fp, "seed": submission_seed(folder),
                      "sources": submission_sources(folder)})
 
-    options = {"test_timeout": target.test_timeout, "pin": True}
+    options = {"test_timeout": target.test_timeout}
     if executor == "dask":
         if not scheduler:
             raise GradeError("--executor dask needs --scheduler ADDRESS (e.g. tcp://host:8786)")
@@ -539,7 +557,7 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
                             target.gradebook.write([record], target.timestamps)
                         outcome.graded.append(student)
                         outcome.per_submission.append({"student": student, "seconds": result["seconds"],
-                                                       "worker_start": result["worker_start"]})
+                                                       "cpu": result["cpu"], "worker_start": result["worker_start"]})
                         failing += record["total"] < record["max_total"]
                         limited += bool(R.limits_hit(record))
                 if outcome.first_result_seconds is None:
