@@ -193,6 +193,12 @@ def inside(path, parent):
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+def scratch(lib, config, new, path):
+    """A small private tmpfs at ``path`` that the learner may write to."""
+    os.makedirs(new + path, exist_ok=True)
+    mount(lib, "tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={config['tmp_bytes']},mode=1777")
+
+
 def build_root(lib, config):
     """Make ``config['newroot']`` a root file system with only what Python needs, and enter it.
 
@@ -208,6 +214,9 @@ def build_root(lib, config):
         bind(lib, path, new + path, readonly)
 
     mount(lib, "tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    # The private /tmp comes first: a Python installation that lives under /tmp (a venv in a
+    # clone under /tmp) is then bound inside it instead of being hidden by it.
+    scratch(lib, config, new, "/tmp")
     exposed = []
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
@@ -235,9 +244,7 @@ def build_root(lib, config):
     for name, target in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")]:
         os.symlink(target, f"{new}/dev/{name}")
-    for path in ("/tmp", "/dev/shm"):
-        os.makedirs(new + path)
-        mount(lib, "tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={config['tmp_bytes']},mode=1777")
+    scratch(lib, config, new, "/dev/shm")
     # /proc of the new pid namespace, /sys read-only (torch reads the CPU layout there).
     # Both are conveniences: a container may refuse them, and Python runs without.
     os.makedirs(new + "/proc")
@@ -358,6 +365,8 @@ def wipe(folder):
         return
     for entry in os.scandir(folder):
         try:
+            if entry.stat(follow_symlinks=False).st_uid == 0:
+                continue  # the sandbox's own (e.g. a Python installation bound under /tmp)
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:

@@ -109,7 +109,8 @@ def write_file(path):
 
 
 def list_dir(path):
-    return torch.tensor(len(os.listdir(path)))
+    # Entries a learner could have made: root's are the sandbox's own (a venv bound under /tmp).
+    return torch.tensor(sum(e.stat(follow_symlinks=False).st_uid != 0 for e in os.scandir(path)))
 
 
 def connect():
