@@ -96,13 +96,15 @@ def build_class(root: Path, n: int):
 
 
 def sample(students, k: int) -> list:
-    """k students with the class's mix: every group represented in proportion (at least one each)."""
+    """k students with the class's mix: each group (correct, buggy, broken) in proportion, at least one each."""
     groups = {}
     for s in students:
         groups.setdefault(s[1], []).append(s)
-    picked = [g[0] for g in groups.values()][:k]
-    rest = [s for s in students if s not in picked]
-    return picked + rest[: max(0, k - len(picked))]
+    quota = {g: max(1, round(k * len(members) / len(students))) for g, members in groups.items()}
+    while sum(quota.values()) > k and max(quota.values()) > 1:
+        quota[max(quota, key=quota.get)] -= 1
+    picked = [s for g, members in groups.items() for s in members[:quota[g]]]
+    return sorted(picked, key=students.index)[:k]
 
 
 # ---------------------------------------------------------------- graders
@@ -143,7 +145,7 @@ def attnkit_grade_available() -> bool:
 def grade_with_attnkit(root: Path, course, workers: int | None) -> tuple[float, dict]:
     """`attnkit grade COURSE --force --quiet` on the whole class (a fresh process, as an instructor runs it).
     Returns (seconds, {student: total}) read from its result files."""
-    cmd = [sys.executable, "-m", "grader.cli", "grade", str(root), "--force", "--quiet"]
+    cmd = [sys.executable, "-m", "grader.cli", "grade", course.assignment, "--course", str(root), "--force", "--quiet"]
     if workers:
         cmd += ["--workers", str(workers)]
     start = time.perf_counter()
@@ -170,6 +172,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, help="passed on to attnkit grade (default: its own)")
     parser.add_argument("--dir", help="course directory to create (default: a temporary one, removed at the end)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary course directory")
+    parser.add_argument("--report", action="store_true",
+                        help="also write the class report (attnkit report) of attnkit grade's results; implies --keep")
     args = parser.parse_args(argv)
     nb_n = max(1, min(args.nbgrader_n, args.n))
 
@@ -182,7 +186,7 @@ def main(argv=None) -> int:
         cleanup = False
     else:
         root = Path(tempfile.mkdtemp(prefix="attnkit-bench-")) / "course"
-        cleanup = not args.keep
+        cleanup = not (args.keep or args.report)
 
     try:
         t = time.perf_counter()
@@ -224,6 +228,11 @@ def main(argv=None) -> int:
                       if ak_totals.get(s) is None or abs(nb_totals[s] - ak_totals[s]) > 0.011}
             print("same totals for the students both graded" if not differ else
                   f"DIFFERENT totals (nbgrader, attnkit grade): {differ}")
+            if args.report:
+                from grader.report import build_report
+
+                index, _ = build_report(course=root, assignment=course.assignment)
+                print(f"class report: {index}")
     finally:
         if cleanup:
             shutil.rmtree(root.parent, ignore_errors=True)

@@ -4,7 +4,7 @@
     attnkit fixtures   regenerate fixtures/ from solutions/
     attnkit course build DIR   (re)create an nbgrader course from the kit
     attnkit demo [--dir DIR]   a whole nbgrader grading round on built-in sample submissions
-    attnkit report DIR         an HTML class report (plots + tables) from the graded results
+    attnkit report [ASSIGNMENT] [--course DIR]   an HTML class report (plots + tables) of the graded class
 """
 from __future__ import annotations
 
@@ -77,11 +77,8 @@ def cmd_demo(args):
 def cmd_report(args):
     from .report import ReportError, build_report
 
-    if args.dir is None and args.results is None:
-        print("attnkit report: error: give a course DIR or --results FOLDER", file=sys.stderr)
-        return 2
     try:
-        index, report = build_report(course=args.dir, assignment=args.assignment, results=args.results,
+        index, report = build_report(course=args.course, assignment=args.assignment, results=args.results,
                                      out=args.out)
     except ReportError as exc:
         print(f"attnkit report: error: {exc}", file=sys.stderr)
@@ -162,12 +159,13 @@ def main(argv=None):
 
     p = sub.add_parser(
         "report", help="write an HTML class report (score distributions, frequent mistakes, limits hit)",
-        description="Read the gradebook and attnkit-grades/ASSIGNMENT/*.json of a graded course (or a folder of "
-                    "result files with --results) and write index.html with PNG plots and tables.",
+        description="Read the gradebook and attnkit-grades/ASSIGNMENT/*.json of a course graded with `attnkit grade` "
+                    "(or, with --results, a folder of such <student>.json files alone) and write index.html with "
+                    "PNG plots and tables.",
     )
-    p.add_argument("dir", metavar="DIR", nargs="?", help="the course directory")
-    p.add_argument("--assignment", help="assignment name (default: the course's)")
-    p.add_argument("--results", metavar="FOLDER", help="read <student>.json files from FOLDER, no gradebook")
+    p.add_argument("assignment", metavar="ASSIGNMENT", nargs="?", help="default: the course's assignment")
+    p.add_argument("--course", default=".", help="nbgrader course directory (default: the current one)")
+    p.add_argument("--results", metavar="FOLDER", help="read the <student>.json files in FOLDER, no gradebook")
     p.add_argument("--out", metavar="FOLDER",
                    help="where to write index.html and the PNGs (default: attnkit-grades/ASSIGNMENT/report/ "
                         "or FOLDER/report)")

@@ -97,7 +97,10 @@ def graded_class(tmp_path_factory):
 
 
 def test_numbers_match_the_gradebook_and_the_results(graded_class):
+    from grader.cli import main
+
     root, c, records = graded_class
+    assert main(["report", ASSIGNMENT, "--course", str(root)]) == 0
     index, report = build_report(course=root)
     assert index == root / "attnkit-grades" / ASSIGNMENT / "report" / "index.html"
     assert sorted(report.students) == [r["student"] for r in records]
@@ -176,7 +179,7 @@ def test_results_folder_alone_and_cli(graded_class, tmp_path, capsys):
 def test_clear_errors(tmp_path, capsys):
     from grader.cli import main
 
-    assert main(["report", str(tmp_path)]) == 2
+    assert main(["report", "--course", str(tmp_path)]) == 2
     assert "not an attnkit course" in capsys.readouterr().err
     assert main(["report", "--results", str(tmp_path)]) == 2
     assert "no student results" in capsys.readouterr().err
