@@ -387,10 +387,9 @@ def corpus() -> list[Tamper]:
                reason="FAIL", expected={"causal_mask": Fraction(3, 9)}),
         Tamper("hardcoded-book", "CausalAttention returns the book's printed tensor whatever the input",
                fixed(s08_causal_attention=book_causal_attention()),
-               # Passing: the mask buffer, qkv_bias (x2) and dropout-rate checks (the honest __init__), and
-               # "output of a token ignores later tokens", which a constant output satisfies. s09's
-               # wrapper is correct; its checks that concatenate whatever the heads return pass.
-               reason="FAIL", expected={"causal_attention": Fraction(5, 13), "multihead_wrapper": Fraction(4, 8)}),
+               # Passing: the mask buffer, qkv_bias (x2) and dropout-rate checks (the honest __init__).
+               # s09's wrapper is correct; its checks that concatenate whatever the heads return pass.
+               reason="FAIL", expected={"causal_attention": Fraction(4, 13), "multihead_wrapper": Fraction(4, 8)}),
         Tamper("read-solutions", "s10 stub that looks for solutions/ (absolute path, grader.__file__, "
                "site-packages editable finder, relative paths) and runs what it finds",
                fixed(s10_multihead_attention=after(s10_stub, READ_SOLUTIONS.format(solutions=str(SOLUTIONS)))),

@@ -109,8 +109,10 @@ def test_output_of_a_token_ignores_later_tokens(stage):
     changed = x.copy()
     changed[:, 4:] += 3.0
     before, after = stage.forward(CLS, init, x, weights), stage.forward(CLS, init, changed, weights)
+    assert before.shape == (1, 6, 3), f"output shape {before.shape}, expected (b, num_tokens, d_out) = (1, 6, 3)"
     assert_close("outputs of tokens 0-3 after changing tokens 4-5", after[:, :4], before[:, :4],
                  hint="Token t may only attend to tokens 0..t: mask the scores above the diagonal with -inf.")
+    assert not np.allclose(after[:, 4:], before[:, 4:]), "changing tokens 4-5 must change their own outputs"
 
 
 def test_random_cases(stage, reference, rng):

@@ -120,7 +120,9 @@ def test_output_of_a_token_ignores_later_tokens(stage):
     changed = x.copy()
     changed[:, 5:] -= 2.0
     before, after = stage.forward(CLS, init, x, weights), stage.forward(CLS, init, changed, weights)
+    assert before.shape == (1, 7, 6), f"output shape {before.shape}, expected (b, num_tokens, d_out) = (1, 7, 6)"
     assert_close("outputs of tokens 0-4 after changing tokens 5-6", after[:, :5], before[:, :5])
+    assert not np.allclose(after[:, 5:], before[:, 5:]), "changing tokens 5-6 must change their own outputs"
 
 
 def test_random_cases(stage, reference, rng, device):
