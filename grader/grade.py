@@ -49,6 +49,7 @@ from pathlib import Path
 
 from . import results as R
 from .autograde import TEST_TIMEOUT, GradingError, submission_seed, suite_dir, suite_timeout
+from .sandbox import submission_sources
 
 START_SECONDS = 300  # a worker must be ready (torch, pytest, collection) within this
 
@@ -280,21 +281,26 @@ _handles: list[WorkerProcess] = []  # every handle of this process, to close the
 _handles_lock = threading.Lock()
 
 
-def run_job(job: dict, options: dict) -> dict:
+def run_job(job: dict, options: dict, stop: threading.Event | None = None) -> dict:
     """Grade one submission in this thread's warm worker process (started on first use).
 
     ``job``: {"student", "sources": {module file name: bytes}, "seed"}; ``options``:
     {"test_timeout"}. Returns {"student", "tests", "output_capped", "seconds",
     "worker_start", "error"}; never raises for a grading failure (the worker is restarted
-    and the job tried once more first).
+    and the job tried once more first). ``stop``: once set (an interrupted run), no worker
+    is started any more.
     """
     handle = getattr(_local, "handle", None)
     if handle is None or handle.test_timeout != options["test_timeout"]:
+        if handle is not None:
+            handle.close()
         handle = _local.handle = WorkerProcess(test_timeout=options["test_timeout"])
         with _handles_lock:
             _handles.append(handle)
-    error = None
+    error = "the run was interrupted"
     for _ in range(2):
+        if stop is not None and stop.is_set():
+            break
         try:
             answer = handle.grade(job)
             return {"student": job["student"], "tests": answer["tests"], "output_capped": answer["output_capped"],
@@ -318,11 +324,13 @@ def close_workers():
 def _local_results(jobs, options, workers):
     """(job, result) as they complete, on ``workers`` local threads, each with its worker process."""
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnkit-grade")
+    stop = threading.Event()
     try:
-        futures = {pool.submit(run_job, job, options): job for job in jobs}
+        futures = {pool.submit(run_job, job, options, stop): job for job in jobs}
         for future in as_completed(futures):
             yield futures[future], future.result()
     finally:
+        stop.set()
         close_workers()  # also unblocks threads still waiting on a worker (interrupted run)
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -393,13 +401,25 @@ class GradebookSync:
                 raise GradeError(f"points in the gradebook differ from the course's for {', '.join(differ)}: "
                                  f"run `nbgrader generate_assignment --force {self.assignment}`")
 
+    def open(self):
+        from nbgrader.api import Gradebook
+
+        self.gb = Gradebook(self.db_url)
+        return self
+
+    def close(self):
+        if getattr(self, "gb", None) is not None:
+            self.gb.close()
+            self.gb = None
+
     def write(self, records: list[dict], timestamps: dict[str, str] | None = None, progress=None) -> int:
-        """Bring the gradebook in line with ``records``; returns how many grades changed."""
-        from nbgrader.api import Gradebook, MissingEntry
+        """Bring the gradebook in line with ``records`` (one transaction); returns how many grades changed."""
+        from nbgrader.api import MissingEntry
 
         timestamps = timestamps or {}
         changed = 0
-        with Gradebook(self.db_url) as gb:
+        gb = self.gb
+        try:
             for record in records:
                 student = record["student"]
                 gb.update_or_create_student(student)
@@ -418,6 +438,9 @@ class GradebookSync:
                 if progress is not None:
                     progress.update(1)
             gb.db.commit()
+        except BaseException:
+            gb.db.rollback()
+            raise
         return changed
 
 
@@ -521,8 +544,6 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
         if not force and _up_to_date(R.read_record(R.record_path(target.out, student)), fp, target.points):
             outcome.skipped.append(student)
             continue
-        from .sandbox import submission_sources
-
         jobs.append({"student": student, "fingerprint": fp, "seed": submission_seed(folder),
                      "sources": submission_sources(folder)})
 
@@ -537,6 +558,27 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
     else:
         raise GradeError(f"unknown executor {executor!r} (local or dask)")
 
+    if target.gradebook is not None:
+        target.gradebook.open()
+    try:
+        _collect(target, jobs, stream, outcome, started, quiet)
+        # Bring every file and the gradebook in line with the records (also those of earlier runs).
+        outcome.records = R.read_records(target.out, set(target.submissions))
+        outcome.files = R.write_summary(target.out, target.assignment, list(outcome.records.values()))
+        if target.gradebook is not None and outcome.records:
+            with _bar(quiet or len(outcome.records) < 50, total=len(outcome.records), desc="gradebook",
+                      unit="student") as bar:
+                target.gradebook.write(list(outcome.records.values()), target.timestamps, progress=bar)
+    finally:
+        stream.close()  # stops the workers now, also when interrupted
+        if target.gradebook is not None:
+            target.gradebook.close()
+    outcome.seconds = round(time.monotonic() - started, 3)
+    return outcome
+
+
+def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, quiet: bool):
+    """Record each result as it arrives: the student's JSON first, then the gradebook."""
     failing = limited = 0
     with _bar(quiet, total=len(jobs), desc=f"grading {target.assignment}", unit="sub") as bar:
         if jobs:
@@ -564,16 +606,6 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
                     outcome.first_result_seconds = round(time.monotonic() - started, 3)
                 bar.set_postfix(not_full=failing, limits=limited, errors=len(outcome.errors), refresh=False)
                 bar.update(1)
-
-    # Bring every file and the gradebook in line with the records (also those of earlier runs).
-    outcome.records = R.read_records(target.out, set(target.submissions))
-    outcome.files = R.write_summary(target.out, target.assignment, list(outcome.records.values()))
-    if target.gradebook is not None and outcome.records:
-        with _bar(quiet or len(outcome.records) < 50, total=len(outcome.records), desc="gradebook",
-                  unit="student") as bar:
-            target.gradebook.write(list(outcome.records.values()), target.timestamps, progress=bar)
-    outcome.seconds = round(time.monotonic() - started, 3)
-    return outcome
 
 
 if __name__ == "__main__":
