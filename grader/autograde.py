@@ -39,6 +39,7 @@ from . import TESTS
 RESULTS_ENV = "ATTNKIT_RESULTS"
 SUITE_ENV = "ATTNKIT_SUITE"  # another tests/ directory (kit development only)
 STAGE_FILE = re.compile(r"test_(s\d\d)_(\w+)\.py$")
+STAGE_MODULE = re.compile(r"^s\d\d_\w+\.py$")
 MESSAGE_LIMIT = 700  # characters of one failure message shown in feedback
 DETAILED_FAILURES = 12  # failures per stage shown with their message
 
@@ -203,11 +204,40 @@ def submission_folder() -> Path:
     return Path(os.getcwd()).resolve()
 
 
+def symlinked_modules(folder: Path) -> list[str]:
+    """Stage modules that arrived as symbolic links in nbgrader's submitted/ copy of this folder.
+
+    nbgrader copies submitted/ into autograded/ following links, so a module linked to the
+    solutions would arrive as a regular file; only the submitted/ copy tells.
+    """
+    submitted = folder.parents[2] / "submitted" / folder.parent.name / folder.name if len(folder.parents) > 2 else None
+    if submitted is None or folder.parents[1].name != "autograded" or not submitted.is_dir():
+        return []
+    return sorted(p.name for p in submitted.iterdir() if STAGE_MODULE.match(p.name) and p.is_symlink())
+
+
+def without_links(folder: Path, linked: list[str], work: Path) -> Path:
+    """A copy of the folder's stage modules in which each linked one fails on import, saying why."""
+    for path in folder.iterdir():
+        if STAGE_MODULE.match(path.name) and path.is_file() and not path.is_symlink():
+            (work / path.name).write_bytes(path.read_bytes())
+    for name in linked:
+        (work / name).write_text(
+            f"raise ImportError('{name} was submitted as a symbolic link, not a file: submit the module itself')\n")
+    return work
+
+
 def results_for(folder: Path, test_timeout: float) -> dict:
     key = str(folder)
     if key not in _RESULTS:
         try:
-            _RESULTS[key] = run_suite(folder, isolate=True, test_timeout=test_timeout)
+            linked = symlinked_modules(folder)
+            if linked:
+                with tempfile.TemporaryDirectory(prefix="attnkit-unlinked-") as work:
+                    _RESULTS[key] = run_suite(without_links(folder, linked, Path(work)), isolate=True,
+                                              test_timeout=test_timeout)
+            else:
+                _RESULTS[key] = run_suite(folder, isolate=True, test_timeout=test_timeout)
         except GradingError as exc:
             _RESULTS[key] = exc  # fail every stage cell the same way, without rerunning
         else:

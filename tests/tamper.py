@@ -59,6 +59,7 @@ class Tamper:
     expected: dict = field(default_factory=dict)  # marker -> Fraction of the points; others: 1
     notebook: Callable | None = None  # edits the submitted notebook (nbformat node) in place
     extra_files: Callable[[Context], dict] | None = None  # more files in the submission folder
+    links: dict = field(default_factory=dict)  # file name -> the path it is a symbolic link to
 
     def fraction(self, marker: str) -> Fraction:
         return Fraction(self.expected.get(marker, 1))
@@ -442,6 +443,10 @@ def corpus() -> list[Tamper]:
         Tamper("odd-files", "s07 stub plus a folder named like a stage module (s12_notes.py/) next to the notebook",
                fixed(s07_dropout=stub("s07_dropout")), reason=STUB, expected={"dropout": 0},
                extra_files=lambda ctx: {"s12_notes.py/readme.txt": "not a module\n"}),
+        Tamper("symlink-solutions", "s08 submitted as a symbolic link to the reference solution "
+               "(nbgrader's copy into autograded/ follows links)",
+               fixed(), links={"s08_causal_attention.py": SOLUTIONS / "s08_causal_attention.py"},
+               reason="submitted as a symbolic link", expected={"causal_attention": 0, "multihead_wrapper": 0}),
     ]
 
 
@@ -457,6 +462,9 @@ def write_entry(entry: Tamper, ctx: Context, release: Path, dest: Path) -> Path:
     for name, text in (entry.extra_files(ctx) if entry.extra_files else {}).items():
         (dest / name).parent.mkdir(parents=True, exist_ok=True)
         (dest / name).write_text(text)
+    for name, target in entry.links.items():
+        (dest / name).unlink(missing_ok=True)
+        (dest / name).symlink_to(target)
     if entry.notebook:
         path = dest / f"{ctx.assignment}.ipynb"
         nb = nbformat.read(path, as_version=4)
