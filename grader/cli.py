@@ -113,6 +113,9 @@ def cmd_grade(args):
     except GradeError as exc:
         print(f"attnkit grade: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("attnkit grade: interrupted; what was graded is kept: run again to grade the rest", file=sys.stderr)
+        return 130
     graded = len(outcome.graded)
     rate = f", {graded / outcome.seconds:.2f} submissions/s" if graded and outcome.seconds else ""
     print(f"{target.assignment}: graded {graded}, already graded {len(outcome.skipped)}, "
