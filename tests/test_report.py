@@ -64,12 +64,8 @@ def synthetic_record(student: str, points: dict, rng: random.Random) -> dict:
 @pytest.fixture(scope="module")
 def graded_class(tmp_path_factory):
     """A course with 40 graded students: gradebook + JSON files. One gradebook grade differs from its JSON."""
-    from nbgrader.api import Gradebook
-
     from grader.course import build
 
-    # nbgrader runs `alembic` when it creates a gradebook: find it next to this Python
-    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     root = tmp_path_factory.mktemp("report") / "course"
     c = build(root)
     rng = random.Random(5)
@@ -79,8 +75,19 @@ def graded_class(tmp_path_factory):
     for r in records:
         (folder / f"{r['student']}.json").write_text(json.dumps(r, indent=1))
     (folder / "grades.json").write_text(json.dumps({"students": [r["student"] for r in records]}))  # not a student
-    with warnings.catch_warnings(), Gradebook(f"sqlite:///{root / 'gradebook.db'}", c.course_id) as gb:
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+        # nbgrader runs `alembic` when it creates a gradebook: find it next to this Python
+        mp.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
         warnings.simplefilter("ignore")  # SQLAlchemy's autoflush warnings from nbgrader's add_submission
+        fill_gradebook(root, c, records)
+    return root, c, records
+
+
+def fill_gradebook(root, c, records):
+    """What `attnkit grade` writes into the gradebook: per student a submission, one grade cell per stage."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", c.course_id) as gb:
         gb.add_assignment(ASSIGNMENT)
         gb.add_notebook(c.notebook, ASSIGNMENT)
         for stage, points in c.points.items():
@@ -93,7 +100,6 @@ def graded_class(tmp_path_factory):
         # an instructor's manual override: the gradebook wins over the JSON
         gb.find_grade("grade_s05_self_attention", c.notebook, ASSIGNMENT, "student03").manual_score = 1.5
         gb.db.commit()
-    return root, c, records
 
 
 def test_numbers_match_the_gradebook_and_the_results(graded_class):
@@ -200,3 +206,33 @@ def test_a_class_without_mistakes_or_limits(tmp_path):
     assert sorted(p.name for p in index.parent.glob("*.png")) == ["scores.png"]
     page = index.read_text()
     assert "No failed test named a likely mistake" in page and "hit a time, memory" in page
+
+
+def test_reads_what_grader_results_writes(tmp_path):
+    """The record writer of `attnkit grade` (grader.results) and this report agree on the format."""
+    results = pytest.importorskip("grader.results")
+    points = {"s02_normalization": 8.0, "s03_context_vectors": 5.0}
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / "s02_normalization.py").write_text("# a submission\n")
+
+    def test(stage, name, outcome, message=""):
+        return {"nodeid": f"tests/test_{stage}.py::test_{name}", "stage": stage, "marker": marker(stage),
+                "label": name, "outcome": outcome, "message": message}
+
+    tests = [
+        test("s02_normalization", "rows", "failed", "values differ\nLikely mistake: softmax over dim 0 (each column sums to 1)"),
+        test("s02_normalization", "book", "passed"),
+        test("s03_context_vectors", "loop", "failed",
+             "s03_context_vectors: time limit of 10 s exceeded — an infinite loop?"),
+        test("s03_context_vectors", "matrix", "passed"),
+    ]
+    record = results.build(student="alice", assignment=ASSIGNMENT, submission=folder, tests=tests,
+                           points=points, seconds=1.0)
+    out = tmp_path / "grades"
+    results.write_record(out, record)
+    results.write_summary(out, ASSIGNMENT, [record])
+    index, report = build_report(results=out)
+    assert report.stages["s02_normalization"].points == {"alice": 4.0}
+    assert dict(report.stages["s02_normalization"].mistakes) == {"softmax over dim 0 (each column sums to 1)": 1}
+    assert [(x.student, x.stage, x.kind, x.test) for x in report.limits] == [("alice", "s03_context_vectors", "time", "loop")]
