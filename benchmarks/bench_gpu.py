@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     size = SMALL if args.small else GPT2
     dtypes = args.dtype or ["float32", "bfloat16"]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"MultiHeadAttention (reference) vs F.scaled_dot_product_attention(is_causal=True)")
+    print("MultiHeadAttention (reference) vs F.scaled_dot_product_attention(is_causal=True)")
     print(f"b={size['batch']} T={size['tokens']} d={size['d_model']} heads={size['heads']} on {where}, "
           f"torch {torch.__version__}; median of {args.repeat} after {args.warmup} warm-up calls")
     print()

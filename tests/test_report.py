@@ -14,7 +14,6 @@ import sys
 import warnings
 import statistics
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
