@@ -25,6 +25,24 @@ FIXTURES = ROOT / "fixtures"
 STAGE_FILE = re.compile(r"test_(s\d\d_\w+)\.py$")
 
 
+def pytest_ignore_collect(collection_path, config):
+    """Do not even import the kit's own test files when the run cannot select their tests.
+
+    They hold only ``kit`` tests (instructor side, some importing nbgrader): a student's run on
+    another implementation, or a positive marker selection such as ``-m public``, never runs them,
+    and importing them would double the student's test loop.
+    """
+    name = collection_path.name
+    if not (name.startswith("test_") and name.endswith(".py")) or STAGE_FILE.search(name):
+        return None
+    if config.impl_root != (ROOT / "solutions").resolve():
+        return True
+    expression = config.getoption("markexpr") or ""
+    if expression and not re.search(r"\b(kit|slow|not)\b", expression):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     """The kit's self-checks (marker ``kit``) concern the reference; skip them for other impls."""
     if config.impl_root == (ROOT / "solutions").resolve():

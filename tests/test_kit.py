@@ -77,3 +77,13 @@ def test_ci_runs_exactly_the_readme_test_command():
     test_command = commands[1].strip()
     ci = (KIT / ".ci" / "run").read_text()
     assert test_command in ci.splitlines(), f".ci/run must run the README's test command: {test_command}"
+
+
+def test_kit_test_files_hold_only_kit_tests():
+    """conftest skips importing them when a run cannot select kit tests; that must stay true."""
+    for path in sorted(TESTS.glob("test_*.py")):
+        if re.match(r"test_s\d\d_", path.name):
+            continue
+        text = path.read_text()
+        assert re.search(r"^pytestmark = .*pytest\.mark\.kit", text, flags=re.M), f"{path.name} must be marked kit"
+        assert "mark.public" not in text, f"{path.name}: public tests belong in a stage file"
