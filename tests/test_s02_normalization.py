@@ -13,6 +13,7 @@ from checks import assert_close, softmax
 
 pytestmark = pytest.mark.normalization
 STAGE = "s02_normalization"
+SOFTMAX_DIM0 = "softmax over dim 0 (each column sums to 1); each query's row must sum to 1, use dim=-1"
 
 
 def whole_sum(x):
@@ -50,7 +51,7 @@ def test_journey_all_pairs_weights_rows_sum_to_one(stage, public_fx):
     assert_close(
         "attn_weights", weights, public_fx.attn_weights,
         mistakes={
-            "softmax over dim 0 (each column sums to 1); each query's row must sum to 1, use dim=-1":
+            SOFTMAX_DIM0:
                 softmax(public_fx.attn_scores, axis=0),
             "rows divided by their sum instead of softmax": sum_normalised(public_fx.attn_scores),
         },
@@ -70,7 +71,7 @@ def test_softmax_of_a_vector_and_of_each_row(stage, hidden_fx, form):
     assert_close(
         "softmax(matrix)", run(hidden_fx.matrix), hidden_fx.matrix_softmax,
         mistakes={
-            "softmax over dim 0 (columns) instead of the last dim (rows)": softmax(hidden_fx.matrix, axis=0),
+            SOFTMAX_DIM0: softmax(hidden_fx.matrix, axis=0),
             "one softmax over the whole matrix: the max/sum must be taken per row (keepdim=True)":
                 softmax(hidden_fx.matrix.reshape(-1)).reshape(hidden_fx.matrix.shape),
             "the exponentials were divided by their sum over the whole tensor; sum each row "
@@ -99,7 +100,7 @@ def test_all_pairs_for_other_inputs(stage, hidden_fx):
     assert_close("attn_scores", stage.all_pairs_scores(hidden_fx.inputs), hidden_fx.attn_scores)
     assert_close(
         "attn_weights", stage.all_pairs_weights(hidden_fx.inputs), hidden_fx.attn_weights,
-        mistakes={"softmax over dim 0 (each column sums to 1)": softmax(hidden_fx.attn_scores, axis=0)},
+        mistakes={SOFTMAX_DIM0: softmax(hidden_fx.attn_scores, axis=0)},
     )
 
 
@@ -110,6 +111,6 @@ def test_random_cases(stage, reference, rng):
     matrix = normal(rng, rng.integers(1, 6), rng.integers(2, 9), scale=float(rng.choice([1.0, 10.0, 300.0])))
     for form in ("softmax_by_hand", "softmax_torch"):
         assert_close(f"{form}(matrix {matrix.shape})", getattr(stage, form)(matrix), ref.softmax_torch(matrix),
-                     mistakes={"softmax over dim 0 instead of the last dim": softmax(matrix, axis=0)})
+                     mistakes={SOFTMAX_DIM0: softmax(matrix, axis=0)})
     inputs = normal(rng, rng.integers(2, 9), rng.integers(2, 6))
     assert_close("all_pairs_weights(inputs)", stage.all_pairs_weights(inputs), ref.all_pairs_weights(inputs))
