@@ -27,11 +27,14 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import struct
 import sys
 
 LENGTH = struct.Struct("<Q")
 MAX_DEPTH = 64  # nesting of lists/tuples/dicts in one message
+MAX_DIMS = 32
+RAW_DTYPE = re.compile(r"^[<>|=]?[biufc]\d{1,2}$")  # plain numeric or bool dtypes, e.g. <f4, |b1
 
 
 class ProtocolError(Exception):
@@ -49,6 +52,16 @@ def encode(value, blobs, depth=0):
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value)
+        if array.dtype.kind in "biufc" and not array.dtype.hasobject:
+            # Raw bytes with dtype and shape in the header: cheaper than .npy for the small
+            # arrays the tests exchange, and just as free of pickle.
+            # Memory order as .npy keeps it: Fortran order for an F- but not C-contiguous array.
+            fortran = bool(array.flags.f_contiguous and not array.flags.c_contiguous)
+            blobs.append((array.T if fortran else array).tobytes())
+            if isinstance(value, np.ndarray):
+                return {"__raw__": [len(blobs) - 1, array.dtype.str, list(array.shape), fortran]}
+            return {"__rawscalar__": [len(blobs) - 1, array.dtype.str]}
         buffer = io.BytesIO()
         np.save(buffer, np.asarray(value), allow_pickle=False)
         blobs.append(buffer.getvalue())
@@ -76,6 +89,8 @@ def decode(data, blobs, depth=0):
     if not isinstance(data, dict) or len(data) != 1:
         raise ProtocolError("malformed value")
     (tag, inner), = data.items()
+    if tag in ("__raw__", "__rawscalar__"):
+        return _raw_array(tag, inner, blobs)
     if tag in ("__array__", "__scalar__"):
         if type(inner) is not int or not 0 <= inner < len(blobs):
             raise ProtocolError("bad array reference")
@@ -99,6 +114,40 @@ def decode(data, blobs, depth=0):
             result[key] = decode(pair[1], blobs, depth + 1)
         return result
     raise ProtocolError(f"unknown tag {tag!r}")
+
+
+def _raw_array(tag, inner, blobs):
+    """A "__raw__" array (or "__rawscalar__"): blob index, dtype string and shape, all checked."""
+    import numpy as np
+
+    size = 4 if tag == "__raw__" else 2
+    if not isinstance(inner, list) or len(inner) != size:
+        raise ProtocolError("malformed array")
+    index, dtype = inner[0], inner[1]
+    shape, fortran = (inner[2], inner[3]) if tag == "__raw__" else ([], False)
+    if type(fortran) is not bool:
+        raise ProtocolError("malformed array")
+    if type(index) is not int or not 0 <= index < len(blobs):
+        raise ProtocolError("bad array reference")
+    if not isinstance(dtype, str) or not RAW_DTYPE.match(dtype):
+        raise ProtocolError("arrays must be numeric or bool")
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(type(n) is int and n >= 0 for n in shape):
+        raise ProtocolError("bad array shape")
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise ProtocolError("bad array dtype") from None
+    if dtype.kind not in "biufc" or dtype.hasobject:
+        raise ProtocolError(f"arrays must be numeric or bool, not {dtype}")
+    data = blobs[index]
+    count = 1
+    for n in shape:
+        count *= n
+    if count * dtype.itemsize != len(data):
+        raise ProtocolError(f"unreadable array: {len(data)} bytes for shape {shape} of {dtype}")
+    array = np.frombuffer(data, dtype=dtype, count=count)
+    array = array.reshape(shape[::-1]).T.copy(order="F") if fortran else array.reshape(shape).copy()
+    return array[()] if tag == "__rawscalar__" else array
 
 
 def pack(header, blobs=()):
@@ -324,6 +373,9 @@ def main():
         torch.set_num_threads(config["threads"])
         sys.path.insert(0, config["runtime"])
         import adapters
+
+        if config["threads"] == 1:  # (with more, an OpenMP pool started here would not survive the fork)
+            warm_up(torch, numpy)
     except BaseException as exc:
         write_message(replies, {"kind": "failed", "message": f"{type(exc).__name__}: {exc}"})
         return 1
@@ -355,6 +407,34 @@ def main():
                 os._exit(code)
         status = wait_for(pid)
         write_message(replies, {"kind": "ended", "token": header["token"], "status": status})
+
+
+def warm_up(torch, np):
+    """Run torch's usual module paths once here, so that every forked worker finds them initialised
+    (lazy set-up done once per zygote, not once per stage). Leaves torch's random state as it was:
+    a worker starts from the state of a freshly imported torch, as in a fresh process."""
+    state = torch.get_rng_state()
+    try:
+        for bias in (False, True):
+            linear = torch.nn.Linear(4, 4, bias=bias)
+            model = torch.nn.Sequential(linear, torch.nn.Dropout(0.5), torch.nn.ModuleList([torch.nn.Linear(4, 2)])[0])
+            model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, strict=False)
+            model.register_buffer("mask", torch.triu(torch.ones(3, 3), diagonal=1))
+            x = torch.from_numpy(np.array(np.ones((2, 3, 4), np.float32)))
+            for train in (True, False):
+                model.train(train)
+                with torch.no_grad():
+                    q = linear(x)
+                    s = (q @ q.transpose(1, 2) / q.shape[-1] ** 0.5).masked_fill(model.mask.bool()[:3, :3], -torch.inf)
+                    out = (torch.softmax(s, dim=-1) @ q).view(2, 3, 2, 2).transpose(1, 2).contiguous().reshape(2, 3, 4)
+                    torch.cat([out, out], dim=-1)
+                    model(x).detach().cpu().float().numpy()
+            model.to(device="cpu", dtype=torch.bfloat16)(x.to(torch.bfloat16)).detach().float().numpy()
+            list(model.named_parameters(remove_duplicate=False)), list(model.named_buffers()), list(model.named_modules())
+    except Exception:
+        pass  # only a head start: the workers do the same work anyway
+    finally:
+        torch.set_rng_state(state)
 
 
 def wipe(folder):

@@ -79,11 +79,12 @@ def load_stage_module(root: Path, name: str):
         )
     # Stage modules import each other by plain name (s09 uses s08's CausalAttention); make
     # those imports resolve inside this root, and leave no trace for the next root.
-    stale = [m for m in sys.modules if STAGE_MODULE.match(m)]
-    for m in stale:
+    for m in _stage_modules_loaded():
         del sys.modules[m]
     sys.path.insert(0, str(root))
-    importlib.invalidate_caches()
+    # New or changed files in root must be seen: drop root's cached finder (cheaper than
+    # importlib.invalidate_caches(), which visits every path entry; imports only read root).
+    sys.path_importer_cache.pop(str(root), None)
     try:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
@@ -101,9 +102,13 @@ def load_stage_module(root: Path, name: str):
         ) from exc
     finally:
         sys.path.remove(str(root))
-        for m in [m for m in sys.modules if STAGE_MODULE.match(m)]:
+        for m in _stage_modules_loaded():
             del sys.modules[m]
     return module
+
+
+def _stage_modules_loaded():
+    return [m for m in list(sys.modules) if m[:1] == "s" and STAGE_MODULE.match(m)]
 
 
 def lookup(module, attr):

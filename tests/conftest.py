@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import zlib
 from collections import defaultdict
@@ -68,13 +69,98 @@ def impl(request):
         yield Implementation(backend)
 
 
+class _MemoBackend:
+    """The reference's LocalBackend, remembering deterministic results across sessions.
+
+    A grading worker runs the suite once per submission in one process: the reference's
+    answers to the same operation on the same arguments do not change, so they are computed
+    once. Only results that cannot depend on torch's global random state are kept: those of
+    seeded calls, of ``inspect``, of eval-mode forwards with every weight given, and of any
+    call that left the global random state untouched. Every caller gets its own copy.
+    """
+
+    LIMIT = 50_000  # entries; the cache starts over beyond this
+
+    def __init__(self, root):
+        self.root = Path(root)
+        self.local = LocalBackend(root)
+        self.cache = {}
+
+    def run(self, op, module, **kwargs):
+        try:
+            key = _digest((op, module, kwargs))
+        except TypeError:
+            key = None
+        if key is not None and key in self.cache:
+            return _copy(self.cache[key])
+        state = torch.get_rng_state() if key is not None else None
+        result = self.local.run(op, module, **kwargs)
+        if key is not None and _deterministic(op, kwargs, state):
+            if len(self.cache) >= self.LIMIT:
+                self.cache.clear()
+            self.cache[key] = _copy(result)
+        return result
+
+
+def _deterministic(op, kwargs, state_before):
+    if kwargs.get("seed") is not None or op == "inspect":
+        return True
+    if op in ("forward", "heads_forward") and kwargs.get("weights") is not None and not kwargs.get("train"):
+        return True
+    return torch.equal(state_before, torch.get_rng_state())
+
+
+def _digest(value) -> bytes:
+    h = hashlib.blake2b(digest_size=20)
+
+    def feed(v):
+        if v is None or isinstance(v, (bool, int, float, str)):
+            h.update(f"{type(v).__name__}:{v!r};".encode())
+        elif isinstance(v, (np.ndarray, np.generic)):
+            a = np.ascontiguousarray(v)
+            h.update(f"{type(v).__name__}:{a.dtype.str}:{a.shape}:".encode())
+            h.update(a.tobytes())
+        elif isinstance(v, (list, tuple)):
+            h.update(f"{type(v).__name__}:{len(v)}[".encode())
+            for x in v:
+                feed(x)
+            h.update(b"]")
+        elif isinstance(v, dict):
+            h.update(f"dict:{len(v)}{{".encode())
+            for k, x in v.items():
+                feed(k)
+                feed(x)
+            h.update(b"}")
+        else:
+            raise TypeError(type(v))
+
+    feed(value)
+    return h.digest()
+
+
+def _copy(value):
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy(v) for v in value)
+    return value  # numbers, strings, NumPy scalars (immutable)
+
+
+_reference_backends = {}  # solutions folder -> _MemoBackend, for every session of this process
+
+
 @pytest.fixture(scope="session")
 def reference():
     """The reference solutions, for hidden tests that compute expectations at test time."""
     solutions = ROOT / "solutions"
     if not solutions.is_dir():
         pytest.fail("this test needs the reference solutions (instructor side only)", pytrace=False)
-    return Implementation(LocalBackend(solutions))
+    backend = _reference_backends.get(solutions)
+    if backend is None:
+        backend = _reference_backends[solutions] = _MemoBackend(solutions)
+    return Implementation(backend)
 
 
 class Fixture:
@@ -101,12 +187,20 @@ class Fixture:
         return {k: v.item() for k, v in self.sub(prefix + "init/").items()}
 
 
+_fixture_cache = {}  # path -> ((mtime_ns, size), arrays): a grading worker reads each file once
+
+
 def load_fixture(visibility, stage):
     path = FIXTURES / visibility / f"{stage}.npz"
     if not path.is_file():
         pytest.fail(f"fixture file {path} is missing (regenerate with `attnkit fixtures`)", pytrace=False)
-    with np.load(path, allow_pickle=False) as data:
-        return Fixture({k: data[k] for k in data.files})
+    stat = path.stat()
+    version = (stat.st_mtime_ns, stat.st_size)
+    cached = _fixture_cache.get(path)
+    if cached is None or cached[0] != version:
+        with np.load(path, allow_pickle=False) as data:
+            cached = _fixture_cache[path] = (version, {k: data[k] for k in data.files})
+    return Fixture({k: v.copy() for k, v in cached[1].items()})  # a test may change its arrays
 
 
 @pytest.fixture(scope="module")
