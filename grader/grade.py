@@ -90,6 +90,13 @@ class SuiteSession:
         sandbox.keep_warm()
         self.config = _prepareconfig(args)
         self.config._do_configure()
+        # Nobody reads this session's terminal (the autograde plugin records the verdicts): without
+        # the reporter's hooks, a test's reports are not formatted and written out three times over.
+        # What asks for the terminal writer (pytest-timeout's stack dump) still gets the real one.
+        reporter = self.config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            self.config.pluginmanager.unregister(reporter)
+            self.config.pluginmanager.register(_TerminalWriterOnly(reporter._tw), "terminalreporter")
         self.session = Session.from_config(self.config)
         self.config.hook.pytest_sessionstart(session=self.session)
         self.config.hook.pytest_collection(session=self.session)
@@ -129,6 +136,13 @@ class SuiteSession:
         cpu = {"trusted": round(time.process_time() - trusted, 3), "sandbox": round(_sandbox_cpu() - boxed, 3)}
         return {"tests": self.autograde.read_results(path, cut_short=False), "output_capped": capped,
                 "seconds": round(seconds, 3), "cpu": cpu}
+
+
+class _TerminalWriterOnly:
+    """Stands in for pytest's terminal reporter: its writer, none of its hooks."""
+
+    def __init__(self, writer):
+        self._tw = writer
 
 
 def _sandbox_cpu() -> float:
