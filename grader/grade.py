@@ -106,8 +106,6 @@ class SuiteSession:
             raise GradingError("the grading session collected no tests")
 
     def grade(self, sources: dict[str, bytes], seed: int) -> dict:
-        from _pytest.runner import runtestprotocol
-
         for old in self.staging.iterdir():
             old.unlink()
         for name, data in sources.items():
@@ -126,7 +124,9 @@ class SuiteSession:
                 before = self.sandbox.dropped_output_bytes()
                 # nextitem=None after the last item tears the session fixtures down: the
                 # sandbox backend goes back to the warm pool, the next submission gets its own.
-                runtestprotocol(item, nextitem=following, log=True)
+                # The hook (not runtestprotocol itself) so that pytest-timeout's per-test timer
+                # and the warning filters apply exactly as in run_suite.
+                self.config.hook.pytest_runtest_protocol(item=item, nextitem=following)
                 if self.sandbox.dropped_output_bytes() > before:
                     capped.append(item.nodeid)
         finally:
