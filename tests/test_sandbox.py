@@ -244,7 +244,8 @@ def test_the_wire_format_round_trips_plain_values():
     from grader.sandbox_child import decode, encode
 
     value = {"a": (np.arange(3, dtype=np.int64), [1, 2.5, None, True]), "b": np.float32(2), 3: "x",
-             "c": np.zeros((2, 0), dtype=bool), "d": np.array(1 + 2j)}
+             "c": np.zeros((2, 0), dtype=bool), "d": np.array(1 + 2j),
+             "e": np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3))}
     blobs = []
     same(decode(encode(value, blobs), blobs), value)
 
@@ -274,6 +275,16 @@ def npy(array):
     ({"__tuple__": [], "extra": 1}, []),
     ({"__dict__": [[[1], 2]]}, []),  # unhashable key
     (deep(100), []),  # nested beyond MAX_DEPTH
+    # Raw arrays (the fast path): every field is checked as strictly as an .npy header.
+    ({"__raw__": [0, "|O", [1], False]}, [bytes(8)]),  # object dtype would need pickle
+    ({"__raw__": [0, "<U4", [1], False]}, [bytes(16)]),  # not numeric
+    ({"__raw__": [0, "<f4", [3], False]}, [bytes(8)]),  # 8 bytes cannot hold 3 float32
+    ({"__raw__": [0, "<f4", [-1], False]}, [bytes(4)]),  # negative dimension
+    ({"__raw__": [0, "<f4", [1] * 64, False]}, [bytes(4)]),  # too many dimensions
+    ({"__raw__": [1, "<f4", [1], False]}, [bytes(4)]),  # dangling reference
+    ({"__raw__": [0, "<f4", [1], "yes"]}, [bytes(4)]),  # memory order not a bool
+    ({"__raw__": [0, "<f4", [1]]}, [bytes(4)]),  # missing field
+    ({"__rawscalar__": [0, "<f4"]}, [bytes(2)]),  # truncated scalar
 ])
 def test_the_parent_rejects_anything_but_plain_data(data, blobs):
     from grader.sandbox_child import ProtocolError, decode
