@@ -39,7 +39,6 @@ from . import TESTS
 RESULTS_ENV = "ATTNKIT_RESULTS"
 SUITE_ENV = "ATTNKIT_SUITE"  # another tests/ directory (kit development only)
 STAGE_FILE = re.compile(r"test_(s\d\d)_(\w+)\.py$")
-STAGE_MODULE = re.compile(r"^s\d\d_\w+\.py$")
 MESSAGE_LIMIT = 700  # characters of one failure message shown in feedback
 DETAILED_FAILURES = 12  # failures per stage shown with their message
 
@@ -213,14 +212,17 @@ def symlinked_modules(folder: Path) -> list[str]:
     submitted = folder.parents[2] / "submitted" / folder.parent.name / folder.name if len(folder.parents) > 2 else None
     if submitted is None or folder.parents[1].name != "autograded" or not submitted.is_dir():
         return []
+    from .sandbox import STAGE_FILE as STAGE_MODULE
+
     return sorted(p.name for p in submitted.iterdir() if STAGE_MODULE.match(p.name) and p.is_symlink())
 
 
 def without_links(folder: Path, linked: list[str], work: Path) -> Path:
     """A copy of the folder's stage modules in which each linked one fails on import, saying why."""
-    for path in folder.iterdir():
-        if STAGE_MODULE.match(path.name) and path.is_file() and not path.is_symlink():
-            (work / path.name).write_bytes(path.read_bytes())
+    from .sandbox import submission_sources
+
+    for name, data in submission_sources(folder).items():
+        (work / name).write_bytes(data)
     for name in linked:
         (work / name).write_text(
             f"raise ImportError('{name} was submitted as a symbolic link, not a file: submit the module itself')\n")
