@@ -31,9 +31,16 @@ thread, kept up to ``output_bytes``, the rest counted and dropped), files the
 child writes (a small tmpfs, RLIMIT_FSIZE).
 
 Process layout: one child ("zygote") per backend imports torch once, then
-forks a worker per stage module; the worker imports the learner's module and
-answers the operations on it. A crash in one stage costs that stage only; a
-timeout kills the whole child, which is restarted on the next call.
+forks a worker; the worker imports the learner's stage module afresh for each
+stage and answers the operations on it. It goes on to the next stage only if
+the last one left the process as the zygote had it (same objects behind the
+names of torch, numpy, builtins and the adapter, same torch modes and hooks, no
+new threads, processes or held memory: ``sandbox_child.process_state``);
+otherwise it exits and the zygote forks a clean worker, so a module that
+patches torch changes no other stage's grade. Reusing the worker saves a fork
+and torch's first-touch page copies per stage (about 8 ms each). A crash in one
+stage costs that stage only; a timeout kills the whole child, which is
+restarted on the next call.
 
 Warm reuse (``keep_warm()``, for grading many submissions in one process):
 closing a backend then keeps its zygote instead of killing it, and the next
@@ -339,11 +346,13 @@ class IsolatedBackend:
         self.mode = None
         self.degraded = ""  # why stronger confinements failed, if they did
         self.adapters = adapters()
-        self.stats = {"starts": 0, "start_seconds": [], "reused": 0, "dropped_output": {}}
+        self.stats = {"starts": 0, "start_seconds": [], "reused": 0, "dropped_output": {}, "workers": 0,
+                      "stages": 0, "leaving": {}}
         self.last_output = {"stdout": "", "stderr": ""}
         self._child = None
         self._module = None  # the stage module the current worker serves
-        self._token = None
+        self._token = None  # names the current stage's requests and replies
+        self._worker = None  # the token the current worker was forked for (None: no worker)
         self._lock = threading.Lock()
         self._finalizer = None
 
@@ -383,7 +392,7 @@ class IsolatedBackend:
             self._finalizer.detach()
             self._finalizer = None
         self._child = None
-        self._module = self._token = None
+        self._module = self._token = self._worker = None
         _fill(child.workdir / "box" / "submission", {})
         with _warm_lock:
             previous = _warm["idle"].pop(self._warm_key(), None)
@@ -421,7 +430,7 @@ class IsolatedBackend:
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
-        self._module = self._token = None
+        self._module = self._token = self._worker = None
 
     # -- the interface
 
@@ -443,7 +452,7 @@ class IsolatedBackend:
                 self._send({"cmd": "op", "op": op, "kwargs": body, "token": self._token}, blobs, deadline)
                 while True:
                     header, values = self._receive(deadline)
-                    if header.get("token") == self._token:
+                    if header.get("token") == self._token or self._worker_ended(header):
                         break  # anything else is left over from an earlier worker
                 kind = header.get("kind")
                 if kind == "result":
@@ -487,7 +496,7 @@ class IsolatedBackend:
             trace = str(header.get("traceback") or "")
             return a.SubmissionError(what + (f"\nwhere (most recent call last):\n{trace.rstrip()}" if trace else ""))
         if kind == "ended":
-            self._module = self._token = None  # the worker is gone; the next call starts another
+            self._module = self._token = self._worker = None  # the worker is gone; the next call starts another
             return a.SubmissionError(self._describe_end(module, header.get("status")))
         return a.SubmissionError(f"{module}: unexpected answer {kind!r} from the sandbox")
 
@@ -560,26 +569,51 @@ class IsolatedBackend:
             raise ProtocolError(f"a result of {sum(sizes)} bytes (limit {self.result_bytes})")
         return header, [self._read(n, deadline) for n in sizes]
 
+    def _worker_ended(self, header):
+        """Whether ``header`` is the zygote's word that the current worker has gone (crashed, exited)."""
+        return header.get("kind") == "ended" and self._worker is not None and header.get("token") == self._worker
+
+    def _close_stage(self, deadline):
+        """End the current stage, if any: the worker then stays for the next ("parked") or leaves."""
+        if self._module is None:
+            return
+        self._send({"cmd": "close", "token": self._token}, [], deadline)
+        while True:
+            header, _ = self._receive(deadline)
+            kind = header.get("kind")
+            if (header.get("token") == self._token and kind in ("parked", "leaving")) or self._worker_ended(header):
+                break
+        if kind != "parked":
+            self._worker = None  # the zygote forks a fresh one for the next stage
+        if kind == "leaving":
+            for what in header.get("changed") or []:
+                self.stats["leaving"][str(what)] = self.stats["leaving"].get(str(what), 0) + 1
+        self._module = self._token = None
+
     def _retire(self, deadline):
-        """Tell the current worker, if any, to leave, and wait until the zygote says it has."""
-        if self._module is not None:
-            self._send({"cmd": "close", "token": self._token}, [], deadline)
-            while True:
-                header, _ = self._receive(deadline)
-                if header.get("kind") == "ended" and header.get("token") == self._token:
-                    break
-            self._module = self._token = None
+        """End the current stage and send the worker away; afterwards the zygote is alone."""
+        self._close_stage(deadline)
+        if self._worker is not None:
+            self._send({"cmd": "exit"}, [], deadline)
+            while not self._worker_ended(self._receive(deadline)[0]):
+                pass
+            self._worker = None
 
     def _open(self, module):
-        """Retire the current worker, if any, and ask the zygote for one serving ``module``."""
+        """End the current stage, if any, and ask for one serving ``module``: the parked worker
+        takes it, or the zygote forks one."""
         if self._module is not None:
             try:
-                self._retire(time.monotonic() + 5)
+                self._close_stage(time.monotonic() + 5)
             except (_Timeout, _ChildGone, ProtocolError):
-                self._stop()  # a worker that will not leave costs a restart, no more
+                self._stop()  # a worker that will not answer costs a restart, no more
                 self._ensure_child()
         self._token = secrets.token_hex(8)
         self._module = module
+        self.stats["stages"] += 1
+        if self._worker is None:
+            self._worker = self._token
+            self.stats["workers"] += 1
         try:
             self._send({"cmd": "open", "module": module, "token": self._token}, [], time.monotonic() + 5)
         except (_Timeout, _ChildGone):

@@ -8,9 +8,11 @@ directory and runs ``python -I sandbox_child.py CONFIG`` there. The child:
    installation and the work directory, pivots into it, and gives up every
    privilege (a dedicated unprivileged uid, or a nested user namespace);
 2. sets resource limits, imports NumPy and torch once (the "zygote");
-3. forks one *worker* per stage module; the worker imports the learner's
-   module and answers operations until told to close. Learner code only ever
-   runs in a worker, so a crash costs one stage and the zygote stays clean;
+3. forks a *worker*, which imports the learner's module of each stage afresh
+   and answers operations until told to close the stage; it serves the next
+   stage only if the last left no trace (see ``serve``), else the zygote forks
+   a fresh one. Learner code only ever runs in a worker, so a crash costs one
+   stage and the zygote stays clean;
 4. on ``reset`` (between two submissions, when the grader reuses a warm
    zygote) empties its scratch space (/tmp, /dev/shm).
 
@@ -367,7 +369,7 @@ def main():
         else:
             lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
         os.chdir(config["tmp"])
-        import numpy  # noqa: F401  (imported once here, shared by every worker)
+        import numpy.random  # noqa: F401  (imported once here, shared by every worker)
         import torch
 
         torch.set_num_threads(config["threads"])
@@ -398,7 +400,7 @@ def main():
         if pid == 0:
             code = 0
             try:
-                serve(adapters, config, header["module"], requests, replies)
+                serve(adapters, config, header, requests, replies)
             except SystemExit as exc:  # sys.exit() in learner code: report its exit code
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             except BaseException:
@@ -486,14 +488,46 @@ def wait_for(pid):
     return status
 
 
-def serve(adapters, config, module, requests, replies):
-    """A worker: import one stage module, then answer operations on it until told to close."""
+def serve(adapters, config, opened, requests, replies):
+    """A worker: serve stage after stage, for as long as each leaves the process as it found it.
+
+    ``opened`` is the "open" request the zygote forked this worker for. Each stage imports its
+    module afresh and answers operations until "close". Then the worker compares the process
+    with the zygote it was forked from (``process_state``): unchanged, it says "parked" and
+    serves the next "open" itself (a fork and torch's first-touch costs saved per stage);
+    changed (torch patched, threads or processes started, the default dtype set, memory
+    held...), it says "leaving" and exits, and the zygote forks a clean worker for the next
+    stage, as for a crash. Without the namespaces' private /proc the check cannot see
+    processes, so a worker serves one stage only.
+    """
     import faulthandler
-    import traceback
 
     os.setpgid(0, 0)
     libc().prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
     faulthandler.enable()  # a segfault prints the Python stack to the captured stderr
+    randomness = random_states()
+    baseline = process_state(adapters)
+    header = opened
+    while header is not None and header.get("cmd") == "open":
+        restore_random_states(randomness)  # every stage starts from the zygote's random state
+        header = serve_stage(adapters, config, header["module"], requests, replies)
+        if header is None or header.get("cmd") != "close":
+            return
+        changed = changes(baseline, process_state(adapters))
+        if not config["newroot"]:
+            changed.append("no private /proc to check")
+        if changed:
+            write_message(replies, {"kind": "leaving", "token": header.get("token"), "changed": changed[:5]})
+            return
+        write_message(replies, {"kind": "parked", "token": header.get("token")})
+        message = read_message(requests)
+        header = message[0] if message else None
+
+
+def serve_stage(adapters, config, module, requests, replies):
+    """Import one stage module, then answer operations on it; returns the request that ended it."""
+    import traceback
+
     submission = config["submission"]
     try:
         loaded = adapters.load_stage_module(submission, module)
@@ -502,7 +536,7 @@ def serve(adapters, config, module, requests, replies):
     while True:
         message = read_message(requests)
         if message is None or message[0].get("cmd") != "op":
-            return
+            return message and message[0]
         header, blobs = message
         try:
             if isinstance(loaded, adapters.SubmissionError):
@@ -530,6 +564,83 @@ def serve(adapters, config, module, requests, replies):
         reply["token"] = header.get("token")
         write_message(replies, reply, out)
 
+
+MEMORY_SLACK = 256 << 20  # a stage may leave this much more address space in use than the zygote
+
+
+def changes(before, after):
+    """The names of the parts of ``process_state`` that differ (address space: grown by more than the slack)."""
+    grown = (after.get("address space") or 0) - (before.get("address space") or 0) > MEMORY_SLACK
+    return [key for key, value in after.items()
+            if (grown if key == "address space" else before.get(key) != value)]
+
+
+def process_state(adapters):
+    """What a stage could leave behind for the next one to trip over, as comparable values.
+
+    Covers the ways code changes a Python process for the code that runs after it: names
+    rebound in the modules and classes the stages and this worker use (by object identity),
+    torch's global modes and hooks, the interpreter's
+    import machinery, streams, signal handlers and warning filters, and the operating
+    system's view (threads, processes, open files, address space).
+    """
+    import builtins
+    import signal
+    import warnings
+
+    import numpy
+    import torch
+
+    nn = torch.nn
+    spaces = [builtins, torch, nn, nn.functional, nn.init, torch.Tensor, nn.Module, nn.Linear, nn.Dropout,
+              nn.ModuleList, nn.Parameter, nn.modules.module, numpy, adapters,
+              sys.modules[__name__], json]
+    # Copies of their dictionaries: comparing two is C code with an identity shortcut per entry.
+    state = {f"names of {getattr(s, '__name__', s)}": dict(vars(s)) for s in spaces}
+    state["adapters.OPS"] = {k: id(v) for k, v in adapters.OPS.items()}
+    state["torch modes"] = (
+        torch.get_default_dtype(), torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+        torch.are_deterministic_algorithms_enabled(), torch.is_anomaly_enabled(), torch.get_num_threads(),
+        torch.get_float32_matmul_precision(), str(getattr(torch, "get_default_device", str)()),
+        getattr(torch._C, "_len_torch_function_stack", int)(), torch._C._is_torch_function_enabled(),
+    )
+    state["torch.nn global hooks"] = {k: len(v) for k, v in vars(nn.modules.module).items()
+                                      if k.startswith("_global_") and isinstance(v, dict)}
+    state["interpreter"] = (
+        [id(f) for f in sys.meta_path], [id(h) for h in sys.path_hooks], list(sys.path), id(sys.stdout),
+        id(sys.stderr), id(sys.excepthook), sys.getrecursionlimit(), [id(f) for f in warnings.filters],
+        [id(signal.getsignal(n)) for n in (signal.SIGALRM, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)],
+        os.getcwd(), sorted(os.environ.items()), numpy.geterr(),
+    )
+    try:
+        state["processes"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+        state["threads"] = len(os.listdir("/proc/self/task"))
+        state["open files"] = len(os.listdir("/proc/self/fd"))
+        with open("/proc/self/statm") as statm:
+            state["address space"] = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        state["processes"] = None
+    return state
+
+
+def random_states():
+    import random
+
+    import numpy
+    import torch
+
+    return torch.get_rng_state(), numpy.random.get_state(), random.getstate()
+
+
+def restore_random_states(states):
+    import random
+
+    import numpy
+    import torch
+
+    torch.set_rng_state(states[0])
+    numpy.random.set_state(states[1])
+    random.setstate(states[2])
 
 if __name__ == "__main__":
     sys.exit(main())

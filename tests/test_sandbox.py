@@ -375,6 +375,42 @@ def test_tampering_in_the_child_reaches_only_the_returned_values(hostile):
     good_call_works(hostile)
 
 
+LEAVES_TRACES = '''
+
+def draw():
+    return torch.rand(3)  # unseeded: from whatever random state the stage starts with
+
+
+def patch():
+    torch.softmax = lambda scores, dim=-1: torch.zeros_like(scores)
+    torch.set_default_dtype(torch.float64)
+    return torch.zeros(1)
+'''
+
+
+def test_a_worker_serves_the_next_stage_only_if_the_last_left_no_trace(tmp_path):
+    for name in ("s01_attention_scores", "s02_normalization"):
+        shutil.copyfile(SOLUTIONS / f"{name}.py", tmp_path / f"{name}.py")
+    s01 = tmp_path / "s01_attention_scores.py"
+    s01.write_text(s01.read_text() + LEAVES_TRACES)
+    scores = np.array([1.0, 2.0, 3.0], np.float32)
+    softmax = np.exp(scores) / np.exp(scores).sum()
+    with IsolatedBackend(tmp_path, **LIMITS) as backend:
+        first = call(backend, "draw")
+        np.testing.assert_allclose(backend.run("call", "s02_normalization", func="softmax_torch", args=(scores,)),
+                                   softmax, rtol=1e-6)
+        # Back to stage 1 in the same worker, from the same random state as a fresh fork.
+        same(call(backend, "draw"), first)
+        assert backend.stats["workers"] == 1 and backend.stats["stages"] == 3
+        if backend.mode not in STRONG:
+            pytest.skip(f"without a private /proc (mode {backend.mode!r}) every stage gets a fresh worker")
+        call(backend, "patch")  # torch.softmax replaced, float64 by default: the next stage must not see it
+        np.testing.assert_allclose(backend.run("call", "s02_normalization", func="softmax_torch", args=(scores,)),
+                                   softmax, rtol=1e-6)
+        assert backend.stats["workers"] == 2
+        assert {"names of torch", "torch modes"} <= set(backend.stats["leaving"])
+
+
 def test_import_time_failures_cost_only_their_stage(hostile):
     with pytest.raises(SubmissionError, match="s02_normalization: time limit of 3 s exceeded"):
         hostile.run("call", "s02_normalization", func="softmax_torch", args=(np.ones(3, np.float32),))
