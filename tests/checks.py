@@ -24,13 +24,16 @@ def _matches(actual, candidate, rtol, atol):
 
 def diagnose(actual, mistakes, rtol, atol):
     """The descriptions of the mistakes whose result equals ``actual``."""
+    if callable(mistakes):
+        mistakes = mistakes()
     return [why for why, candidate in (mistakes or {}).items() if _matches(actual, candidate, rtol, atol)]
 
 
 def assert_close(name, actual, expected, *, rtol=1e-4, atol=1e-6, mistakes=None, hint=None):
     """Assert ``actual`` equals ``expected`` within tolerance, explaining any difference.
 
-    mistakes: {"what the learner probably did": the array that mistake produces}.
+    mistakes: {"what the learner probably did": the array that mistake produces}, or a function
+    returning that dict (called only when the check fails: some mistakes are costly to compute).
     hint: a sentence added to any failure (what the value means).
     """
     expected = np.asarray(expected)

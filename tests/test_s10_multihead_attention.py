@@ -37,7 +37,7 @@ def mha_case(seed, b, t, d_in, d_out, context_length, num_heads, qkv_bias):
 def test_book_weights_two_heads(stage, public_fx):
     out = stage.forward(CLS, public_fx.init(), public_fx.x, public_fx.sub("weights/"))
     assert_close("context_vecs", out, public_fx.output,
-                 mistakes=multihead_mistakes(public_fx.x, public_fx.sub("weights/"), 2))
+                 mistakes=lambda: multihead_mistakes(public_fx.x, public_fx.sub("weights/"), 2))
 
 
 @pytest.mark.public
@@ -65,7 +65,7 @@ def test_other_sizes(stage, hidden_fx, case, device):
     init = hidden_fx.init(f"{case}/")
     out = stage.forward(CLS, init, x, weights, device=device)
     assert_close("context_vecs", out, hidden_fx[f"{case}/output"],
-                 mistakes=multihead_mistakes(x, weights, init["num_heads"]))
+                 mistakes=lambda: multihead_mistakes(x, weights, init["num_heads"]))
 
 
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs GPT-2 small's attention size
@@ -102,7 +102,7 @@ def test_head_counts_and_lengths(stage, reference, num_heads, num_tokens):
                                 num_heads=num_heads, qkv_bias=False)
     expected = reference.stage(STAGE).forward(CLS, init, x, weights)
     assert_close(f"context_vecs ({num_heads} heads, {num_tokens} tokens)", stage.forward(CLS, init, x, weights),
-                 expected, mistakes=multihead_mistakes(x, weights, num_heads))
+                 expected, mistakes=lambda: multihead_mistakes(x, weights, num_heads))
 
 
 def test_dropout_acts_in_training_mode_only(stage):
@@ -130,7 +130,7 @@ def test_random_cases(stage, reference, rng, device):
         init, x, weights = module_case(rng, reference.stage(STAGE), CLS, heads=True, head_dim=True)
         assert_close(f"MultiHeadAttention({init}) on x {x.shape}", stage.forward(CLS, init, x, weights, device=device),
                      reference.stage(STAGE).forward(CLS, init, x, weights),
-                     mistakes=multihead_mistakes(x, weights, init["num_heads"]))
+                     mistakes=lambda: multihead_mistakes(x, weights, init["num_heads"]))
     a = normal(rng, rng.integers(1, 3), rng.integers(1, 5), rng.integers(1, 7), rng.integers(1, 6))
     assert_close(f"batched_head_scores(a {a.shape})", stage.batched_head_scores(a),
                  reference.stage(STAGE).batched_head_scores(a))

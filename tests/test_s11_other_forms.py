@@ -62,7 +62,7 @@ def check_forward(stage, fx, prefix, cls, device="cpu"):
     weights = fx.sub(prefix + FORMS[cls][1] + "weights/")
     out = stage.forward(cls, init, x, weights, device=device)
     assert_close(f"{cls} output", out, fx[prefix + "output"],
-                 mistakes=multihead_mistakes(x, fx.sub(prefix + "mha/weights/"), init["num_heads"]),
+                 mistakes=lambda: multihead_mistakes(x, fx.sub(prefix + "mha/weights/"), init["num_heads"]),
                  hint="With the mapped weights this must equal MultiHeadAttention's output.")
 
 
