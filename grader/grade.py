@@ -27,8 +27,10 @@ starts its own grading worker process on first use and keeps it.
 Resuming: a student whose record (see ``grader.results``) exists with the same
 fingerprint and the same points is not graded again (``--force`` regrades). A
 record is written atomically as soon as its submission is graded; the gradebook
-is updated right after and brought in line with every record at the end of the
-run, so a run killed at any moment loses at most the submissions in flight.
+gets the new records every couple of seconds (one transaction each time) and is
+brought in line with every record at the end of the run (and of the next run, if
+this one is killed), so a run killed at any moment loses at most the submissions
+in flight.
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ from .autograde import TEST_TIMEOUT, GradingError, submission_seed, suite_dir, s
 from .sandbox import submission_sources
 
 START_SECONDS = 300  # a worker must be ready (torch, pytest, collection) within this
+GRADEBOOK_SECONDS = 2.0  # results reach the gradebook in one transaction at least this often
 
 
 class GradeError(RuntimeError):
@@ -434,16 +437,21 @@ class GradebookSync:
         changed = 0
         gb = self.gb
         try:
+            students = {student.id for student in gb.students}
             for record in records:
                 student = record["student"]
-                gb.update_or_create_student(student)
-                try:
-                    gb.find_submission(self.assignment, student)
+                if student not in students:
+                    gb.add_student(student)
+                    students.add(student)
+                try:  # one query for the notebook and its grades (not one per grade cell)
+                    notebook = gb.find_submission_notebook(self.notebook, self.assignment, student)
                 except MissingEntry:
                     extra = {"timestamp": timestamps[student]} if timestamps.get(student) else {}
                     gb.add_submission(self.assignment, student, **extra)
+                    notebook = gb.find_submission_notebook(self.notebook, self.assignment, student)
+                grades = {grade.name: grade for grade in notebook.grades}
                 for stage in record["stages"]:
-                    grade = gb.find_grade(f"grade_{stage['stage']}", self.notebook, self.assignment, student)
+                    grade = grades[f"grade_{stage['stage']}"]
                     if grade.auto_score != stage["points"]:
                         grade.auto_score = stage["points"]
                         changed += 1
@@ -575,14 +583,14 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
     if target.gradebook is not None:
         target.gradebook.open()
     try:
-        _collect(target, jobs, stream, outcome, started, quiet)
+        synced = _collect(target, jobs, stream, outcome, started, quiet)
         # Bring every file and the gradebook in line with the records (also those of earlier runs).
         outcome.records = R.read_records(target.out, set(target.submissions))
         outcome.files = R.write_summary(target.out, target.assignment, list(outcome.records.values()))
-        if target.gradebook is not None and outcome.records:
-            with _bar(quiet or len(outcome.records) < 50, total=len(outcome.records), desc="gradebook",
-                      unit="student") as bar:
-                target.gradebook.write(list(outcome.records.values()), target.timestamps, progress=bar)
+        behind = [r for student, r in outcome.records.items() if synced.get(student) != r["fingerprint"]]
+        if target.gradebook is not None and behind:
+            with _bar(quiet or len(behind) < 50, total=len(behind), desc="gradebook", unit="student") as bar:
+                target.gradebook.write(behind, target.timestamps, progress=bar)
     finally:
         stream.close()  # stops the workers now, also when interrupted
         if target.gradebook is not None:
@@ -591,9 +599,19 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
     return outcome
 
 
-def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, quiet: bool):
-    """Record each result as it arrives: the student's JSON first, then the gradebook."""
+def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, quiet: bool) -> dict[str, str]:
+    """Record each result as it arrives: the student's JSON at once, the gradebook every few seconds.
+    Returns student -> fingerprint of the records this run wrote to the gradebook."""
     failing = limited = 0
+    pending, synced, flushed = [], {}, time.monotonic()
+
+    def flush():
+        nonlocal pending, flushed
+        if target.gradebook is not None and pending:
+            target.gradebook.write(pending, target.timestamps)
+            synced.update((r["student"], r["fingerprint"]) for r in pending)
+        pending, flushed = [], time.monotonic()
+
     with _bar(quiet, total=len(jobs), desc=f"grading {target.assignment}", unit="sub") as bar:
         if jobs:
             for job, result in stream:
@@ -609,8 +627,9 @@ def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, qui
                         outcome.errors[student] = "the submission changed while it was graded; run again"
                     else:
                         R.write_record(target.out, record)
-                        if target.gradebook is not None:
-                            target.gradebook.write([record], target.timestamps)
+                        pending.append(record)
+                        if time.monotonic() - flushed >= GRADEBOOK_SECONDS:
+                            flush()
                         outcome.graded.append(student)
                         outcome.per_submission.append({"student": student, "seconds": result["seconds"],
                                                        "cpu": result["cpu"], "worker_start": result["worker_start"]})
@@ -620,6 +639,8 @@ def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, qui
                     outcome.first_result_seconds = round(time.monotonic() - started, 3)
                 bar.set_postfix(not_full=failing, limits=limited, errors=len(outcome.errors), refresh=False)
                 bar.update(1)
+        flush()
+    return synced
 
 
 if __name__ == "__main__":
