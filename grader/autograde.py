@@ -45,6 +45,24 @@ DETAILED_FAILURES = 12  # failures per stage shown with their message
 TEST_TIMEOUT = 60  # seconds per test (pytest-timeout in the child), a backstop behind the sandbox's limit
 TIME_LIMIT = re.compile(r"time limit|pytest-timeout")  # the sandbox's and pytest-timeout's messages
 
+# pytest plugins a grading run goes without. The learner's code runs in the sandbox, so nothing it
+# does reaches this process's warnings, logs, threads or unraisable exceptions; each of these plugins
+# wraps every test in hooks (about 5 % of a warm worker's time). grader.grade's workers use the same.
+UNUSED_PLUGINS = ("cacheprovider", "logging", "warnings", "threadexception", "unraisableexception", "faulthandler",
+                  "unittest", "setuponly", "setupplan", "doctest", "junitxml", "pastebin", "stepwise", "anyio")
+
+
+def grading_options(submission, seed, test_timeout) -> list[str]:
+    """The options of a grading run on ``submission`` (after the test files)."""
+    return [
+        # --impl=PATH as one word: pytest must not take PATH for a test path (it would load a
+        # conftest.py from the submission into this trusted process).
+        f"--impl={submission}", "--isolate", "-p", "grader.autograde",
+        *[arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")],
+        "-m", "not book", "--assert=plain", "-q", "--tb=no", "--no-header",
+        "-o", f"timeout={test_timeout}", "-o", "timeout_method=signal", f"--seed={seed}",
+    ]
+
 
 class GradingError(RuntimeError):
     """The grading run itself failed (an instructor-side problem, not the learner's)."""
@@ -87,17 +105,10 @@ def run_suite(submission, *, isolate=True, test_timeout=TEST_TIMEOUT, python=Non
         raise GradingError(f"no stage test files (test_sNN_*.py) in {tests}")
     with tempfile.TemporaryDirectory(prefix="attnkit-grade-") as work:
         results = Path(work) / "results.jsonl"
-        cmd = [
-            python or sys.executable, "-m", "pytest", *files,
-            # --impl=PATH as one word: pytest must not take PATH for a test path (it would load a
-            # conftest.py from the submission into this trusted process).
-            "--rootdir", str(tests.parent), f"--impl={submission}",
-            "-p", "grader.autograde", "-p", "no:cacheprovider",
-            "-m", "not book", "--assert=plain", "-q", "--tb=no", "--no-header",
-            "-o", f"timeout={test_timeout}", "-o", "timeout_method=signal", f"--seed={seed}",
-        ]
-        if isolate:
-            cmd.append("--isolate")
+        options = grading_options(submission, seed, test_timeout)
+        if not isolate:
+            options.remove("--isolate")
+        cmd = [python or sys.executable, "-m", "pytest", *files, "--rootdir", str(tests.parent), *options]
         env = dict(os.environ, **{RESULTS_ENV: str(results)})
         env.pop("NBGRADER_EXECUTION", None)
         env.pop("PYTHONSAFEPATH", None)

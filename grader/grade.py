@@ -84,12 +84,9 @@ class SuiteSession:
         files = sorted(str(p) for p in tests.glob("test_s[0-9][0-9]_*.py"))
         if not files:
             raise GradingError(f"no stage test files (test_sNN_*.py) in {tests}")
-        args = [  # run_suite's options, minus the terminal, the log capture and the cache
-            *files, "--rootdir", str(tests.parent), f"--impl={self.staging}", "--isolate",
-            "-p", "grader.autograde", "-p", "no:cacheprovider", "-p", "no:logging", "--capture=no",
-            "-m", "not book", "--assert=plain", "-q", "--tb=no", "--no-header",
-            "-o", f"timeout={test_timeout}", "-o", "timeout_method=signal", "--seed=0",
-        ]
+        # run_suite's options (output captured by nobody: no terminal, no capture)
+        args = [*files, "--rootdir", str(tests.parent), *autograde.grading_options(self.staging, 0, test_timeout),
+                "--capture=no"]
         sandbox.keep_warm()
         self.config = _prepareconfig(args)
         self.config._do_configure()
