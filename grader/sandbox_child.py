@@ -381,11 +381,6 @@ def main():
     except BaseException as exc:
         write_message(replies, {"kind": "failed", "message": f"{type(exc).__name__}: {exc}"})
         return 1
-    import gc
-
-    # Workers never collect the zygote's objects: a collection that walked them would touch
-    # (and so copy) every page the worker shares with the zygote.
-    gc.freeze()
     write_message(replies, {"kind": "ready", "uid": os.getuid(), "pid": os.getpid()})
     while True:
         message = read_message(requests)
