@@ -37,8 +37,11 @@ the last one left the process as the zygote had it (same objects behind the
 names of torch, numpy, builtins and the adapter, same torch modes and hooks, no
 new threads, processes or held memory: ``sandbox_child.process_state``);
 otherwise it exits and the zygote forks a clean worker, so a module that
-patches torch changes no other stage's grade. Reusing the worker saves a fork
-and torch's first-touch page copies per stage (about 8 ms each). A crash in one
+rebinds torch's functions changes no other stage's grade. What the check cannot
+see (a function's code object swapped, torch's C internals) can reach the same
+submission's later stages, never another submission: each submission starts
+from a fresh fork of the clean zygote. Reusing the worker saves a fork and
+torch's first-touch page copies per stage (about 8 ms each). A crash in one
 stage costs that stage only; a timeout kills the whole child, which is
 restarted on the next call.
 
