@@ -569,10 +569,15 @@ MEMORY_SLACK = 256 << 20  # a stage may leave this much more address space in us
 
 
 def changes(before, after):
-    """The names of the parts of ``process_state`` that differ (address space: grown by more than the slack)."""
-    grown = (after.get("address space") or 0) - (before.get("address space") or 0) > MEMORY_SLACK
+    """The names of the parts of ``process_state`` that differ. Two may grow a little: the address
+    space (by the slack), and the operating-system threads (by torch's own intra-op pool, which
+    OpenMP starts on the first parallel operation when torch computes with several threads)."""
+    import torch
+
+    allowed = {"address space": MEMORY_SLACK, "threads": torch.get_num_threads() - 1}
     return [key for key, value in after.items()
-            if (grown if key == "address space" else before.get(key) != value)]
+            if (value - before[key] > allowed[key] if key in allowed and value is not None and before.get(key) is not None
+                else before.get(key) != value)]
 
 
 def process_state(adapters):
@@ -586,6 +591,7 @@ def process_state(adapters):
     """
     import builtins
     import signal
+    import threading
     import warnings
 
     import numpy
@@ -606,6 +612,7 @@ def process_state(adapters):
     )
     state["torch.nn global hooks"] = {k: len(v) for k, v in vars(nn.modules.module).items()
                                       if k.startswith("_global_") and isinstance(v, dict)}
+    state["python threads"] = threading.active_count()
     state["interpreter"] = (
         [id(f) for f in sys.meta_path], [id(h) for h in sys.path_hooks], list(sys.path), id(sys.stdout),
         id(sys.stderr), id(sys.excepthook), sys.getrecursionlimit(), [id(f) for f in warnings.filters],
@@ -614,7 +621,7 @@ def process_state(adapters):
     )
     try:
         state["processes"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
-        state["threads"] = len(os.listdir("/proc/self/task"))
+        state["threads"] = len(os.listdir("/proc/self/task"))  # Python's and native ones
         state["open files"] = len(os.listdir("/proc/self/fd"))
         with open("/proc/self/statm") as statm:
             state["address space"] = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")

@@ -378,12 +378,15 @@ def test_tampering_in_the_child_reaches_only_the_returned_values(hostile):
 LEAVES_TRACES = '''
 
 def draw():
+    torch.ones(512, 512) @ torch.ones(512, 512)  # with several threads, torch starts its pool (allowed)
     return torch.rand(3)  # unseeded: from whatever random state the stage starts with
 
 
 def patch():
+    import threading, time
     torch.softmax = lambda scores, dim=-1: torch.zeros_like(scores)
     torch.set_default_dtype(torch.float64)
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
     return torch.zeros(1)
 '''
 
@@ -408,7 +411,7 @@ def test_a_worker_serves_the_next_stage_only_if_the_last_left_no_trace(tmp_path)
         np.testing.assert_allclose(backend.run("call", "s02_normalization", func="softmax_torch", args=(scores,)),
                                    softmax, rtol=1e-6)
         assert backend.stats["workers"] == 2
-        assert {"names of torch", "torch modes"} <= set(backend.stats["leaving"])
+        assert {"names of torch", "torch modes", "python threads", "threads"} <= set(backend.stats["leaving"])
 
 
 def test_import_time_failures_cost_only_their_stage(hostile):
