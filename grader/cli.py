@@ -4,6 +4,7 @@
     attnkit fixtures   regenerate fixtures/ from solutions/
     attnkit course build DIR   (re)create an nbgrader course from the kit
     attnkit demo [--dir DIR]   a whole nbgrader grading round on built-in sample submissions
+    attnkit grade [ASSIGNMENT] [--course DIR] [--notebooks]   grade a whole class in parallel (resumable)
     attnkit report [ASSIGNMENT] [--course DIR]   an HTML class report (plots + tables) of the graded class
 """
 from __future__ import annotations
@@ -91,7 +92,7 @@ def cmd_report(args):
 
 
 def cmd_grade(args):
-    from .grade import GradeError, course_target, folder_target, grade
+    from .grade import GradeError, course_target, folder_target, grade, write_notebooks
 
     try:
         if args.submissions:
@@ -108,8 +109,11 @@ def cmd_grade(args):
             target = course_target(args.course or ".", args.assignment)
             if args.test_timeout:
                 target.test_timeout = args.test_timeout
+        if args.notebooks and target.course_root is None:
+            raise GradeError("--notebooks needs an nbgrader course (autograded/ notebooks), not --submissions")
         outcome = grade(target, students=args.student, force=args.force, executor=args.executor,
                         scheduler=args.scheduler, workers=args.workers, quiet=args.quiet)
+        written, failed = write_notebooks(target, args.student, args.quiet) if args.notebooks else ([], {})
     except GradeError as exc:
         print(f"attnkit grade: error: {exc}", file=sys.stderr)
         return 2
@@ -122,10 +126,15 @@ def cmd_grade(args):
           f"errors {len(outcome.errors)} in {outcome.seconds:.1f} s{rate}")
     for student, why in sorted(outcome.errors.items()):
         print(f"  not graded: {student}: {why.splitlines()[0]} (run again to retry)")
+    if args.notebooks:
+        print(f"autograded notebooks: {len(written)} written, {len(failed)} failed"
+              + (f"; next: nbgrader generate_feedback {target.assignment}" if written else ""))
+        for student, why in sorted(failed.items()):
+            print(f"  no notebook for {student}: {why.splitlines()[-1]} (run again to retry)")
     if not args.quiet:
         print(f"grades: {target.out} (one JSON per student, grades.csv, grades.json)"
               + ("; gradebook updated" if target.gradebook else ""))
-    return 1 if outcome.errors else 0
+    return 1 if outcome.errors or failed else 0
 
 
 def main(argv=None):
@@ -193,6 +202,9 @@ def main(argv=None):
                    help="where the grading jobs run (default: %(default)s)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="with --executor dask: the scheduler, e.g. tcp://host:8786")
     p.add_argument("--test-timeout", type=float, help="seconds per test (default: the course's, or 60)")
+    p.add_argument("--notebooks", action="store_true",
+                   help="also write autograded/ notebooks from the grades (through nbgrader's autograde, without "
+                        "running them), so that the formgrader shows them and `nbgrader generate_feedback` works")
     p.add_argument("--quiet", action="store_true", help="no progress bars (CI)")
     p.set_defaults(func=cmd_grade)
 

@@ -477,6 +477,7 @@ class Target:
     test_timeout: float = TEST_TIMEOUT
     gradebook: GradebookSync | None = None
     timestamps: dict[str, str] = field(default_factory=dict)
+    course_root: Path | None = None  # the nbgrader course (None: a plain folder of submissions)
 
 
 def course_target(course_dir, assignment: str | None) -> Target:
@@ -502,7 +503,8 @@ def course_target(course_dir, assignment: str | None) -> Target:
     db_url = course.db_url or f"sqlite:///{course.root / 'gradebook.db'}"
     return Target(submissions=found, assignment=assignment, out=course.root / "attnkit-grades" / assignment,
                   points=dict(course.points), test_timeout=course.test_timeout, timestamps=timestamps,
-                  gradebook=GradebookSync(db_url, assignment, course.notebook, dict(course.points)))
+                  gradebook=GradebookSync(db_url, assignment, course.notebook, dict(course.points)),
+                  course_root=course.root)
 
 
 def folder_target(submissions_dir, out, assignment: str | None = None, points=None,
@@ -596,6 +598,22 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
             target.gradebook.close()
     outcome.seconds = round(time.monotonic() - started, 3)
     return outcome
+
+
+def write_notebooks(target: Target, students=None, quiet=False) -> tuple[list[str], dict[str, str]]:
+    """``autograded/`` notebooks for the graded students whose notebook is missing or older than their
+    record (``students``: only those), through nbgrader's autograde (see ``grader.feedback``), so that
+    the formgrader shows them and ``nbgrader generate_feedback`` works. Returns (written, {student: why
+    nbgrader failed})."""
+    from . import feedback
+
+    if target.course_root is None or target.gradebook is None:
+        raise GradeError("--notebooks needs an nbgrader course (autograded/ notebooks), not --submissions")
+    records = R.read_records(target.out, set(students) if students else set(target.submissions))
+    todo = feedback.stale(target.course_root, target.assignment, target.gradebook.notebook, records, target.out)
+    with _bar(quiet, total=len(todo), desc="autograded notebooks", unit="nb") as bar:
+        failed = feedback.write_notebooks(target.course_root, target.assignment, todo, target.out, progress=bar)
+    return [s for s in todo if s not in failed], failed
 
 
 def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, quiet: bool) -> dict[str, str]:

@@ -176,6 +176,42 @@ def test_student_and_force_regrade_only_whom_they_name(course):
     assert changed == {"reference.json", "softmax-dim0.json"}
 
 
+@pytest.mark.slow
+def test_notebooks_give_nbgrader_feedback_with_the_same_grades(course):
+    from nbgrader.api import Gradebook
+
+    root = course[0]
+    # A link in a submission would take what it points at into autograded/ and the feedback: refused.
+    link = root / "submitted" / "reference" / ASSIGNMENT / "notes.txt"
+    link.symlink_to(SOLUTIONS / "s08_causal_attention.py")
+    run = subprocess.run([*ATTNKIT, "grade", "--course", str(root), "--quiet", "--notebooks"], capture_output=True,
+                         text=True)
+    assert run.returncode == 1 and f"{len(STUDENTS) - 1} written, 1 failed" in run.stdout, run.stdout
+    assert "no notebook for reference" in run.stdout and "symbolic links (notes.txt)" in run.stdout
+    assert not (root / "autograded" / "reference").exists()
+    link.unlink()
+    stdout = attnkit("grade", "--course", str(root), "--quiet", "--notebooks")
+    assert "autograded notebooks: 1 written, 0 failed" in stdout
+    found = records(root / "attnkit-grades" / ASSIGNMENT)
+    # nbgrader's own autograde read the scores back from the notebooks' outputs: the records' scores.
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        for student, record in found.items():
+            for stage in record["stages"]:
+                grade = gb.find_grade(f"grade_{stage['stage']}", "attention", ASSIGNMENT, student)
+                assert grade.score == pytest.approx(stage["points"]), (student, stage["stage"])
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_feedback", ASSIGNMENT], cwd=root,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for student, record in found.items():
+        html = (root / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+        for stage in record["stages"]:
+            assert f"Stage {stage['marker']}: {stage['passed']} of {stage['counted']} checks pass" in html, student
+    assert "Likely mistake" in (root / "feedback" / "tril-for-triu" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+    # Up to date now: nothing to write again.
+    assert "autograded notebooks: 0 written, 0 failed" in attnkit("grade", "--course", str(root), "--quiet",
+                                                                  "--notebooks")
+
+
 def test_an_assignment_not_generated_is_refused(tmp_path):
     root = tmp_path / "course"
     build(root)
