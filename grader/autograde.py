@@ -214,18 +214,53 @@ def submission_folder() -> Path:
     return Path(os.getcwd()).resolve()
 
 
+def submitted_twin(folder: Path) -> Path | None:
+    """nbgrader's submitted/<student>/<assignment>/ folder of the autograded folder ``folder``, if any."""
+    if len(folder.parents) < 3 or folder.parents[1].name != "autograded":
+        return None
+    submitted = folder.parents[2] / "submitted" / folder.parent.name / folder.name
+    return submitted if submitted.is_dir() else None
+
+
 def symlinked_modules(folder: Path) -> list[str]:
     """Stage modules that arrived as symbolic links in nbgrader's submitted/ copy of this folder.
 
     nbgrader copies submitted/ into autograded/ following links, so a module linked to the
     solutions would arrive as a regular file; only the submitted/ copy tells.
     """
-    submitted = folder.parents[2] / "submitted" / folder.parent.name / folder.name if len(folder.parents) > 2 else None
-    if submitted is None or folder.parents[1].name != "autograded" or not submitted.is_dir():
+    submitted = submitted_twin(folder)
+    if submitted is None:
         return []
     from .sandbox import STAGE_FILE as STAGE_MODULE
 
     return sorted(p.name for p in submitted.iterdir() if STAGE_MODULE.match(p.name) and p.is_symlink())
+
+
+LINK_NOTE = "This file was submitted as a symbolic link; what the link pointed at is not copied.\n"
+
+
+def defuse_links(folder: Path) -> list[str]:
+    """In nbgrader's autograded copy ``folder``, replace what came through a symbolic link of the
+    submission with a short note; returns the paths replaced. nbgrader's copy follows links, and
+    ``generate_feedback`` hands the autograded folder to the student: a link to the solutions (or
+    any file of the grader's machine) would otherwise reach them."""
+    import shutil
+
+    submitted = submitted_twin(folder)
+    if submitted is None:
+        return []
+    replaced = []
+    for link in sorted(p for p in submitted.rglob("*") if p.is_symlink()):
+        copy = folder / link.relative_to(submitted)
+        if copy.is_dir() and not copy.is_symlink():
+            shutil.rmtree(copy)
+        elif copy.exists() or copy.is_symlink():
+            copy.unlink()
+        else:
+            continue  # not copied (an ignored name)
+        copy.write_text(LINK_NOTE)
+        replaced.append(str(link.relative_to(submitted)))
+    return replaced
 
 
 def without_links(folder: Path, linked: list[str], work: Path) -> Path:
@@ -245,6 +280,8 @@ def results_for(folder: Path, test_timeout: float) -> dict:
     if key not in _RESULTS:
         try:
             linked = symlinked_modules(folder)
+            with contextlib.suppress(OSError):
+                defuse_links(folder)  # before the feedback is made from this folder
             if linked:
                 with tempfile.TemporaryDirectory(prefix="attnkit-unlinked-") as work:
                     _RESULTS[key] = run_suite(without_links(folder, linked, Path(work)), isolate=True,

@@ -18,7 +18,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Unicode
 
 from . import results as R
-from .autograde import stage_report
+from .autograde import defuse_links, stage_report
 
 
 class RecordedResults(NbGraderPreprocessor):
@@ -79,16 +79,11 @@ def write_notebooks(course_root: Path, assignment: str, students: list[str], out
     api.log.setLevel("ERROR")
     failed = {}
     for student in students:
-        submitted = Path(course_root) / "submitted" / student / assignment
-        links = sorted(str(p.relative_to(submitted)) for p in submitted.rglob("*") if p.is_symlink())
-        if links:
-            # nbgrader's copy into autograded/ follows links: whatever they point at would reach the feedback.
-            failed[student] = (f"the submission holds symbolic links ({', '.join(links[:5])}): nbgrader would copy "
-                               "what they point at into autograded/ and the feedback; replace them with the files")
-            continue
         result = api.autograde(assignment, student, force=True, create=True)
         if not result.get("success"):
             failed[student] = (result.get("error") or result.get("log") or "nbgrader autograde failed").strip()[-2000:]
+        else:  # as the autograder cells do: nothing reaches the feedback through a link
+            defuse_links(Path(course_root) / "autograded" / student / assignment)
         if progress is not None:
             progress.update(1)
     return failed

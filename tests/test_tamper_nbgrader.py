@@ -22,6 +22,7 @@ import nbformat
 import pytest
 
 from grader import KIT
+from grader.autograde import LINK_NOTE
 from grader.course import build
 from grader.kit import marker, stages
 from grader.samples import by_student, write_submission
@@ -137,6 +138,15 @@ def test_feedback_gives_the_reason(graded, entry):
         score = expected_scores(c, entry)[stage]
         assert f"-> {score:g} of {points:g} points" in text, f"{entry.name}: stage {stage} line"
     assert "all checks pass" not in text and "SHADOW-RAN" not in text
+
+
+@pytest.mark.parametrize("entry", [e for e in CORPUS if e.links], ids=lambda e: e.name)
+def test_a_link_carries_nothing_into_the_feedback(graded, entry):
+    """nbgrader's copy follows links; what a link pointed at (the solutions) must not reach the student."""
+    for name, target in entry.links.items():
+        given = graded["root"] / "feedback" / entry.name / ASSIGNMENT / name
+        assert given.read_text() == LINK_NOTE, f"{entry.name}: {name} in the feedback is not the note"
+        assert given.read_bytes() != Path(target).read_bytes()
 
 
 def test_bystanders_keep_their_grades(graded):
