@@ -137,18 +137,23 @@ def test_verdicts_are_run_suites(course):
 
 
 @pytest.mark.slow
-def test_the_gradebook_and_nbgrader_export_show_the_records(course, tmp_path):
+def assert_gradebook_holds(root: Path, found: dict[str, dict]):
+    """Every stage's score in the gradebook is the record's, for every student."""
     from nbgrader.api import Gradebook
 
-    root = course[0]
-    found = records(root / "attnkit-grades" / ASSIGNMENT)
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
         for student, record in found.items():
             for stage in record["stages"]:
                 grade = gb.find_grade(f"grade_{stage['stage']}", "attention", ASSIGNMENT, student)
-                assert grade.auto_score == pytest.approx(stage["points"]), (student, stage["stage"])
+                assert grade.score == pytest.approx(stage["points"]), (student, stage["stage"])
                 assert grade.max_score == pytest.approx(stage["max_points"])
             assert gb.find_submission(ASSIGNMENT, student).timestamp.year == 2026
+
+
+def test_the_gradebook_and_nbgrader_export_show_the_records(course, tmp_path):
+    root = course[0]
+    found = records(root / "attnkit-grades" / ASSIGNMENT)
+    assert_gradebook_holds(root, found)
     export = tmp_path / "grades.csv"
     run = subprocess.run([sys.executable, "-m", "nbgrader", "export", "--to", str(export)], cwd=root,
                          capture_output=True, text=True)
@@ -178,8 +183,6 @@ def test_student_and_force_regrade_only_whom_they_name(course):
 
 @pytest.mark.slow
 def test_notebooks_give_nbgrader_feedback_with_the_same_grades(course):
-    from nbgrader.api import Gradebook
-
     root = course[0]
     # nbgrader's copy follows links: what a link points at must not reach autograded/ (nor the feedback).
     (root / "submitted" / "reference" / ASSIGNMENT / "notes.txt").symlink_to(SOLUTIONS / "s08_causal_attention.py")
@@ -188,11 +191,7 @@ def test_notebooks_give_nbgrader_feedback_with_the_same_grades(course):
     assert (root / "autograded" / "reference" / ASSIGNMENT / "notes.txt").read_text() == LINK_NOTE
     found = records(root / "attnkit-grades" / ASSIGNMENT)
     # nbgrader's own autograde read the scores back from the notebooks' outputs: the records' scores.
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
-        for student, record in found.items():
-            for stage in record["stages"]:
-                grade = gb.find_grade(f"grade_{stage['stage']}", "attention", ASSIGNMENT, student)
-                assert grade.score == pytest.approx(stage["points"]), (student, stage["stage"])
+    assert_gradebook_holds(root, found)
     run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_feedback", ASSIGNMENT], cwd=root,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
