@@ -27,6 +27,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -244,8 +245,6 @@ def defuse_links(folder: Path) -> list[str]:
     submission with a short note; returns the paths replaced. nbgrader's copy follows links, and
     ``generate_feedback`` hands the autograded folder to the student: a link to the solutions (or
     any file of the grader's machine) would otherwise reach them."""
-    import shutil
-
     submitted = submitted_twin(folder)
     if submitted is None:
         return []

@@ -92,7 +92,7 @@ def cmd_report(args):
 
 
 def cmd_grade(args):
-    from .grade import GradeError, course_target, folder_target, grade, write_notebooks
+    from .grade import GradeError, check_notebooks_possible, course_target, folder_target, grade, write_notebooks
 
     try:
         if args.submissions:
@@ -109,8 +109,8 @@ def cmd_grade(args):
             target = course_target(args.course or ".", args.assignment)
             if args.test_timeout:
                 target.test_timeout = args.test_timeout
-        if args.notebooks and target.course_root is None:
-            raise GradeError("--notebooks needs an nbgrader course (autograded/ notebooks), not --submissions")
+        if args.notebooks:
+            check_notebooks_possible(target)  # before grading, not after
         outcome = grade(target, students=args.student, force=args.force, executor=args.executor,
                         scheduler=args.scheduler, workers=args.workers, quiet=args.quiet)
         written, failed = write_notebooks(target, args.student, args.quiet) if args.notebooks else ([], {})

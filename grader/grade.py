@@ -600,6 +600,12 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
     return outcome
 
 
+def check_notebooks_possible(target: Target):
+    """``--notebooks`` writes nbgrader's autograded/ notebooks: only a course has them."""
+    if target.course_root is None or target.gradebook is None:
+        raise GradeError("--notebooks needs an nbgrader course (autograded/ notebooks), not --submissions")
+
+
 def write_notebooks(target: Target, students=None, quiet=False) -> tuple[list[str], dict[str, str]]:
     """``autograded/`` notebooks for the graded students whose notebook is missing or older than their
     record (``students``: only those), through nbgrader's autograde (see ``grader.feedback``), so that
@@ -607,8 +613,7 @@ def write_notebooks(target: Target, students=None, quiet=False) -> tuple[list[st
     nbgrader failed})."""
     from . import feedback
 
-    if target.course_root is None or target.gradebook is None:
-        raise GradeError("--notebooks needs an nbgrader course (autograded/ notebooks), not --submissions")
+    check_notebooks_possible(target)
     records = R.read_records(target.out, set(students) if students else set(target.submissions))
     todo = feedback.stale(target.course_root, target.assignment, target.gradebook.notebook, records, target.out)
     with _bar(quiet, total=len(todo), desc="autograded notebooks", unit="nb") as bar:

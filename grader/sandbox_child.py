@@ -506,16 +506,15 @@ def serve(adapters, config, opened, requests, replies):
     libc().prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
     faulthandler.enable()  # a segfault prints the Python stack to the captured stderr
     randomness = random_states()
-    baseline = process_state(adapters)
+    # Without the namespaces' private /proc the check cannot see processes: one stage per worker.
+    baseline = process_state(adapters) if config["newroot"] else None
     header = opened
     while header is not None and header.get("cmd") == "open":
         restore_random_states(randomness)  # every stage starts from the zygote's random state
         header = serve_stage(adapters, config, header["module"], requests, replies)
         if header is None or header.get("cmd") != "close":
             return
-        changed = changes(baseline, process_state(adapters))
-        if not config["newroot"]:
-            changed.append("no private /proc to check")
+        changed = changes(baseline, process_state(adapters)) if baseline is not None else ["no private /proc to check"]
         if changed:
             write_message(replies, {"kind": "leaving", "token": header.get("token"), "changed": changed[:5]})
             return
@@ -575,9 +574,15 @@ def changes(before, after):
     import torch
 
     allowed = {"address space": MEMORY_SLACK, "threads": torch.get_num_threads() - 1}
-    return [key for key, value in after.items()
-            if (value - before[key] > allowed[key] if key in allowed and value is not None and before.get(key) is not None
-                else before.get(key) != value)]
+    changed = []
+    for key, value in after.items():
+        old = before.get(key)
+        if key in allowed and value is not None and old is not None:
+            if value - old > allowed[key]:
+                changed.append(key)
+        elif value != old:
+            changed.append(key)
+    return changed
 
 
 def process_state(adapters):
@@ -585,9 +590,9 @@ def process_state(adapters):
 
     Covers the ways code changes a Python process for the code that runs after it: names
     rebound in the modules and classes the stages and this worker use (by object identity),
-    torch's global modes and hooks, the interpreter's
-    import machinery, streams, signal handlers and warning filters, and the operating
-    system's view (threads, processes, open files, address space).
+    torch's global modes and hooks, the interpreter's import machinery, streams, signal
+    handlers and warning filters, and the operating system's view (threads, processes, open
+    files, address space).
     """
     import builtins
     import signal
@@ -648,6 +653,7 @@ def restore_random_states(states):
     torch.set_rng_state(states[0])
     numpy.random.set_state(states[1])
     random.setstate(states[2])
+
 
 if __name__ == "__main__":
     sys.exit(main())
