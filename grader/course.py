@@ -15,10 +15,12 @@ Rebuilding rewrites the config and ``source/<assignment>/`` and leaves the grade
 and everything nbgrader made alone. The release is checked for leaks before the build returns: no
 solution line, no hidden test name, no hidden fixture.
 
-The two preprocessors at the end plug into nbgrader's autograde through the config (nbgrader
-itself is used unmodified): code cells the source notebook does not have are dropped before
-execution and the nbgrader metadata of the others is restored from the gradebook, and the kernel starts with PYTHONSAFEPATH=1 so that files in a submission folder cannot
-shadow modules the kernel imports.
+Two preprocessors (``grader.preprocessors``) plug into nbgrader's autograde through the config
+(nbgrader itself is used unmodified): code cells the source notebook does not have are dropped
+before execution and the nbgrader metadata of the others is restored from the gradebook, and the
+kernel starts with PYTHONSAFEPATH=1 so that files in a submission folder cannot shadow modules the
+kernel imports. This module itself imports neither nbgrader nor nbformat at the top: reading a
+course (``Course.load``) stays quick.
 """
 from __future__ import annotations
 
@@ -30,12 +32,9 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import nbformat
-
 from . import EXERCISES, FIXTURES, KIT, SOLUTIONS, TESTS
 from .autograde import TEST_TIMEOUT, suite_timeout
 from .kit import marker, stages
-from .notebook import build_notebook
 from .stubs import BEGIN, END, out_of_sync
 
 MARKER_FILE = "attnkit-course.json"
@@ -296,7 +295,7 @@ def nbgrader_config(course: Course) -> str:
         "import os",
         "import sys",
         "",
-        "from grader.course import KeepCourseCells, SafePathExecute",
+        "from grader.preprocessors import KeepCourseCells, SafePathExecute",
         "from nbconvert.preprocessors import ClearMetadataPreprocessor",
         "from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds,",
         "                                    IgnorePattern, LimitOutput, OverwriteCells, OverwriteKernelspec,",
@@ -433,6 +432,10 @@ def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, 
     for npz in sorted((FIXTURES / "public").glob("*.npz")):
         shutil.copyfile(npz, src / "fixtures" / "public" / npz.name)
     (src / "pytest.ini").write_text(pytest_ini())
+    import nbformat
+
+    from .notebook import build_notebook
+
     nbformat.write(build_notebook(course.points, course.test_timeout), src / f"{NOTEBOOK}.ipynb")
 
     # A hidden name that is also public somewhere (another stage) is not a leak.
@@ -456,68 +459,3 @@ def hidden_test_names() -> set[str]:
         hidden.update(derived.hidden)
         public.update(derived.public)
     return hidden - public
-
-
-# ---------------------------------------------------------------- nbgrader preprocessors
-
-from nbgrader.api import Gradebook, MissingEntry  # noqa: E402  (nbgrader-side code below)
-from nbgrader.preprocessors import Execute, NbGraderPreprocessor  # noqa: E402
-from nbgrader.utils import setenv  # noqa: E402
-
-
-class KeepCourseCells(NbGraderPreprocessor):
-    """Autograde (first sanitize step): the notebook's cells as the course made them.
-
-    The course notebook carries no student code, so a code cell a student added can only be an
-    attempt to run something in the grading kernel (patching the grader, printing a score): every
-    code cell the source notebook does not have is dropped, and so is every second copy of a
-    known cell. The nbgrader metadata of the cells that stay is rebuilt from the gradebook (a
-    student may have edited it: flipped ``grade``, ``locked`` or ``points``, borrowed another
-    cell's id); other cells lose theirs. nbgrader's own sanitizers then see a well-formed notebook
-    (edited metadata otherwise makes them fail on the whole submission, e.g. a duplicated
-    grade_id: KeyError in OverwriteCells) and restore the locked sources and the cell types.
-    """
-
-    def preprocess(self, nb, resources):
-        info = resources["nbgrader"]
-        with Gradebook(info["db_url"]) as gb:
-            try:
-                source = gb.find_notebook(info["notebook"], info["assignment"])
-            except MissingEntry:
-                return nb, resources
-            cells = {cell.name: cell for cell in source.source_cells}
-            points = {cell.name: cell.max_score for cell in source.grade_cells}
-            solutions = {cell.name for cell in source.solution_cells}
-            tasks = {cell.name for cell in source.task_cells}
-        kept, seen = [], set()
-        for cell in nb.cells:
-            meta = cell.metadata.get("nbgrader")
-            grade_id = meta.get("grade_id") if isinstance(meta, dict) else None
-            if isinstance(grade_id, str) and grade_id in cells and grade_id not in seen:
-                seen.add(grade_id)
-                restored = {"grade_id": grade_id, "locked": bool(cells[grade_id].locked),
-                            "grade": grade_id in points, "solution": grade_id in solutions,
-                            "task": grade_id in tasks, "schema_version": 3}
-                if grade_id in points:
-                    restored["points"] = points[grade_id]
-                if restored != {k: meta.get(k) for k in restored}:
-                    self.log.warning("Restoring the nbgrader metadata of cell %s", grade_id)
-                cell.metadata["nbgrader"] = restored
-                kept.append(cell)
-            elif cell.cell_type == "code":
-                self.log.warning("Dropping a code cell that is not part of the assignment: %r", cell.source[:60])
-            else:
-                cell.metadata.pop("nbgrader", None)
-                kept.append(cell)
-        nb.cells = kept
-        return nb, resources
-
-
-class SafePathExecute(Execute):
-    """nbgrader's Execute with PYTHONSAFEPATH=1 for the kernel: the submission folder (the kernel's
-    working directory) is not put on sys.path, so a student's ``grader/`` or ``json.py`` cannot
-    replace what the kernel imports."""
-
-    def preprocess(self, nb, resources, *args, **kwargs):
-        with setenv(PYTHONSAFEPATH="1"):
-            return super().preprocess(nb, resources, *args, **kwargs)

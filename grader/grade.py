@@ -337,18 +337,24 @@ def close_workers():
         handle.close()
 
 
-def _local_results(jobs, options, workers):
-    """(job, result) as they complete, on ``workers`` local threads, each with its worker process."""
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnkit-grade")
-    stop = threading.Event()
-    try:
-        futures = {pool.submit(run_job, job, options, stop): job for job in jobs}
-        for future in as_completed(futures):
-            yield futures[future], future.result()
-    finally:
-        stop.set()
+class _LocalResults:
+    """(job, result) as they complete, on ``workers`` local threads, each with its worker process.
+    The workers start at once (torch, pytest, the sandbox's zygote: a second or so), while the
+    caller goes on (opening the gradebook)."""
+
+    def __init__(self, jobs, options, workers):
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnkit-grade")
+        self.stop = threading.Event()
+        self.futures = {self.pool.submit(run_job, job, options, self.stop): job for job in jobs}
+
+    def __iter__(self):
+        for future in as_completed(self.futures):
+            yield self.futures[future], future.result()
+
+    def close(self):
+        self.stop.set()
         close_workers()  # also unblocks threads still waiting on a worker (interrupted run)
-        pool.shutdown(wait=True, cancel_futures=True)
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _dask_results(jobs, options, scheduler):
@@ -555,8 +561,6 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
         if unknown:
             raise GradeError(f"no submission for {', '.join(unknown)} (found {len(wanted)} submissions)")
         wanted = {s: wanted[s] for s in students}
-    if target.gradebook is not None:
-        target.gradebook.check()
     target.out.mkdir(parents=True, exist_ok=True)
     for stale in target.out.glob(".*.tmp"):  # a write cut short by a killed run
         stale.unlink(missing_ok=True)
@@ -577,13 +581,14 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
         stream = _dask_results(jobs, options, scheduler)
     elif executor == "local":
         workers = workers or os.cpu_count() or 1
-        stream = _local_results(jobs, options, max(1, min(workers, len(jobs) or 1)))
+        stream = _LocalResults(jobs, options, max(1, min(workers, len(jobs) or 1)))
     else:
         raise GradeError(f"unknown executor {executor!r} (local or dask)")
 
-    if target.gradebook is not None:
-        target.gradebook.open()
     try:
+        if target.gradebook is not None:  # while the workers start
+            target.gradebook.check()
+            target.gradebook.open()
         synced = _collect(target, jobs, stream, outcome, started, quiet)
         # Bring every file and the gradebook in line with the records (also those of earlier runs).
         outcome.records = R.read_records(target.out, set(target.submissions))
