@@ -1,6 +1,6 @@
 """Grading throughput: serial `nbgrader autograde` against `attnkit grade`, on the same class.
 
-    python benchmarks/bench_grading.py [--n 100] [--nbgrader-n 6] [--dir DIR] [--keep]
+    python benchmarks/bench_grading.py [--n 100] [--nbgrader-n 6] [--floor 40] [--dir DIR] [--keep]
 
 1. builds a course (`attnkit course build` + `nbgrader generate_assignment`) and N synthetic
    submissions in nbgrader's `submitted/<student>/<assignment>/` layout: a mix of correct ones (the
@@ -12,7 +12,10 @@
    same mix;
 3. grades all N with `attnkit grade` (all cores, pre-warmed workers);
 4. prints submissions/s for each and the ratio (target: attnkit grade >= 50x nbgrader), and checks
-   that both gave the sampled students the same points.
+   that both gave the sampled students the same points;
+5. (--floor K) times the grading suites alone on K submissions: one warm pytest session, the
+   learner's code in the same process, no sandbox (never done when grading). That CPU time per
+   submission bounds what any grader running these suites under pytest can reach on this machine.
 
 Run it on an otherwise idle machine: the figures are wall-clock rates.
 """
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 KIT = Path(__file__).resolve().parent.parent
@@ -162,6 +166,30 @@ def grade_with_attnkit(root: Path, course, workers: int | None) -> tuple[float, 
     return seconds, totals
 
 
+def floor_cpu(root: Path, course, students, k: int) -> float:
+    """CPU seconds per submission of the grading suites alone: one warm pytest session in this
+    process, the learner's code imported here, no sandbox and no round trips (what grading must
+    never do: a submission could patch the checks). No grader that runs these suites under pytest
+    can spend less per submission, so it bounds the throughput on this machine's cores."""
+    import torch
+
+    from grader.autograde import submission_seed
+    from grader.grade import SuiteSession
+    from grader.sandbox import submission_sources
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")  # learner code runs here: its warnings would litter the table
+    folders = [root / "submitted" / s / course.assignment for s, _, _ in students[:k + 1]]
+    jobs = [(submission_sources(f), submission_seed(f)) for f in folders]
+    with tempfile.TemporaryDirectory() as work:
+        suite = SuiteSession(Path(work), 60.0, isolate=False)
+        suite.grade(*jobs[0])  # warm
+        start = time.process_time()
+        for job in jobs[1:]:
+            suite.grade(*job)
+        return (time.process_time() - start) / max(1, len(jobs) - 1)
+
+
 # ---------------------------------------------------------------- main
 
 def main(argv=None) -> int:
@@ -172,6 +200,9 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, help="passed on to attnkit grade (default: its own)")
     parser.add_argument("--dir", help="course directory to create (default: a temporary one, removed at the end)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary course directory")
+    parser.add_argument("--floor", type=int, default=40, metavar="K",
+                        help="also time the suites alone, unboxed, on K submissions: the bound on any "
+                             "pytest-based grader (0: skip; default: %(default)s)")
     parser.add_argument("--report", action="store_true",
                         help="also write the class report (attnkit report) of attnkit grade's results; implies --keep")
     args = parser.parse_args(argv)
@@ -228,6 +259,12 @@ def main(argv=None) -> int:
                       if ak_totals.get(s) is None or abs(nb_totals[s] - ak_totals[s]) > 0.011}
             print("same totals for the students both graded" if not differ else
                   f"DIFFERENT totals (nbgrader, attnkit grade): {differ}")
+            if args.floor > 0:
+                cpu = floor_cpu(root, course, students, min(args.floor, args.n - 1))
+                bound = (os.cpu_count() or 1) / cpu
+                print(f"floor: the suites alone, learner code in-process (never done when grading): "
+                      f"{cpu * 1000:.0f} ms CPU per submission; at most {bound:.1f} subm./s on "
+                      f"{os.cpu_count()} CPUs = {bound / nb_rate:.0f}x nbgrader, without any isolation")
             if args.report:
                 from grader.report import build_report
 

@@ -53,12 +53,13 @@ UNUSED_PLUGINS = ("cacheprovider", "logging", "warnings", "threadexception", "un
                   "unittest", "setuponly", "setupplan", "doctest", "junitxml", "pastebin", "stepwise", "anyio")
 
 
-def grading_options(submission, seed, test_timeout) -> list[str]:
-    """The options of a grading run on ``submission`` (after the test files)."""
+def grading_options(submission, seed, test_timeout, isolate=True) -> list[str]:
+    """The options of a grading run on ``submission`` (after the test files). ``isolate=False`` (the
+    learner's code in this process) is for benchmarks/bench_grading.py's floor only, never grading."""
     return [
         # --impl=PATH as one word: pytest must not take PATH for a test path (it would load a
         # conftest.py from the submission into this trusted process).
-        f"--impl={submission}", "--isolate", "-p", "grader.autograde",
+        f"--impl={submission}", *(["--isolate"] if isolate else []), "-p", "grader.autograde",
         *[arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")],
         "-m", "not book", "--assert=plain", "-q", "--tb=no", "--no-header",
         "-o", f"timeout={test_timeout}", "-o", "timeout_method=signal", f"--seed={seed}",

@@ -72,7 +72,7 @@ class WorkerError(RuntimeError):
 class SuiteSession:
     """A pytest session with the stage suites collected once, run again for each submission."""
 
-    def __init__(self, work: Path, test_timeout: float):
+    def __init__(self, work: Path, test_timeout: float, isolate: bool = True):
         from _pytest.config import _prepareconfig
         from _pytest.main import Session
 
@@ -87,7 +87,7 @@ class SuiteSession:
         if not files:
             raise GradingError(f"no stage test files (test_sNN_*.py) in {tests}")
         # run_suite's options (output captured by nobody: no terminal, no capture)
-        args = [*files, "--rootdir", str(tests.parent), *autograde.grading_options(self.staging, 0, test_timeout),
+        args = [*files, "--rootdir", str(tests.parent), *autograde.grading_options(self.staging, 0, test_timeout, isolate),
                 "--capture=no"]
         sandbox.keep_warm()
         self.config = _prepareconfig(args)
