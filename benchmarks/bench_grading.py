@@ -149,6 +149,8 @@ def attnkit_grade_available() -> bool:
 def grade_with_attnkit(root: Path, course, workers: int | None) -> tuple[float, dict]:
     """`attnkit grade COURSE --force --quiet` on the whole class (a fresh process, as an instructor runs it).
     Returns (seconds, {student: total}) read from its result files."""
+    from grader.results import results_dir
+
     cmd = [sys.executable, "-m", "grader.cli", "grade", course.assignment, "--course", str(root), "--force", "--quiet"]
     if workers:
         cmd += ["--workers", str(workers)]
@@ -157,7 +159,7 @@ def grade_with_attnkit(root: Path, course, workers: int | None) -> tuple[float, 
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    out = root / "attnkit-grades" / course.assignment
+    out = results_dir(root, course.assignment)
     totals = {}
     for path in out.glob("*.json"):
         record = json.loads(path.read_text())
@@ -173,7 +175,7 @@ def floor_cpu(root: Path, course, students, k: int) -> float:
     can spend less per submission, so it bounds the throughput on this machine's cores."""
     import torch
 
-    from grader.autograde import submission_seed
+    from grader.autograde import TEST_TIMEOUT, submission_seed
     from grader.grade import SuiteSession
     from grader.sandbox import submission_sources
 
@@ -182,7 +184,7 @@ def floor_cpu(root: Path, course, students, k: int) -> float:
     folders = [root / "submitted" / s / course.assignment for s, _, _ in students[:k + 1]]
     jobs = [(submission_sources(f), submission_seed(f)) for f in folders]
     with tempfile.TemporaryDirectory() as work:
-        suite = SuiteSession(Path(work), 60.0, isolate=False)
+        suite = SuiteSession(Path(work), TEST_TIMEOUT, isolate=False)
         suite.grade(*jobs[0])  # warm
         start = time.process_time()
         for job in jobs[1:]:

@@ -54,8 +54,9 @@ UNUSED_PLUGINS = ("cacheprovider", "logging", "warnings", "threadexception", "un
 
 
 def grading_options(submission, seed, test_timeout, isolate=True) -> list[str]:
-    """The options of a grading run on ``submission`` (after the test files). ``isolate=False`` (the
-    learner's code in this process) is for benchmarks/bench_grading.py's floor only, never grading."""
+    """The options of a grading run on ``submission`` (after the test files). ``isolate=False`` puts
+    the learner's code in the pytest process itself: for measurements (benchmarks/bench_grading.py's
+    floor), never for grading."""
     return [
         # --impl=PATH as one word: pytest must not take PATH for a test path (it would load a
         # conftest.py from the submission into this trusted process).
@@ -82,15 +83,26 @@ def suite_timeout(test_timeout: float) -> float:
     return 120 + 6 * test_timeout
 
 
-def submission_seed(submission: Path) -> int:
-    """The seed of the randomized hidden cases: fixed by the submitted modules' contents, so that
-    regrading gives the same grades while two different submissions get different cases."""
+def submission_fingerprint(submission: Path) -> str:
+    """sha256 (hex) of the submitted stage modules' names and contents: what a record of the
+    submission's grades stands for, and what its seed is drawn from. Only regular files count: the
+    sandbox ignores a folder or a link named like a module, and neither may crash or stall grading."""
     digest = hashlib.sha256()
     for path in sorted(Path(submission).glob("s[0-9][0-9]_*.py")):
         if not path.is_file() or path.is_symlink():
-            continue  # the sandbox ignores it too (a folder named like a module must not crash grading)
+            continue
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return int(digest.hexdigest()[:8], 16) & 0x7FFFFFFF
+    return digest.hexdigest()
+
+
+def seed_of(fingerprint: str) -> int:
+    return int(fingerprint[:8], 16) & 0x7FFFFFFF
+
+
+def submission_seed(submission: Path) -> int:
+    """The seed of the randomized hidden cases: fixed by the submitted modules' contents, so that
+    regrading gives the same grades while two different submissions get different cases."""
+    return seed_of(submission_fingerprint(submission))
 
 
 def run_suite(submission, *, isolate=True, test_timeout=TEST_TIMEOUT, python=None) -> dict:
@@ -107,10 +119,8 @@ def run_suite(submission, *, isolate=True, test_timeout=TEST_TIMEOUT, python=Non
         raise GradingError(f"no stage test files (test_sNN_*.py) in {tests}")
     with tempfile.TemporaryDirectory(prefix="attnkit-grade-") as work:
         results = Path(work) / "results.jsonl"
-        options = grading_options(submission, seed, test_timeout)
-        if not isolate:
-            options.remove("--isolate")
-        cmd = [python or sys.executable, "-m", "pytest", *files, "--rootdir", str(tests.parent), *options]
+        cmd = [python or sys.executable, "-m", "pytest", *files, "--rootdir", str(tests.parent),
+               *grading_options(submission, seed, test_timeout, isolate)]
         env = dict(os.environ, **{RESULTS_ENV: str(results)})
         env.pop("NBGRADER_EXECUTION", None)
         env.pop("PYTHONSAFEPATH", None)

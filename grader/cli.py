@@ -92,6 +92,7 @@ def cmd_report(args):
 
 
 def cmd_grade(args):
+    from .autograde import TEST_TIMEOUT
     from .grade import GradeError, check_notebooks_possible, course_target, folder_target, grade, write_notebooks
 
     try:
@@ -104,7 +105,7 @@ def cmd_grade(args):
 
                 points = Course.load(args.course).points
             target = folder_target(args.submissions, args.out, args.assignment, points=points,
-                                   test_timeout=args.test_timeout or 60)
+                                   test_timeout=args.test_timeout or TEST_TIMEOUT)
         else:
             target = course_target(args.course or ".", args.assignment)
             if args.test_timeout:

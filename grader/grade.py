@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import results as R
-from .autograde import TEST_TIMEOUT, GradingError, submission_seed, suite_dir, suite_timeout
+from .autograde import TEST_TIMEOUT, GradingError, seed_of, submission_fingerprint, suite_dir, suite_timeout
 from .sandbox import submission_sources
 
 START_SECONDS = 300  # a worker must be ready (torch, pytest, collection) within this
@@ -507,7 +507,7 @@ def course_target(course_dir, assignment: str | None) -> Target:
         if stamp.is_file():
             timestamps[student] = stamp.read_text().strip()
     db_url = course.db_url or f"sqlite:///{course.root / 'gradebook.db'}"
-    return Target(submissions=found, assignment=assignment, out=course.root / "attnkit-grades" / assignment,
+    return Target(submissions=found, assignment=assignment, out=R.results_dir(course.root, assignment),
                   points=dict(course.points), test_timeout=course.test_timeout, timestamps=timestamps,
                   gradebook=GradebookSync(db_url, assignment, course.notebook, dict(course.points)),
                   course_root=course.root)
@@ -516,13 +516,13 @@ def course_target(course_dir, assignment: str | None) -> Target:
 def folder_target(submissions_dir, out, assignment: str | None = None, points=None,
                   test_timeout: float = TEST_TIMEOUT) -> Target:
     """A folder of submission folders, one per student (named after the student)."""
-    from .course import plan_points
+    from .course import ASSIGNMENT, plan_points
 
     root = Path(submissions_dir).resolve()
     if not root.is_dir():
         raise GradeError(f"{root} is not a folder of submissions")
     found = {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and not p.name.startswith(".")}
-    return Target(submissions=found, assignment=assignment or "attention", out=Path(out).resolve(),
+    return Target(submissions=found, assignment=assignment or ASSIGNMENT, out=Path(out).resolve(),
                   points=dict(points or plan_points()), test_timeout=test_timeout)
 
 
@@ -561,17 +561,13 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
         if unknown:
             raise GradeError(f"no submission for {', '.join(unknown)} (found {len(wanted)} submissions)")
         wanted = {s: wanted[s] for s in students}
-    target.out.mkdir(parents=True, exist_ok=True)
-    for stale in target.out.glob(".*.tmp"):  # a write cut short by a killed run
-        stale.unlink(missing_ok=True)
-
     jobs = []
     for student, folder in wanted.items():
-        fp = R.fingerprint(folder)
+        fp = submission_fingerprint(folder)
         if not force and _up_to_date(R.read_record(R.record_path(target.out, student)), fp, target.points):
             outcome.skipped.append(student)
             continue
-        jobs.append({"student": student, "fingerprint": fp, "seed": submission_seed(folder),
+        jobs.append({"student": student, "fingerprint": fp, "seed": seed_of(fp),
                      "sources": submission_sources(folder)})
 
     options = {"test_timeout": target.test_timeout}
@@ -589,6 +585,9 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
         if target.gradebook is not None:  # while the workers start
             target.gradebook.check()
             target.gradebook.open()
+        target.out.mkdir(parents=True, exist_ok=True)
+        for stale in target.out.glob(".*.tmp"):  # a write cut short by a killed run
+            stale.unlink(missing_ok=True)
         synced = _collect(target, jobs, stream, outcome, started, quiet)
         # Bring every file and the gradebook in line with the records (also those of earlier runs).
         outcome.records = R.read_records(target.out, set(target.submissions))

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-GRADES_DIR = "attnkit-grades"
-SCHEMA = 1
+from . import results as R
+
 LIMIT_KINDS = ("time", "memory", "crash", "exit", "output")
 TOP_MISTAKES = 8  # mistakes listed per stage
 BINS = 10  # histogram bins over 0..100 %
@@ -38,10 +38,6 @@ class ReportError(Exception):
 
 
 # ---------------------------------------------------------------- reading the results
-
-def results_dir(course_root, assignment: str) -> Path:
-    return Path(course_root) / GRADES_DIR / assignment
-
 
 def load_results(folder) -> list[dict]:
     """The per-student JSON files of ``folder`` (grades.json and other files are skipped), by student."""
@@ -56,8 +52,8 @@ def load_results(folder) -> list[dict]:
             raise ReportError(f"{path}: not readable JSON ({exc})") from None
         if not isinstance(data, dict) or "stages" not in data or "student" not in data:
             continue  # grades.json, or anything else that is not one student's record
-        if data.get("schema") != SCHEMA:
-            raise ReportError(f"{path}: schema {data.get('schema')!r}, this report reads schema {SCHEMA}")
+        if data.get("schema") != R.SCHEMA:
+            raise ReportError(f"{path}: schema {data.get('schema')!r}, this report reads schema {R.SCHEMA}")
         students.append(data)
     if not students:
         raise ReportError(f"no student results (<student>.json) in {folder}")
@@ -427,7 +423,7 @@ def build_report(course=None, assignment: str | None = None, results=None, out=N
         except CourseError as exc:
             raise ReportError(str(exc)) from None
         assignment = assignment or c.assignment
-        folder = results_dir(c.root, assignment)
+        folder = R.results_dir(c.root, assignment)
         db_url = c.db_url or f"sqlite:///{c.root / 'gradebook.db'}"
         if not c.db_url and not (c.root / "gradebook.db").is_file():
             raise ReportError(f"no gradebook in {c.root}: grade the class first (`attnkit grade`)")

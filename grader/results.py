@@ -36,7 +36,6 @@ over the old one), so a run killed at any moment leaves each file whole.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import os
@@ -45,10 +44,11 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .autograde import TIME_LIMIT, stage_score, submission_seed
+from .autograde import TIME_LIMIT, seed_of, stage_score, submission_fingerprint
 from .kit import marker
 
 SCHEMA = 1
+GRADES_DIR = "attnkit-grades"  # in an nbgrader course: GRADES_DIR/<assignment>/<student>.json
 MISTAKE = re.compile(r"Likely mistake:\s*(.*?)(?=\nLikely mistake:|\Z)", re.S)
 LIMITS = [  # (limit, what its message says), checked in this order
     ("memory", re.compile(r"memory limit of")),
@@ -59,12 +59,9 @@ LIMITS = [  # (limit, what its message says), checked in this order
 ]
 
 
-def fingerprint(folder) -> str:
-    """sha256 of the stage modules' names and contents (the same bytes the seed is drawn from)."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(folder).glob("s[0-9][0-9]_*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+def results_dir(course_root, assignment: str) -> Path:
+    """Where an nbgrader course's records of ``assignment`` live."""
+    return Path(course_root) / GRADES_DIR / assignment
 
 
 def mistakes(message: str) -> list[str]:
@@ -83,6 +80,7 @@ def build(*, student, assignment, submission, tests, points, seconds, output_cap
     marker, label, outcome, message); ``points`` maps stage modules to their points, in order;
     ``output_capped``: nodeids during which the learner's output was truncated."""
     submission = Path(submission).resolve()
+    fingerprint = submission_fingerprint(submission)
     capped = set(output_capped)
     stages = []
     for stage, max_points in points.items():
@@ -100,8 +98,8 @@ def build(*, student, assignment, submission, tests, points, seconds, output_cap
         })
     return {
         "schema": SCHEMA, "student": student, "assignment": assignment, "submission": str(submission),
-        "fingerprint": fingerprint(submission),
-        "seed": submission_seed(submission) if seed is None else seed,
+        "fingerprint": fingerprint,
+        "seed": seed_of(fingerprint) if seed is None else seed,
         "graded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(seconds, 3),
         "total": round(sum(s["points"] for s in stages), 2),

@@ -662,9 +662,7 @@ class IsolatedBackend:
         (box / "submission").mkdir()
         (workdir / "newroot").mkdir()
         (workdir / "tmp").mkdir()
-        # The child's whole view of the submission: a copy of its stage modules.
-        for name, data in submission_sources(self.root).items():
-            (box / "submission" / name).write_bytes(data)
+        _fill(box / "submission", submission_sources(self.root))  # the child's whole view of the submission
         shutil.copyfile(CHILD_SCRIPT, box / "runtime" / "sandbox_child.py")
         shutil.copyfile(a.__file__, box / "runtime" / "adapters.py")
         for path in [workdir, *workdir.rglob("*")]:

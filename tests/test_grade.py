@@ -20,10 +20,10 @@ import pytest
 
 from grader import SOLUTIONS
 from grader import results as R
-from grader.autograde import LINK_NOTE, run_suite
+from grader.autograde import LINK_NOTE, run_suite, submission_fingerprint, submission_seed
 from grader.course import build
 from grader.kit import stages
-from grader.samples import by_student, write_submission
+from grader.samples import by_student, write_modules, write_submission
 
 pytestmark = [pytest.mark.kit, pytest.mark.timeout(600)]
 
@@ -61,6 +61,22 @@ def test_mistakes_and_limits_are_read_from_messages():
     assert R.limit_of("wrong numbers") is None
 
 
+def test_a_folder_or_link_named_like_a_module_neither_crashes_nor_counts(tmp_path):
+    """The fingerprint (and the seed drawn from it) reads the regular module files only, as the
+    sandbox does: one odd submission must not stop the grading of a whole class."""
+    clean, odd = tmp_path / "clean", tmp_path / "odd"
+    for folder in (clean, odd):
+        write_modules(by_student("reference"), folder)
+    (odd / "s05_self_attention.py").unlink()
+    (odd / "s05_self_attention.py").mkdir()  # a folder named like a module
+    (odd / "s06_causal_mask.py").unlink()
+    (odd / "s06_causal_mask.py").symlink_to("/dev/zero")  # a link that would never stop reading
+    (clean / "s05_self_attention.py").unlink()
+    (clean / "s06_causal_mask.py").unlink()
+    assert submission_fingerprint(odd) == submission_fingerprint(clean)
+    assert submission_seed(odd) == submission_seed(clean)
+
+
 def test_records_are_written_whole_and_summarised(tmp_path):
     tests = [
         {"nodeid": "tests/test_s01_attention_scores.py::test_a", "stage": "s01_attention_scores",
@@ -72,7 +88,7 @@ def test_records_are_written_whole_and_summarised(tmp_path):
     ]
     record = R.build(student="ada", assignment="a1", submission=SOLUTIONS, tests=tests,
                      points={"s01_attention_scores": 4.0}, seconds=0.5)
-    assert record["fingerprint"] == R.fingerprint(SOLUTIONS)
+    assert record["fingerprint"] == submission_fingerprint(SOLUTIONS)
     (stage,) = record["stages"]
     assert (stage["points"], stage["passed"], stage["counted"]) == (2.0, 1, 2)
     assert stage["tests"][1]["mistakes"] == ["y"] and stage["tests"][2]["limit"] is None
