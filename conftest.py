@@ -22,6 +22,14 @@ def pytest_addoption(parser):
         help="run the implementation in a sandboxed child process (what grading does; instructor side)",
     )
     parser.addoption(
+        "--time-limit", type=float, default=None, metavar="SECONDS",
+        help="with --isolate: CPU seconds the learner's code may use in one test (default 10)",
+    )
+    parser.addoption(
+        "--time-budget", type=float, default=None, metavar="SECONDS",
+        help="with --isolate: CPU seconds for the whole run (default: 12 x --time-limit)",
+    )
+    parser.addoption(
         "--seed", type=int, default=None,
         help="seed of the randomized hidden cases (default: a fresh one per run, shown in the header)",
     )

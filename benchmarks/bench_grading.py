@@ -175,7 +175,7 @@ def floor_cpu(root: Path, course, students, k: int) -> float:
     can spend less per submission, so it bounds the throughput on this machine's cores."""
     import torch
 
-    from grader.autograde import TEST_TIMEOUT, submission_seed
+    from grader.autograde import limits_of, submission_seed
     from grader.grade import SuiteSession
     from grader.sandbox import submission_sources
 
@@ -184,7 +184,7 @@ def floor_cpu(root: Path, course, students, k: int) -> float:
     folders = [root / "submitted" / s / course.assignment for s, _, _ in students[:k + 1]]
     jobs = [(submission_sources(f), submission_seed(f)) for f in folders]
     with tempfile.TemporaryDirectory() as work:
-        suite = SuiteSession(Path(work), TEST_TIMEOUT, isolate=False)
+        suite = SuiteSession(Path(work), limits_of(), isolate=False)
         suite.grade(*jobs[0])  # warm
         start = time.process_time()
         for job in jobs[1:]:

@@ -35,7 +35,8 @@ import time
 import warnings
 from pathlib import Path
 
-from . import TESTS
+from . import TESTS, scratch
+from .sandbox import START_SECONDS, Limits
 
 RESULTS_ENV = "ATTNKIT_RESULTS"
 SUITE_ENV = "ATTNKIT_SUITE"  # another tests/ directory (kit development only)
@@ -43,8 +44,9 @@ STAGE_FILE = re.compile(r"test_(s\d\d)_(\w+)\.py$")
 MESSAGE_LIMIT = 700  # characters of one failure message shown in feedback
 DETAILED_FAILURES = 12  # failures per stage shown with their message
 
-TEST_TIMEOUT = 60  # seconds per test (pytest-timeout in the child), a backstop behind the sandbox's limit
+TEST_TIMEOUT = 10.0  # CPU seconds the learner's code may use in one check (see grader.sandbox.Limits)
 TIME_LIMIT = re.compile(r"time limit|pytest-timeout")  # the sandbox's and pytest-timeout's messages
+BACKSTOP_SECONDS = 60  # pytest-timeout's wall clock per test, beyond the sandbox's own limits
 
 # pytest plugins a grading run goes without. The learner's code runs in the sandbox, so nothing it
 # does reaches this process's warnings, logs, threads or unraisable exceptions; each of these plugins
@@ -53,7 +55,13 @@ UNUSED_PLUGINS = ("cacheprovider", "logging", "warnings", "threadexception", "un
                   "unittest", "setuponly", "setupplan", "doctest", "junitxml", "pastebin", "stepwise", "anyio")
 
 
-def grading_options(submission, seed, test_timeout, isolate=True) -> list[str]:
+def limits_of(test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None) -> Limits:
+    """The sandbox's limits for a grading run: ``test_timeout`` CPU seconds per check, ``time_budget``
+    for the whole submission (None: the sandbox's default, derived from ``test_timeout``)."""
+    return Limits(check_seconds=float(test_timeout), budget_seconds=None if time_budget is None else float(time_budget))
+
+
+def grading_options(submission, seed, limits: Limits, isolate=True) -> list[str]:
     """The options of a grading run on ``submission`` (after the test files). ``isolate=False`` puts
     the learner's code in the pytest process itself: for measurements (benchmarks/bench_grading.py's
     floor), never for grading."""
@@ -63,7 +71,11 @@ def grading_options(submission, seed, test_timeout, isolate=True) -> list[str]:
         f"--impl={submission}", *(["--isolate"] if isolate else []), "-p", "grader.autograde",
         *[arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")],
         "-m", "not book", "--assert=plain", "-q", "--tb=no", "--no-header",
-        "-o", f"timeout={test_timeout}", "-o", "timeout_method=signal", f"--seed={seed}",
+        f"--time-limit={limits.check_seconds}", f"--time-budget={limits.budget}",
+        # pytest-timeout only backs the sandbox up (its clock is the wall's, and it would count the
+        # sandbox's start-up in the first test's set-up): the learner's time is the sandbox's to limit.
+        "-o", f"timeout={limits.check_wall + BACKSTOP_SECONDS:g}", "-o", "timeout_method=signal",
+        "-o", "timeout_func_only=true", f"--seed={seed}",
     ]
 
 
@@ -77,10 +89,10 @@ def suite_dir() -> Path:
     return Path(os.environ.get(SUITE_ENV) or TESTS).resolve()
 
 
-def suite_timeout(test_timeout: float) -> float:
-    """Wall-clock limit of one whole suite run (a backstop: after one time-out in a stage, the
-    stage's remaining tests fail at once)."""
-    return 120 + 6 * test_timeout
+def suite_timeout(limits: Limits) -> float:
+    """Wall-clock limit of one whole suite run, a backstop: the learner's time is bounded by the
+    budget; add the sandbox's start-up and the trusted side's own work."""
+    return limits.budget_wall + START_SECONDS + 120
 
 
 def submission_fingerprint(submission: Path) -> str:
@@ -105,49 +117,53 @@ def submission_seed(submission: Path) -> int:
     return seed_of(submission_fingerprint(submission))
 
 
-def run_suite(submission, *, isolate=True, test_timeout=TEST_TIMEOUT, python=None) -> dict:
+def run_suite(submission, *, isolate=True, limits: Limits | None = None, python=None) -> dict:
     """Run the kit's suite on ``submission`` (a folder of stage modules) in a child process.
 
-    Returns {"tests": [{nodeid, stage, marker, label, outcome, message}], "seed", "seconds",
-    "returncode", "log"}. Tests the run did not reach (time limit, crash) count as failed.
+    Returns {"tests": [{nodeid, stage, marker, label, outcome, message}], "confinement", "seed",
+    "seconds", "returncode", "log"}. Tests the run did not reach (time limit, crash) count as failed.
     """
     submission = Path(submission).resolve()
+    limits = limits or limits_of()
     seed = submission_seed(submission)
     tests = suite_dir()
     files = sorted(str(p) for p in tests.glob("test_s[0-9][0-9]_*.py"))
     if not files:
         raise GradingError(f"no stage test files (test_sNN_*.py) in {tests}")
-    with tempfile.TemporaryDirectory(prefix="attnkit-grade-") as work:
-        results = Path(work) / "results.jsonl"
+    scratch.sweep()
+    with scratch.Folder("grade") as work:
+        results = work.path / "results.jsonl"
         cmd = [python or sys.executable, "-m", "pytest", *files, "--rootdir", str(tests.parent),
-               *grading_options(submission, seed, test_timeout, isolate)]
+               *grading_options(submission, seed, limits, isolate)]
         env = dict(os.environ, **{RESULTS_ENV: str(results)})
         env.pop("NBGRADER_EXECUTION", None)
         env.pop("PYTHONSAFEPATH", None)
         start = time.monotonic()
         try:
             proc = subprocess.run(
-                cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, timeout=suite_timeout(test_timeout),
+                cmd, cwd=work.path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, timeout=suite_timeout(limits),
             )
             returncode, log = proc.returncode, proc.stdout.decode("utf-8", "replace")
         except subprocess.TimeoutExpired as exc:
             returncode, log = None, (exc.stdout or b"").decode("utf-8", "replace")
         seconds = time.monotonic() - start
-        tests_run = read_results(results, cut_short=returncode not in (0, 1))
-    if not tests_run:
+        recorded = read_results(results, cut_short=returncode not in (0, 1))
+    if not recorded["tests"]:
         raise GradingError(
             f"the grading run collected no tests (pytest exit code {returncode}). Its output:\n"
             + log[-3000:]
         )
-    return {"tests": tests_run, "seed": seed, "seconds": round(seconds, 2), "returncode": returncode,
-            "log": log[-20000:]}
+    return {"tests": recorded["tests"], "confinement": recorded["confinement"], "seed": seed,
+            "seconds": round(seconds, 2), "returncode": returncode, "log": log[-20000:]}
 
 
-def read_results(path: Path, cut_short: bool) -> list[dict]:
-    """Combine the collected list with the verdicts the child recorded."""
+def read_results(path: Path, cut_short: bool) -> dict:
+    """What the child recorded: {"tests": the collected tests with their verdicts, "confinement"}.
+    Raises GradingError if the run could not grade (the sandbox failed: not the learner's doing)."""
+    recorded = {"tests": [], "confinement": None}
     if not path.is_file():
-        return []
+        return recorded
     collected, verdicts = [], {}
     for line in path.read_text().splitlines():
         try:
@@ -156,17 +172,20 @@ def read_results(path: Path, cut_short: bool) -> list[dict]:
             continue  # a line cut off by a crash
         if "collected" in entry:
             collected = entry["collected"]
+        elif "confinement" in entry:
+            recorded["confinement"] = entry["confinement"]
+        elif "infrastructure" in entry:
+            raise GradingError(f"the sandbox failed, so the submission was not graded: {entry['infrastructure']}")
         else:
             verdicts[entry["nodeid"]] = entry
-    out = []
     for test in collected:
         verdict = verdicts.get(test["nodeid"])
         if verdict is None:
             why = ("not run: the grading run hit its time limit or crashed before this test"
                    if cut_short else "not run")
             verdict = {"outcome": "failed", "message": why}
-        out.append({**test, "outcome": verdict["outcome"], "message": verdict.get("message", "")})
-    return out
+        recorded["tests"].append({**test, "outcome": verdict["outcome"], "message": verdict.get("message", "")})
+    return recorded
 
 
 # ---------------------------------------------------------------- scoring and reporting
@@ -285,7 +304,7 @@ def without_links(folder: Path, linked: list[str], work: Path) -> Path:
     return work
 
 
-def results_for(folder: Path, test_timeout: float) -> dict:
+def results_for(folder: Path, limits: Limits) -> dict:
     key = str(folder)
     if key not in _RESULTS:
         try:
@@ -293,11 +312,10 @@ def results_for(folder: Path, test_timeout: float) -> dict:
             with contextlib.suppress(OSError):
                 defuse_links(folder)  # before the feedback is made from this folder
             if linked:
-                with tempfile.TemporaryDirectory(prefix="attnkit-unlinked-") as work:
-                    _RESULTS[key] = run_suite(without_links(folder, linked, Path(work)), isolate=True,
-                                              test_timeout=test_timeout)
+                with scratch.Folder("unlinked") as work:
+                    _RESULTS[key] = run_suite(without_links(folder, linked, work.path), limits=limits)
             else:
-                _RESULTS[key] = run_suite(folder, isolate=True, test_timeout=test_timeout)
+                _RESULTS[key] = run_suite(folder, limits=limits)
         except GradingError as exc:
             _RESULTS[key] = exc  # fail every stage cell the same way, without rerunning
         else:
@@ -309,10 +327,11 @@ def results_for(folder: Path, test_timeout: float) -> dict:
     return _RESULTS[key]
 
 
-def grade_stage(marker: str, points: float, test_timeout: float = TEST_TIMEOUT) -> float:
-    """Print this stage's verdicts and return its score (the autograder cell's partial credit)."""
+def grade_stage(marker: str, points: float, test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None) -> float:
+    """Print this stage's verdicts and return its score (the autograder cell's partial credit).
+    ``test_timeout``: CPU seconds per check; ``time_budget``: for the whole submission."""
     with _no_stderr():
-        results = results_for(submission_folder(), test_timeout)
+        results = results_for(submission_folder(), limits_of(test_timeout, time_budget))
         tests = stage_verdicts(results, marker)
         if not tests:
             raise GradingError(f"the suite has no graded tests for stage {marker!r}")
@@ -324,7 +343,7 @@ def grade_stage(marker: str, points: float, test_timeout: float = TEST_TIMEOUT) 
 
 # ---------------------------------------------------------------- pytest plugin (child side)
 
-_record = {"file": None, "verdicts": {}, "timed_out": set(), "timeout": None}
+_record = {"file": None, "verdicts": {}, "timed_out": set(), "infrastructure": None}
 
 
 def _label(nodeid: str) -> str:
@@ -362,10 +381,6 @@ def pytest_configure(config):
     path = os.environ.get(RESULTS_ENV)
     if path:
         _record["file"] = open(path, "a", encoding="utf-8")
-    try:
-        _record["timeout"] = float(config.getini("timeout") or 0) or None
-    except (ValueError, KeyError):
-        _record["timeout"] = None
 
 
 def pytest_collection_finish(session):
@@ -386,8 +401,7 @@ def pytest_runtest_logreport(report):
     state = verdicts.setdefault(report.nodeid, {"outcome": "passed", "message": ""})
     if report.failed and state["outcome"] != "failed":
         state.update(outcome="failed", message=_message(report))
-        limit = _record["timeout"]
-        if TIME_LIMIT.search(state["message"]) or (limit and report.when == "call" and report.duration >= 0.9 * limit):
+        if TIME_LIMIT.search(state["message"]):
             entry = _item_entry(report.nodeid)
             if entry:
                 _record["timed_out"].add(entry["stage"])
@@ -395,6 +409,21 @@ def pytest_runtest_logreport(report):
         state.update(outcome="skipped", message=_message(report))
     if report.when == "teardown":
         _write({"nodeid": report.nodeid, **verdicts.pop(report.nodeid)})
+
+
+def pytest_runtest_makereport(item, call):
+    """A sandbox that cannot start is no failure of the learner's: record it and stop; the run then
+    grades nothing (``read_results`` raises GradingError) instead of failing every check."""
+    if call.excinfo is not None and call.excinfo.typename == "SandboxUnavailable" and not _record["infrastructure"]:
+        _record["infrastructure"] = str(call.excinfo.value)
+        _write({"infrastructure": _record["infrastructure"]})
+        item.session.shouldstop = "the sandbox failed"
+
+
+def pytest_sessionfinish(session):
+    confinement = getattr(session.config, "attnkit_confinement", None)
+    if confinement is not None:
+        _write({"confinement": confinement})
 
 
 def pytest_unconfigure(config):

@@ -12,6 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .autograde import TEST_TIMEOUT
+from .sandbox import BUDGET_CHECKS
+
 
 def cmd_stubs(args):
     from .stubs import write_exercises
@@ -48,7 +51,7 @@ def cmd_course_build(args):
     try:
         course = build(
             args.dir, course_id=args.course_id, assignment=args.assignment, total=args.total,
-            points=dict(args.points or []), test_timeout=args.test_timeout,
+            points=dict(args.points or []), test_timeout=args.test_timeout, time_budget=args.time_budget,
             exchange_root=args.exchange, db_url=args.db_url,
         )
     except CourseError as exc:
@@ -92,7 +95,6 @@ def cmd_report(args):
 
 
 def cmd_grade(args):
-    from .autograde import TEST_TIMEOUT
     from .grade import GradeError, check_notebooks_possible, course_target, folder_target, grade, write_notebooks
 
     try:
@@ -105,11 +107,14 @@ def cmd_grade(args):
 
                 points = Course.load(args.course).points
             target = folder_target(args.submissions, args.out, args.assignment, points=points,
-                                   test_timeout=args.test_timeout or TEST_TIMEOUT)
+                                   test_timeout=args.test_timeout or TEST_TIMEOUT, time_budget=args.time_budget)
         else:
             target = course_target(args.course or ".", args.assignment)
             if args.test_timeout:
                 target.test_timeout = args.test_timeout
+                target.time_budget = None  # derived from the new limit, unless given too
+            if args.time_budget:
+                target.time_budget = args.time_budget
         if args.notebooks:
             check_notebooks_possible(target)  # before grading, not after
         outcome = grade(target, students=args.student, force=args.force, executor=args.executor,
@@ -160,8 +165,12 @@ def main(argv=None):
                    help="total points; stages without --points share what is left (default: %(default)s)")
     b.add_argument("--points", type=_points, action="append", metavar="STAGE=POINTS",
                    help="fix one stage's points, e.g. --points causal_attention=15 (repeatable)")
-    b.add_argument("--test-timeout", type=float, default=60,
-                   help="seconds per test when grading, behind the sandbox's own limit (default: %(default)s)")
+    b.add_argument("--test-timeout", type=float, default=TEST_TIMEOUT,
+                   help="seconds of CPU time the learner's code may use in one check when grading, and the "
+                        "time limit per check of the students' own pytest runs (default: %(default)s)")
+    b.add_argument("--time-budget", type=float,
+                   help="seconds of CPU time for a whole submission when grading; when it runs out, the checks "
+                        "not yet run fail (default: %d x --test-timeout)" % BUDGET_CHECKS)
     b.add_argument("--exchange", help="nbgrader Exchange.root (default: DIR/exchange)")
     b.add_argument("--db-url", help="nbgrader gradebook URL (default: sqlite DIR/gradebook.db)")
     b.set_defaults(func=cmd_course_build)
@@ -202,7 +211,10 @@ def main(argv=None):
     p.add_argument("--executor", choices=["local", "dask"], default="local",
                    help="where the grading jobs run (default: %(default)s)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="with --executor dask: the scheduler, e.g. tcp://host:8786")
-    p.add_argument("--test-timeout", type=float, help="seconds per test (default: the course's, or 60)")
+    p.add_argument("--test-timeout", type=float,
+                   help="CPU seconds per check (default: the course's, or %g)" % TEST_TIMEOUT)
+    p.add_argument("--time-budget", type=float,
+                   help="CPU seconds per submission (default: the course's, or %d x --test-timeout)" % BUDGET_CHECKS)
     p.add_argument("--notebooks", action="store_true",
                    help="also write autograded/ notebooks from the grades (through nbgrader's autograde, without "
                         "running them), so that the formgrader shows them and `nbgrader generate_feedback` works")

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import EXERCISES, FIXTURES, KIT, SOLUTIONS, TESTS
-from .autograde import TEST_TIMEOUT, suite_timeout
+from .autograde import TEST_TIMEOUT, limits_of, suite_timeout
 from .kit import marker, stages
 from .stubs import BEGIN, END, out_of_sync
 
@@ -60,7 +60,8 @@ class Course:
     course_id: str = "attention-kit"
     assignment: str = ASSIGNMENT
     points: dict = field(default_factory=dict)  # stage module -> points
-    test_timeout: float = TEST_TIMEOUT
+    test_timeout: float = TEST_TIMEOUT  # CPU seconds per check (also the students' own limit per check)
+    time_budget: float | None = None  # CPU seconds per submission when grading (None: from test_timeout)
     exchange_root: str | None = None
     db_url: str | None = None
 
@@ -288,7 +289,7 @@ def find_leaks(folder: Path, hidden_names, sol_lines=None) -> list[str]:
 
 def nbgrader_config(course: Course) -> str:
     stage_files = ", ".join(repr(f) for f in course.stage_files())
-    execute_timeout = int(suite_timeout(course.test_timeout) + 60)
+    execute_timeout = int(suite_timeout(limits_of(course.test_timeout, course.time_budget)) + 60)
     lines = [
         '"""nbgrader configuration of an attention-kit course (written by `attnkit course build`;',
         'a rebuild overwrites it: change the build options instead of editing this file)."""',
@@ -395,7 +396,7 @@ def _check_target(root: Path):
 
 
 def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, points=None,
-          test_timeout=TEST_TIMEOUT, exchange_root=None, db_url=None) -> Course:
+          test_timeout=TEST_TIMEOUT, time_budget=None, exchange_root=None, db_url=None) -> Course:
     """(Re)create the course at ``root``; returns its description. Raises CourseError on bad input."""
     root = Path(root).expanduser().resolve()
     _check_target(root)
@@ -403,11 +404,15 @@ def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, 
         raise CourseError(f"assignment name {assignment!r}: use letters, digits, '_', '.', '-'")
     if not test_timeout > 0:
         raise CourseError("test_timeout must be positive")
+    if time_budget is not None and not time_budget >= test_timeout:
+        raise CourseError(f"the time budget ({time_budget:g} s) must be at least the time limit of one check "
+                          f"({test_timeout:g} s)")
     stale = out_of_sync()
     if stale:
         raise CourseError(f"exercises/ is out of date with solutions/ ({', '.join(stale)}): run `attnkit stubs`")
     course = Course(root=root, course_id=course_id, assignment=assignment, points=plan_points(total, points),
-                    test_timeout=float(test_timeout), exchange_root=exchange_root, db_url=db_url)
+                    test_timeout=float(test_timeout), time_budget=None if time_budget is None else float(time_budget),
+                    exchange_root=exchange_root, db_url=db_url)
 
     root.mkdir(parents=True, exist_ok=True)
     if course.source.exists():

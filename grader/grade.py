@@ -52,10 +52,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import results as R
-from .autograde import TEST_TIMEOUT, GradingError, seed_of, submission_fingerprint, suite_dir, suite_timeout
-from .sandbox import submission_sources
+from . import scratch
+from .autograde import (TEST_TIMEOUT, GradingError, limits_of, seed_of, submission_fingerprint, suite_dir,
+                        suite_timeout)
+from .sandbox import Limits, Sandbox, probe, submission_sources
 
-START_SECONDS = 300  # a worker must be ready (torch, pytest, collection) within this
+START_SECONDS = 300  # a worker must be ready (torch, pytest, collection, its sandbox) within this
 GRADEBOOK_SECONDS = 2.0  # results reach the gradebook in one transaction at least this often
 
 
@@ -70,28 +72,34 @@ class WorkerError(RuntimeError):
 # ---------------------------------------------------------------- the worker process
 
 class SuiteSession:
-    """A pytest session with the stage suites collected once, run again for each submission."""
+    """A pytest session with the stage suites collected once, run again for each submission.
 
-    def __init__(self, work: Path, test_timeout: float, isolate: bool = True):
+    It owns the grading worker's sandbox (one template, torch imported once); each submission
+    gets boxes of its own from it (see grader.sandbox)."""
+
+    def __init__(self, work: Path, limits: Limits, isolate: bool = True):
         from _pytest.config import _prepareconfig
         from _pytest.main import Session
 
-        from . import autograde, sandbox
+        from . import autograde
 
-        self.autograde, self.sandbox = autograde, sandbox
+        self.autograde = autograde
         self.work = work
         self.staging = work / "submission"  # the trusted copy the sandbox copies from
         self.staging.mkdir()
+        self.sandbox = Sandbox() if isolate else None
         tests = suite_dir()
         files = sorted(str(p) for p in tests.glob("test_s[0-9][0-9]_*.py"))
         if not files:
             raise GradingError(f"no stage test files (test_sNN_*.py) in {tests}")
         # run_suite's options (output captured by nobody: no terminal, no capture)
-        args = [*files, "--rootdir", str(tests.parent), *autograde.grading_options(self.staging, 0, test_timeout, isolate),
+        args = [*files, "--rootdir", str(tests.parent), *autograde.grading_options(self.staging, 0, limits, isolate),
                 "--capture=no"]
-        sandbox.keep_warm()
         self.config = _prepareconfig(args)
         self.config._do_configure()
+        self.config.attnkit_sandbox = self.sandbox
+        if self.sandbox is not None:
+            self.sandbox.start()  # now, not in the first submission's time
         # Nobody reads this session's terminal (the autograde plugin records the verdicts): without
         # the reporter's hooks, a test's reports are not formatted and written out three times over.
         # What asks for the terminal writer (pytest-timeout's stack dump) still gets the real one.
@@ -107,6 +115,10 @@ class SuiteSession:
         if not self.entries:
             raise GradingError("the grading session collected no tests")
 
+    @property
+    def confinement(self) -> dict | None:
+        return self.sandbox.confinement.record() if self.sandbox is not None else None
+
     def grade(self, sources: dict[str, bytes], seed: int) -> dict:
         for old in self.staging.iterdir():
             old.unlink()
@@ -116,28 +128,35 @@ class SuiteSession:
         self.config.case_seed = seed
         record = self.autograde._record
         path = self.work / "results.jsonl"
-        record.update(file=open(path, "w", encoding="utf-8"), verdicts={}, timed_out=set())
+        record.update(file=open(path, "w", encoding="utf-8"), verdicts={}, timed_out=set(), infrastructure=None)
         capped = []
         started, trusted, boxed = time.monotonic(), time.process_time(), _sandbox_cpu()
         try:
             self.autograde._write({"collected": self.entries})
             for index, item in enumerate(self.items):
                 following = self.items[index + 1] if index + 1 < len(self.items) else None
-                before = self.sandbox.dropped_output_bytes()
+                dropped = self.sandbox.dropped_output if self.sandbox is not None else 0
                 # nextitem=None after the last item tears the session fixtures down: the
-                # sandbox backend goes back to the warm pool, the next submission gets its own.
+                # submission's backend closes (its boxes are killed), the sandbox stays.
                 # The hook (not runtestprotocol itself) so that pytest-timeout's per-test timer
                 # and the warning filters apply exactly as in run_suite.
                 self.config.hook.pytest_runtest_protocol(item=item, nextitem=following)
-                if self.sandbox.dropped_output_bytes() > before:
+                if self.sandbox is not None and self.sandbox.dropped_output > dropped:
                     capped.append(item.nodeid)
+                if record["infrastructure"]:
+                    break
         finally:
             record["file"].close()
             record["file"] = None
         seconds = time.monotonic() - started
         cpu = {"trusted": round(time.process_time() - trusted, 3), "sandbox": round(_sandbox_cpu() - boxed, 3)}
-        return {"tests": self.autograde.read_results(path, cut_short=False), "output_capped": capped,
+        recorded = self.autograde.read_results(path, cut_short=False)  # GradingError if the sandbox failed
+        return {"tests": recorded["tests"], "output_capped": capped, "confinement": self.confinement,
                 "seconds": round(seconds, 3), "cpu": cpu}
+
+    def close(self):
+        if self.sandbox is not None:
+            self.sandbox.close()
 
 
 class _TerminalWriterOnly:
@@ -190,44 +209,50 @@ def serve(options: dict) -> int:
     started = time.monotonic()
     import torch
 
-    # One thread per worker (and per sandbox child, which copies this setting): workers share the
+    # One thread per worker (and per sandbox box, which copies this setting): workers share the
     # cores; pinning them to cores (sched_setaffinity) measured no better, and worse on a busy machine.
     torch.set_num_threads(1)
-    work = Path(tempfile.mkdtemp(prefix="attnkit-worker-"))
-    try:
-        suite = SuiteSession(work, options["test_timeout"])
-        answers.write(json.dumps({"ready": True, "seconds": round(time.monotonic() - started, 3)}) + "\n")
-        for line in jobs:
-            job = json.loads(line)
-            sources = {name: base64.b64decode(data) for name, data in job["sources"].items()}
-            answers.write(json.dumps(suite.grade(sources, job["seed"])) + "\n")
-        return 0
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with scratch.Folder("worker") as work:
+        suite = SuiteSession(work.path, limits_of(options["test_timeout"], options.get("time_budget")))
+        try:
+            answers.write(json.dumps({"ready": True, "seconds": round(time.monotonic() - started, 3),
+                                      "confinement": suite.confinement}) + "\n")
+            for line in jobs:
+                job = json.loads(line)
+                sources = {name: base64.b64decode(data) for name, data in job["sources"].items()}
+                try:
+                    answer = suite.grade(sources, job["seed"])
+                except GradingError as exc:
+                    answers.write(json.dumps({"error": str(exc)}) + "\n")
+                    return 1  # a fresh worker (and sandbox) for whatever comes next
+                answers.write(json.dumps(answer) + "\n")
+            return 0
+        finally:
+            suite.close()
 
 
 class WorkerProcess:
     """The trusted side's handle on one grading worker process: start, send a job, wait, restart."""
 
-    def __init__(self, *, test_timeout: float = TEST_TIMEOUT):
-        self.test_timeout = test_timeout
+    def __init__(self, options: dict):
+        self.options = dict(options)  # {"test_timeout", "time_budget"}
         self.proc = None
         self.log = None
-        self.start_seconds = None  # how long the last start took (torch, pytest, collection)
+        self.start_seconds = None  # how long the last start took (torch, pytest, collection, sandbox)
+        self.confinement = None  # what its sandbox confines (grader.sandbox.Confinement.record())
         self._buffer = b""
 
     def start(self):
         self.log = tempfile.TemporaryFile()
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         env.pop("NBGRADER_EXECUTION", None)
-        options = {"test_timeout": self.test_timeout}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "grader.grade", json.dumps(options)], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "grader.grade", json.dumps(self.options)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self.log, cwd=tempfile.gettempdir(), env=env,
         )
         self._buffer = b""
         answer = self._answer(time.monotonic() + START_SECONDS)
-        self.start_seconds = answer.get("seconds")
+        self.start_seconds, self.confinement = answer.get("seconds"), answer.get("confinement")
 
     def grade(self, job: dict) -> dict:
         started = None
@@ -242,7 +267,10 @@ class WorkerProcess:
             self.proc.stdin.flush()
         except OSError:
             raise self._failed("the grading worker stopped reading") from None
-        answer = self._answer(time.monotonic() + suite_timeout(self.test_timeout))
+        limits = limits_of(self.options["test_timeout"], self.options.get("time_budget"))
+        answer = self._answer(time.monotonic() + suite_timeout(limits))
+        if "error" in answer:
+            raise self._failed(answer["error"])
         if started is not None:
             answer["worker_start"] = round(time.monotonic() - started - answer["seconds"], 3)
         return answer
@@ -301,16 +329,16 @@ def run_job(job: dict, options: dict, stop: threading.Event | None = None) -> di
     """Grade one submission in this thread's warm worker process (started on first use).
 
     ``job``: {"student", "sources": {module file name: bytes}, "seed"}; ``options``:
-    {"test_timeout"}. Returns {"student", "tests", "output_capped", "seconds",
-    "worker_start", "error"}; never raises for a grading failure (the worker is restarted
-    and the job tried once more first). ``stop``: once set (an interrupted run), no worker
-    is started any more.
+    {"test_timeout", "time_budget"}. Returns {"student", "tests", "output_capped", "confinement",
+    "seconds", "cpu", "worker_start", "error"}; never raises for a grading failure (the worker is
+    restarted and the job tried once more first). ``stop``: once set (an interrupted run), no
+    worker is started any more.
     """
     handle = getattr(_local, "handle", None)
-    if handle is None or handle.test_timeout != options["test_timeout"]:
+    if handle is None or handle.options != options:
         if handle is not None:
             handle.close()
-        handle = _local.handle = WorkerProcess(test_timeout=options["test_timeout"])
+        handle = _local.handle = WorkerProcess(options)
         with _handles_lock:
             _handles.append(handle)
     error = "the run was interrupted"
@@ -320,12 +348,12 @@ def run_job(job: dict, options: dict, stop: threading.Event | None = None) -> di
         try:
             answer = handle.grade(job)
             return {"student": job["student"], "tests": answer["tests"], "output_capped": answer["output_capped"],
-                    "seconds": answer["seconds"], "cpu": answer.get("cpu"), "worker_start": answer.get("worker_start"),
-                    "error": None}
+                    "confinement": answer.get("confinement"), "seconds": answer["seconds"], "cpu": answer.get("cpu"),
+                    "worker_start": answer.get("worker_start"), "error": None}
         except (WorkerError, ValueError, KeyError) as exc:  # ValueError/KeyError: a garbled answer
             handle.close()
             error = f"{type(exc).__name__}: {exc}"
-    return {"student": job["student"], "tests": [], "output_capped": [], "seconds": 0.0,
+    return {"student": job["student"], "tests": [], "output_capped": [], "confinement": None, "seconds": 0.0,
             "worker_start": None, "error": error}
 
 
@@ -480,7 +508,8 @@ class Target:
     assignment: str
     out: Path  # the per-student records, grades.csv, grades.json
     points: dict[str, float]  # stage module -> points, teaching order
-    test_timeout: float = TEST_TIMEOUT
+    test_timeout: float = TEST_TIMEOUT  # CPU seconds per check
+    time_budget: float | None = None  # CPU seconds per submission (None: derived from test_timeout)
     gradebook: GradebookSync | None = None
     timestamps: dict[str, str] = field(default_factory=dict)
     course_root: Path | None = None  # the nbgrader course (None: a plain folder of submissions)
@@ -508,13 +537,14 @@ def course_target(course_dir, assignment: str | None) -> Target:
             timestamps[student] = stamp.read_text().strip()
     db_url = course.db_url or f"sqlite:///{course.root / 'gradebook.db'}"
     return Target(submissions=found, assignment=assignment, out=R.results_dir(course.root, assignment),
-                  points=dict(course.points), test_timeout=course.test_timeout, timestamps=timestamps,
+                  points=dict(course.points), test_timeout=course.test_timeout, time_budget=course.time_budget,
+                  timestamps=timestamps,
                   gradebook=GradebookSync(db_url, assignment, course.notebook, dict(course.points)),
                   course_root=course.root)
 
 
 def folder_target(submissions_dir, out, assignment: str | None = None, points=None,
-                  test_timeout: float = TEST_TIMEOUT) -> Target:
+                  test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None) -> Target:
     """A folder of submission folders, one per student (named after the student)."""
     from .course import ASSIGNMENT, plan_points
 
@@ -523,7 +553,7 @@ def folder_target(submissions_dir, out, assignment: str | None = None, points=No
         raise GradeError(f"{root} is not a folder of submissions")
     found = {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and not p.name.startswith(".")}
     return Target(submissions=found, assignment=assignment or ASSIGNMENT, out=Path(out).resolve(),
-                  points=dict(points or plan_points()), test_timeout=test_timeout)
+                  points=dict(points or plan_points()), test_timeout=test_timeout, time_budget=time_budget)
 
 
 @dataclass
@@ -536,6 +566,7 @@ class Outcome:
     per_submission: list[dict] = field(default_factory=list)  # worker timings of graded submissions
     records: dict[str, dict] = field(default_factory=dict)  # every student's current record
     files: tuple = ()
+    confinement: str = ""  # what the sandbox confines, as announced at the start
 
 
 def _up_to_date(record: dict | None, fp: str, points: dict[str, float]) -> bool:
@@ -570,7 +601,14 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
         jobs.append({"student": student, "fingerprint": fp, "seed": seed_of(fp),
                      "sources": submission_sources(folder)})
 
-    options = {"test_timeout": target.test_timeout}
+    options = {"test_timeout": target.test_timeout, "time_budget": target.time_budget}
+    scratch.sweep()  # what killed runs left in TMPDIR
+    if executor == "local" and jobs:
+        # Before any submission is graded: how well are they kept apart on this machine?
+        announced = probe()
+        outcome.confinement = announced.summary()
+        if not quiet or announced.missing:
+            print(outcome.confinement, file=sys.stderr)
     if executor == "dask":
         if not scheduler:
             raise GradeError("--executor dask needs --scheduler ADDRESS (e.g. tcp://host:8786)")
@@ -600,6 +638,7 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
         stream.close()  # stops the workers now, also when interrupted
         if target.gradebook is not None:
             target.gradebook.close()
+        scratch.sweep()  # the workers' folders (they are killed, so they cannot remove them)
     outcome.seconds = round(time.monotonic() - started, 3)
     return outcome
 
@@ -648,7 +687,8 @@ def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, qui
                     record = R.build(student=student, assignment=target.assignment,
                                      submission=target.submissions[student], tests=result["tests"],
                                      points=target.points, seconds=result["seconds"],
-                                     output_capped=result["output_capped"], seed=job["seed"])
+                                     output_capped=result["output_capped"], seed=job["seed"],
+                                     confinement=result["confinement"])
                     if record["fingerprint"] != job["fingerprint"]:  # changed while being graded
                         outcome.errors[student] = "the submission changed while it was graded; run again"
                     else:

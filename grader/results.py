@@ -10,6 +10,7 @@ One JSON file per student, ``<out>/<student>.json`` (``<out>`` is
      "seed": 123,              # the seed of the randomized hidden cases (from the fingerprint)
      "graded_at": "2026-01-31T12:00:00+00:00",   # ISO 8601, UTC
      "seconds": 0.41,          # grading time of this submission in its worker
+     "confinement": {"mode": "namespaces", "missing": []},   # how its code was kept apart (grader.sandbox)
      "total": 87.5, "max_total": 100.0,
      "stages": [               # teaching order
        {"stage": "s08_causal_attention", "marker": "causal_attention",
@@ -19,11 +20,12 @@ One JSON file per student, ``<out>/<student>.json`` (``<out>`` is
                    "outcome": "passed" | "failed" | "skipped",
                    "message": "...",             # the failure (or skip) message, as in feedback
                    "mistakes": ["..."],          # the text after each "Likely mistake:" in message
-                   "limit": null | "time" | "memory" | "crash" | "exit" | "output"}]}]}
+                   "limit": null | "time" | "budget" | "memory" | "crash" | "exit" | "output"}]}]}
 
-``limit`` says which sandbox limit the test ran into: the wall-clock limit (or a
-test not run because an earlier one of its stage hit it), the memory limit, a
-crash (signal), an exit (``sys.exit``/``os._exit`` in learner code), or the cap
+``limit`` says which sandbox limit the test ran into: the time limit of one check
+(or a test not run because an earlier one of its stage hit it), the time budget
+of the whole submission (this test and the rest were not run), the memory limit,
+a crash (signal), an exit (``sys.exit``/``os._exit`` in learner code), or the cap
 on captured output (the output was truncated; the verdict stands on its own).
 
 Beside the per-student files: ``grades.csv`` (one row per student: total and
@@ -51,6 +53,7 @@ SCHEMA = 1
 GRADES_DIR = "attnkit-grades"  # in an nbgrader course: GRADES_DIR/<assignment>/<student>.json
 MISTAKE = re.compile(r"Likely mistake:\s*(.*?)(?=\nLikely mistake:|\Z)", re.S)
 LIMITS = [  # (limit, what its message says), checked in this order
+    ("budget", re.compile(r"time budget of this submission ran out")),
     ("memory", re.compile(r"memory limit of")),
     ("time", TIME_LIMIT),
     ("crash", re.compile(r"died with signal|sandbox process died unexpectedly")),
@@ -75,7 +78,8 @@ def limit_of(message: str, output_capped: bool = False) -> str | None:
     return "output" if output_capped else None
 
 
-def build(*, student, assignment, submission, tests, points, seconds, output_capped=(), seed=None) -> dict:
+def build(*, student, assignment, submission, tests, points, seconds, output_capped=(), seed=None,
+          confinement=None) -> dict:
     """The record of one graded submission. ``tests`` are run_suite's test entries (nodeid, stage,
     marker, label, outcome, message); ``points`` maps stage modules to their points, in order;
     ``output_capped``: nodeids during which the learner's output was truncated."""
@@ -102,6 +106,7 @@ def build(*, student, assignment, submission, tests, points, seconds, output_cap
         "seed": seed_of(fingerprint) if seed is None else seed,
         "graded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(seconds, 3),
+        "confinement": confinement,
         "total": round(sum(s["points"] for s in stages), 2),
         "max_total": round(sum(s["max_points"] for s in stages), 2),
         "stages": stages,

@@ -1,64 +1,45 @@
-"""Run untrusted learner code in a separate, locked-down process.
+"""Run untrusted learner code in confined processes that each serve one submission.
 
-``IsolatedBackend(root)`` has the interface of ``adapters.LocalBackend``:
-``run(op, module, **kwargs)`` returns the same plain values, but the learner's
-modules are imported and run in a child process; this (trusted) process never
-imports them. What comes back is plain data (numbers, strings, numeric/bool
-NumPy arrays, lists/tuples/dicts of those), sent as JSON plus ``.npy`` blobs
-without pickle and checked here (see ``grader.sandbox_child``). Every
-conclusion (comparisons, points) is drawn in this process.
+``IsolatedBackend(root)`` has the interface of ``adapters.LocalBackend``: ``run(op, module,
+**kwargs)`` returns the same plain values, but the learner's modules are imported and run in a
+*box*, a confined tree of processes that serves this one submission and is killed with it. This
+(trusted) process never imports learner code. What comes back is plain data (numbers, strings,
+numeric/bool NumPy arrays, lists/tuples/dicts of those), sent as JSON plus raw blobs without
+pickle and checked here (see ``grader.sandbox_child``). Every conclusion is drawn in this process.
 
-Confinement, strongest first (the first that starts on this machine is used;
-``IsolatedBackend.mode`` says which, and a weaker one emits a warning):
+    this process ──control socket──> template: confined, torch imported; never runs learner
+         │                             code; forks a box when asked, kills it when asked
+         └──the box's own 4 pipes──> box: fresh namespaces, /tmp, /dev/shm, keyring and uid;
+                                        its pid 1 forks a worker per stage, which runs the
+                                        learner's code
 
-``namespaces``  (root) ``unshare`` puts the child in new mount, pid, network,
-                IPC and UTS namespaces. The child pivots into a fresh root file
-                system holding only /usr, /etc, the Python installation and a
-                private copy of the submission (read-only), with small private
-                /tmp and /dev, then switches to a dedicated unprivileged uid.
-                The kit (solutions, tests, hidden fixtures), other submissions
-                and the gradebook do not exist in its world; it has no network.
-``userns``      (no root needed) the same inside an unprivileged user namespace;
-                privileges are dropped by entering a nested user namespace.
-``uid``         (root without namespaces, e.g. a locked-down container) only the
-                dedicated uid: files readable by everyone stay readable.
-``plain``       a child process with resource limits, nothing more.
+A ``Sandbox`` is one template. A process that grades many submissions keeps one (torch is then
+imported once per grading process) and asks it for a box per submission; ``IsolatedBackend``
+without a sandbox starts its own. Everything a box holds (processes, /tmp and /dev/shm, IPC
+objects, sockets, keyring, uid) is its own and dies with it, and its only file descriptors are
+the four pipes this process gave it. What a box says is data about its own submission: no box
+is ever used for a second submission, or again after anything went wrong in it (time-out,
+crash, a message that does not parse), and no message of a box decides anything about a
+process: the template, which learner code cannot reach, kills boxes and reports them gone.
 
-Limits per call: wall-clock time (the child is killed and restarted later),
-address space (RLIMIT_AS), processes (RLIMIT_NPROC of the dedicated uid, and
-the pid namespace dies with its init), captured stdout/stderr (drained by a
-thread, kept up to ``output_bytes``, the rest counted and dropped), files the
-child writes (a small tmpfs, RLIMIT_FSIZE).
+Confinement, strongest first (``Sandbox.confinement`` says which holds and what is missing; a
+grading run reports it at the start and in every record, and the kit's tests fail where it is
+weaker than the README promises):
 
-Process layout: one child ("zygote") per backend imports torch once, then
-forks a worker; the worker imports the learner's stage module afresh for each
-stage and answers the operations on it. It goes on to the next stage only if
-the last one left the process as the zygote had it (same objects behind the
-names of torch, numpy, builtins and the adapter, same torch modes and hooks, no
-new threads, processes or held memory: ``sandbox_child.process_state``);
-otherwise it exits and the zygote forks a clean worker, so a module that
-rebinds torch's functions changes no other stage's grade. What the check cannot
-see (a function's code object swapped, torch's C internals) can reach the same
-submission's later stages, never another submission: each submission starts
-from a fresh fork of the clean zygote. Reusing the worker saves a fork and
-torch's first-touch page copies per stage (about 8 ms each). A crash in one
-stage costs that stage only; a timeout kills the whole child, which is
-restarted on the next call.
+``namespaces``  (root) fresh mount, pid, network, IPC and UTS namespaces and a fresh uid per box
+``userns``      (no root; unprivileged user namespaces) the same, except the uid: the box keeps
+                the grader's uid, inside a nested user namespace that owns nothing
+``plain``       neither: a child process with resource limits, and no isolation at all
 
-Warm reuse (``keep_warm()``, for grading many submissions in one process):
-closing a backend then keeps its zygote instead of killing it, and the next
-``IsolatedBackend`` with the same limits takes it over, so torch is imported
-once per grading process rather than once per submission. Before the handover
-the zygote's workers are gone (its pid namespace holds nothing else), its
-scratch space (/tmp, /dev/shm) is emptied, and the read-only submission
-folder it sees is refilled with the new submission's modules. Only the
-confinements with a pid namespace and a private file system are reused; with
-weaker ones a leftover process could outlive its submission, so those
-children are still killed.
+Time (``Limits``): one check may use ``check_seconds`` of CPU time in the box (all its
+processes), a whole submission ``budget``; wall-clock limits of WALL_FACTOR times those only
+stop code that waits or sleeps. A box's start-up is never counted, and the machine's load
+changes no CPU time. Other limits: address space (RLIMIT_AS), processes (RLIMIT_NPROC of the
+box's uid), the box's tmpfs and the files it writes (RLIMIT_FSIZE), captured output (drained
+by a thread, the first ``output_bytes`` kept), the size of an answer.
 """
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import re
@@ -66,37 +47,104 @@ import secrets
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import warnings
 import weakref
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
-from . import FIXTURES, KIT, SOLUTIONS, TESTS
+from . import FIXTURES, KIT, SOLUTIONS, TESTS, scratch
 from .kit import adapters
-from .sandbox_child import LENGTH, ProtocolError, decode, encode, pack
+from .sandbox_child import CONTROL_BYTES, LENGTH, ProtocolError, decode, encode, pack
 
 CHILD_SCRIPT = Path(__file__).with_name("sandbox_child.py")
 STAGE_FILE = re.compile(r"^s\d\d_\w+\.py$")
 MAX_MODULE_BYTES = 1 << 20  # a stage module larger than this is not copied
 MAX_HEADER_BYTES = 16 << 20
-UID_BASE = 1_500_000_000  # dedicated uids come from here on (no real user lives there)
+UID_RANGE = (1_500_000_000, 2_100_000_000)  # fresh uids for boxes (no real user lives there)
+WALL_FACTOR = 5  # wall-clock limits are this many times the CPU limits
+BUDGET_CHECKS = 12  # the default budget of a submission: this many checks at their limit
+START_SECONDS = 180.0  # a template must be ready within this (importing torch on a loaded machine)
+BOX_SECONDS = 30.0  # a box must be ready, or gone, within this
+POLL_SECONDS = 0.1  # how often the CPU time of a running check is read
+CLOSE_SECONDS = 2.0  # CPU time a worker may take to close its stage before its box is replaced
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
-_chosen_mode = None  # the first confinement that worked in this process
-_warned = set()
-_uid_counter = 0
-REUSABLE = ("namespaces", "userns")  # confinements whose children may serve another submission
-_warm = {"enabled": False, "idle": {}}  # see keep_warm(); idle: limits key -> _Child
-_warm_lock = threading.Lock()
-_dropped = [0]  # bytes of learner output dropped by the output cap, all backends of this process
+
+# ---------------------------------------------------------------- limits and confinement
+
+@dataclass(frozen=True)
+class Limits:
+    """What one submission may use. Times are CPU seconds of the learner's processes."""
+
+    check_seconds: float = 10.0  # one check (one test)
+    budget_seconds: float | None = None  # the whole submission; None: BUDGET_CHECKS x check_seconds
+    memory_bytes: int = 4 << 30  # address space of each process
+    output_bytes: int = 1 << 20  # kept of what the learner prints (the rest is counted and dropped)
+    processes: int = 64  # processes and threads of the box's uid
+    tmp_bytes: int = 64 << 20  # each of the box's /tmp and /dev/shm, and any file it writes
+    result_bytes: int = 256 << 20  # one answer
+
+    @property
+    def budget(self) -> float:
+        return self.budget_seconds if self.budget_seconds is not None else BUDGET_CHECKS * self.check_seconds
+
+    @property
+    def check_wall(self) -> float:
+        return WALL_FACTOR * self.check_seconds
+
+    @property
+    def budget_wall(self) -> float:
+        return WALL_FACTOR * self.budget
+
+    def for_box(self, mode) -> dict:
+        # RLIMIT_NPROC counts the processes of a uid (in its user namespace): without a box of
+        # its own, that would be the grader's.
+        return {"memory_bytes": self.memory_bytes, "tmp_bytes": self.tmp_bytes,
+                "processes": self.processes if mode != "plain" else None}
 
 
-def dropped_output_bytes() -> int:
-    """How much learner output the cap has dropped so far in this process (a running count)."""
-    return _dropped[0]
+GUARANTEES = {  # what keeps one submission from reaching another, by the name a Confinement lists
+    "mount": "a private root file system (the kit, the gradebook and other submissions out of sight) "
+             "and a fresh /tmp, /dev/shm and home for each submission",
+    "pid": "a fresh pid namespace for each submission (no signals, ptrace or leftover processes)",
+    "network": "a fresh network namespace for each submission (no network, no shared abstract sockets)",
+    "ipc": "a fresh IPC namespace for each submission (no shared SysV or POSIX IPC objects)",
+    "uid": "a fresh unprivileged uid for each submission",
+    "keyring": "a fresh session keyring for each submission",
+}
+HOLDS = {
+    "namespaces": tuple(GUARANTEES),
+    "userns": tuple(g for g in GUARANTEES if g != "uid"),
+    "plain": ("keyring",),
+}
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """Which confinement a sandbox runs with, and what it lacks of the strongest."""
+
+    mode: str
+    why: str = ""  # why stronger confinements failed, if they did
+
+    @property
+    def missing(self) -> list[str]:
+        return [g for g in GUARANTEES if g not in HOLDS[self.mode]]
+
+    def summary(self) -> str:
+        if not self.missing:
+            return f"sandbox: {self.mode} (fresh namespaces, /tmp, keyring and uid for each submission)"
+        lacking = "; ".join(GUARANTEES[g] for g in self.missing)
+        return (f"sandbox: {self.mode}, WEAKER than full confinement; it lacks {lacking}"
+                + (f" [{self.why}]" if self.why else ""))
+
+    def record(self) -> dict:
+        return {"mode": self.mode, "missing": self.missing}
 
 
 class SandboxWarning(UserWarning):
@@ -104,24 +152,106 @@ class SandboxWarning(UserWarning):
 
 
 class SandboxUnavailable(RuntimeError):
-    """No way to start the child process works on this machine (not the learner's fault)."""
+    """No way to start a template or a box works on this machine (not the learner's fault)."""
 
 
-class _Timeout(Exception):
-    pass
+def candidate_modes() -> list[str]:
+    """Confinements worth trying here, strongest first."""
+    modes = []
+    if shutil.which("unshare"):
+        if os.geteuid() == 0:
+            modes.append("namespaces")
+        modes.append("userns")
+    return modes + ["plain"]
 
 
-class _ChildGone(Exception):
-    pass
+def _unshare(mode) -> list[str]:
+    """The command prefix that puts a template in its namespaces ([] for plain)."""
+    if mode == "plain":
+        return []
+    user = ["--user", "--map-root-user"] if mode == "userns" else []
+    return [shutil.which("unshare") or "unshare", *user, "--mount", "--pid", "--net", "--ipc", "--uts",
+            "--fork", "--kill-child", "--"]
+
+
+def probe(confine=None) -> Confinement:
+    """The strongest confinement this machine allows, found quickly (no template is started):
+    what a grading run announces before it starts."""
+    failures = []
+    for mode in [confine] if confine else candidate_modes():
+        if mode == "plain":
+            return Confinement(mode, "; ".join(failures))
+        try:
+            run = subprocess.run([*_unshare(mode), "true"], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            failures.append(f"{mode}: {exc}")
+            continue
+        if run.returncode == 0:
+            return Confinement(mode, "; ".join(failures))
+        failures.append(f"{mode}: {run.stderr.strip() or run.returncode}")
+    raise SandboxUnavailable("; ".join(failures))
+
+
+# ---------------------------------------------------------------- reading the box from outside
+
+def _children(pid) -> list[int]:
+    """The children of process ``pid`` (Linux /proc), or [] when that cannot be read."""
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found += [int(child) for child in handle.read().split()]
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def _cpu_fields(pid) -> list[int] | None:
+    """utime, stime, cutime, cstime of process ``pid``, in clock ticks."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return [int(f) for f in stat.read().rsplit(")", 1)[1].split()[11:15]]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _learner_cpu(init) -> float | None:
+    """CPU seconds used in a box so far: every process under the box's first process, living or
+    reaped into its parent's counts, but not the first process's own work (the box's start-up).
+    None when /proc cannot tell (the box is gone, or this is not Linux)."""
+    fields = _cpu_fields(init)
+    if fields is None:
+        return None
+    ticks = fields[2] + fields[3]  # the workers the first process has reaped
+    pending = _children(init)
+    while pending:
+        pid = pending.pop()
+        fields = _cpu_fields(pid)
+        if fields is not None:
+            ticks += sum(fields)
+        pending += _children(pid)
+    return ticks / CLOCK_TICKS
+
+
+def _ns_pid(pid) -> int | None:
+    """The pid of process ``pid`` in its own (innermost) pid namespace."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 # ---------------------------------------------------------------- output capture
 
 class _Capture:
-    """Drains the child's stdout and stderr so that it never blocks on a full pipe.
+    """Drains a process's stdout and stderr so that it never blocks on a full pipe.
 
     Keeps the first ``limit`` bytes of each stream and a short rolling tail; counts
-    the rest. Memory use stays bounded however much the child prints.
+    the rest. Memory use stays bounded however much the process prints.
     """
 
     TAIL = 4096
@@ -166,127 +296,20 @@ class _Capture:
                 text += self.tail[name].decode(errors="replace")
         return text
 
+    def dropped_bytes(self):
+        with self.lock:
+            return sum(self.dropped.values())
+
     def last_lines(self, name, count=12):
         with self.lock:
             data = self.tail[name] if self.dropped[name] else bytes(self.head[name][-self.TAIL:])
         return "\n".join(data.decode(errors="replace").rstrip().splitlines()[-count:])
 
 
-# ---------------------------------------------------------------- the child process
-
-class _Child:
-    """One running child: the process, its pipes, its work directory. Killing is idempotent."""
-
-    def __init__(self, proc, requests, replies, capture, workdir, uid, unshared):
-        self.proc, self.requests, self.replies = proc, requests, replies
-        self.unshared = unshared  # proc is unshare, and the zygote its child
-        self.capture, self.workdir, self.uid = capture, workdir, uid
-        self.alive = True
-
-    def kill(self):
-        if not self.alive:
-            return
-        self.alive = False
-        # Under unshare, kill the zygote first (the init of the pid namespace: its death
-        # takes every process of the namespace with it) so that unshare, still alive, reaps
-        # it; then the whole process group (unshare itself, or the zygote in plain modes).
-        if self.unshared:
-            for pid in _children(self.proc.pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            try:
-                self.proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if self.uid is not None:
-            # Without a pid namespace strays may have left the process group; with one,
-            # the kernel tears the namespace down asynchronously. Either way, wait (briefly)
-            # until nothing runs under the dedicated uid any more.
-            for _ in range(100):
-                if not _kill_uid(self.uid):
-                    break
-                time.sleep(0.02)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        for fd in (self.requests, self.replies):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.capture.thread.join(timeout=1)
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _children(pid):
-    """The children of process ``pid`` (Linux /proc), or [] when that cannot be read."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            return [int(child) for child in handle.read().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def _kill_uid(uid):
-    """Kill every process whose real uid is ``uid`` (a dedicated sandbox uid, never a person's).
-
-    Returns how many there were (zombies included).
-    """
-    found = 0
-    if uid < UID_BASE:
-        return found
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/status") as status:
-                    for line in status:
-                        if line.startswith("Uid:"):
-                            if int(line.split()[1]) == uid:
-                                found += 1
-                                os.kill(int(entry), signal.SIGKILL)
-                            break
-            except (OSError, ValueError):
-                pass
-    return found
-
-
-def _modes():
-    """Confinements worth trying here, strongest first."""
-    unshare = shutil.which("unshare")
-    modes = []
-    if unshare and os.geteuid() == 0:
-        modes.append("namespaces")
-    if unshare:
-        modes.append("userns")
-    if os.geteuid() == 0:
-        modes.append("uid")
-    modes.append("plain")
-    return modes
-
-
-def _warn_once(mode, why):
-    if mode not in _warned:
-        _warned.add(mode)
-        warnings.warn(f"grader.sandbox: confinement degraded to {mode!r}: {why}", SandboxWarning, stacklevel=4)
-
-
-WEAKNESS = {
-    "userns": "no root: privileges are dropped with a nested user namespace (the file system is still hidden)",
-    "uid": "no namespaces here: the child runs under a dedicated uid but can read every world-readable "
-           "file, including the kit's solutions and hidden fixtures unless their permissions forbid it",
-    "plain": "no namespaces and no root: the child has the grader's own rights (resource limits only)",
-}
-
+# ---------------------------------------------------------------- the template
 
 def submission_sources(root) -> dict[str, bytes]:
-    """The stage modules of folder ``root`` the child may see: regular files named sNN_topic.py of
+    """The stage modules of folder ``root`` a box may see: regular files named sNN_topic.py of
     at most MAX_MODULE_BYTES. Symlinks are not followed (one could point at the solutions)."""
     sources = {}
     for path in sorted(Path(root).iterdir()):
@@ -296,70 +319,384 @@ def submission_sources(root) -> dict[str, bytes]:
     return sources
 
 
-def _fill(folder: Path, sources: dict[str, bytes]):
-    """Make ``folder`` hold exactly ``sources`` (readable by the child's dedicated uid)."""
-    for old in folder.iterdir():
-        old.unlink()
-    for name, data in sources.items():
-        (folder / name).write_bytes(data)
-        (folder / name).chmod(0o644)
+@dataclass
+class _Box:
+    """This process's side of one box."""
+
+    token: str
+    requests: int  # write end of the box's request pipe
+    replies: int  # read end of its reply pipe
+    capture: _Capture  # its stdout and stderr
+    incoming: Path  # the folder holding the submission's modules, bound read-only into the box
+    tmp: Path | None  # its scratch folder (without a mount namespace only)
+    init: int | None = None  # pid of the box's first process (for its CPU time), None if unknown
+
+    def cpu(self) -> float | None:
+        return None if self.init is None else _learner_cpu(self.init)
 
 
-def keep_warm(enabled: bool = True):
-    """Keep closed backends' children for the next IsolatedBackend of this process (see the module
-    docstring). Turning it off kills the idle children."""
-    _warm["enabled"] = enabled
-    if not enabled:
-        discard_warm()
+class Sandbox:
+    """One template process (see the module docstring): started on first use, kept until close().
+
+    ``confine``: a mode name to insist on (None: the strongest that works here). Thread-safe.
+    ``dropped_output`` counts the bytes of learner output the cap dropped, over every box.
+    """
+
+    def __init__(self, *, confine=None, start_seconds=START_SECONDS):
+        self.confine = confine
+        self.start_seconds = start_seconds
+        self.confinement: Confinement | None = None
+        self.dropped_output = 0
+        self.stats = {"starts": 0, "start_seconds": [], "boxes": 0}
+        self._proc = None
+        self._control = None
+        self._template = None  # the template's pid
+        self._folder = None
+        self._capture = None
+        self._lock = threading.RLock()
+        self._finalizer = None
+
+    @property
+    def mode(self) -> str | None:
+        return self.confinement.mode if self.confinement else None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- the template's life
+
+    def start(self) -> Confinement:
+        """Start the template if it is not running; returns the confinement it has."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                return self.confinement
+            self._stop()
+            modes = [self.confine] if self.confine else (
+                [self.confinement.mode] if self.confinement else candidate_modes())
+            failures = []
+            for mode in modes:
+                started = time.monotonic()
+                try:
+                    self._start(mode)
+                except SandboxUnavailable as exc:
+                    failures.append(f"{mode}: {exc}")
+                    continue
+                self.stats["starts"] += 1
+                self.stats["start_seconds"].append(round(time.monotonic() - started, 3))
+                why = "; ".join(failures) or (self.confinement.why if self.confinement else "")
+                self.confinement = Confinement(mode, why)
+                if self.confinement.missing:
+                    warnings.warn(self.confinement.summary(), SandboxWarning, stacklevel=3)
+                return self.confinement
+            raise SandboxUnavailable("cannot start the sandbox:\n  " + "\n  ".join(failures))
+
+    def _start(self, mode):
+        a = adapters()
+        confined = mode != "plain"
+        scratch.sweep()
+        folder = scratch.Folder("sandbox")
+        root = folder.path
+        for name in ("runtime", "incoming", "newroot", "tmp"):
+            (root / name).mkdir()
+        shutil.copyfile(CHILD_SCRIPT, root / "runtime" / "sandbox_child.py")
+        shutil.copyfile(a.__file__, root / "runtime" / "adapters.py")
+        for path in [root, *root.rglob("*")]:
+            if path.name != scratch.LOCK:
+                path.chmod(0o755 if path.is_dir() else 0o644)  # readable by the boxes' uids
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config = {
+            "control_fd": theirs.fileno(),
+            "newroot": str(root / "newroot") if confined else None,
+            "runtime_host": str(root / "runtime"),
+            "incoming_host": str(root / "incoming"),
+            "runtime": "/sandbox/runtime" if confined else str(root / "runtime"),
+            "secrets": [str(p) for p in (KIT, SOLUTIONS, TESTS, FIXTURES)],
+            "drop": {"namespaces": "uid", "userns": "userns"}.get(mode),
+            "threads": _torch_threads(),
+        }
+        command = [*_unshare(mode), sys.executable, "-I", str(root / "runtime" / "sandbox_child.py"),
+                   json.dumps(config)]
+        if _setpriv_pdeathsig():
+            command = [shutil.which("setpriv"), "--pdeathsig", "KILL", "--", *command]
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "USER": "learner", "LOGNAME": "learner",
+               "HOME": "/tmp" if confined else str(root / "tmp"), "TMPDIR": "/tmp" if confined else str(root / "tmp")}
+        try:
+            proc = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=(theirs.fileno(),), cwd=root, env=env, start_new_session=True,
+            )
+        except OSError as exc:
+            ours.close()
+            theirs.close()
+            folder.remove()
+            raise SandboxUnavailable(str(exc)) from None
+        finally:
+            theirs.close()
+        self._proc, self._control, self._folder = proc, ours, folder
+        self._capture = _Capture({"stdout": proc.stdout, "stderr": proc.stderr}, 64 << 10)
+        self._finalizer = weakref.finalize(self, _kill_template, proc, ours, folder)
+        reply = self._reply(None, time.monotonic() + self.start_seconds)
+        if reply.get("kind") != "ready":
+            tail = self._capture.last_lines("stderr", 5)
+            lines = str(reply.get("message")).strip().splitlines() or [""]
+            self._stop()
+            raise SandboxUnavailable(lines[-1] + (f" (stderr: {tail})" if tail else ""))
+        self._template = proc.pid if not confined else next(iter(_children(proc.pid)), None)
+
+    def close(self):
+        """Stop the template: it kills every box it still has, then exits."""
+        with self._lock:
+            self._stop()
+
+    def _stop(self):
+        if self._finalizer is not None:
+            self._finalizer()
+        self._finalizer = self._proc = self._control = self._folder = self._template = None
+
+    # -- talking to the template
+
+    def _reply(self, token, deadline) -> dict:
+        """The template's next answer (to the request for ``token``); {"kind": "failed"} if none."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return {"kind": "failed", "message": "the sandbox did not answer in time"}
+            ready, _, _ = select.select([self._control], [], [], remaining)
+            if not ready:
+                continue
+            try:
+                data = self._control.recv(CONTROL_BYTES)
+            except OSError as exc:
+                data = b""
+                failure = str(exc)
+            else:
+                failure = "the sandbox process ended"
+            if not data:
+                return {"kind": "failed", "message": failure}
+            reply = json.loads(data)
+            if token is None or reply.get("token") == token:
+                return reply
+
+    def spawn(self, sources: dict[str, bytes], limits: Limits) -> _Box:
+        """A new box holding ``sources`` (file name -> module source), ready to serve stages."""
+        with self._lock:
+            confinement = self.start()
+            token = secrets.token_hex(8)
+            incoming = self._folder.path / "incoming" / token
+            incoming.mkdir(mode=0o755)
+            for name, data in sources.items():
+                (incoming / name).write_bytes(data)
+                (incoming / name).chmod(0o644)
+            tmp = None
+            if confinement.mode == "plain":
+                tmp = self._folder.path / "tmp" / token
+                tmp.mkdir(mode=0o700)
+            pipes = [os.pipe() for _ in range(4)]  # requests, replies, stdout, stderr
+            theirs = [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]]
+            request = {"cmd": "spawn", "token": token, "limits": limits.for_box(confinement.mode),
+                       "uid": secrets.randbelow(UID_RANGE[1] - UID_RANGE[0]) + UID_RANGE[0]
+                       if confinement.mode == "namespaces" else None,
+                       "submission": str(incoming), "tmp": str(tmp) if tmp else None}
+            try:
+                socket.send_fds(self._control, [json.dumps(request).encode()], theirs)
+                reply = self._reply(token, time.monotonic() + BOX_SECONDS)
+            except OSError as exc:
+                reply = {"kind": "failed", "message": str(exc)}
+            finally:
+                for fd in theirs:
+                    os.close(fd)
+            streams = {"stdout": os.fdopen(pipes[2][0], "rb", buffering=0),
+                       "stderr": os.fdopen(pipes[3][0], "rb", buffering=0)}
+            box = _Box(token, pipes[0][1], pipes[1][0], _Capture(streams, limits.output_bytes), incoming, tmp)
+            if reply.get("kind") != "spawned":
+                self._discard(box)
+                self._stop()
+                raise SandboxUnavailable(f"the sandbox could not start a box: {reply.get('message')}")
+            self.stats["boxes"] += 1
+            launcher = self._global_pid(reply.get("pid"))
+        # The box's first message says it is confined and ready (no learner code has run yet).
+        first = _first_message(box, time.monotonic() + BOX_SECONDS)
+        if first.get("kind") != "ready":
+            tail = box.capture.last_lines("stderr", 5)
+            self.kill(box)
+            raise SandboxUnavailable(f"a box failed to start: {first.get('message')}" + (f" ({tail})" if tail else ""))
+        if launcher is not None:
+            box.init = next(iter(_children(launcher)), None)
+        return box
+
+    def _global_pid(self, pid) -> int | None:
+        """This process's pid of the template's child ``pid`` (the template numbers it in its own
+        pid namespace)."""
+        if self._template is None or not isinstance(pid, int):
+            return None
+        for child in _children(self._template):
+            if _ns_pid(child) == pid:
+                return child
+        return None
+
+    def kill(self, box: _Box):
+        """Kill ``box`` and wait until the template reports it gone."""
+        with self._lock:
+            if self._control is not None:
+                try:
+                    self._control.send(json.dumps({"cmd": "kill", "token": box.token}).encode())
+                    reply = self._reply(box.token, time.monotonic() + BOX_SECONDS)
+                except OSError:
+                    reply = {"kind": "failed"}
+                if reply.get("kind") != "gone":
+                    self._stop()  # a template that cannot kill its boxes is killed with them
+            self._discard(box)
+
+    def _discard(self, box: _Box):
+        for fd in (box.requests, box.replies):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        box.capture.thread.join(timeout=2)
+        shutil.rmtree(box.incoming, ignore_errors=True)
+        if box.tmp is not None:
+            shutil.rmtree(box.tmp, ignore_errors=True)
 
 
-def discard_warm():
-    """Kill the idle warm children."""
-    with _warm_lock:
-        idle, _warm["idle"] = list(_warm["idle"].values()), {}
-    for child in idle:
-        child.kill()
+def _kill_template(proc, control, folder):
+    """Stop a template and everything it started; remove its folder (also at interpreter exit)."""
+    try:
+        control.close()  # the template kills its boxes and exits when it sees the socket close
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    # Under unshare, the template is the init of its pid namespace: killing it takes every
+    # process of the namespace (all boxes) with it; then unshare itself.
+    for pid in [*_children(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    folder.remove()
 
 
-atexit.register(discard_warm)
+def _first_message(box: _Box, deadline) -> dict:
+    """A box's first message ({"kind": "ready"} or "failed"), read with this process's limits."""
+    try:
+        header, _ = _receive(box, deadline, lambda: None, MAX_HEADER_BYTES)
+        return header
+    except (_OutOfTime, _BoxGone, ProtocolError) as exc:
+        return {"kind": "failed", "message": type(exc).__name__.strip("_")}
+
+
+class _OutOfTime(Exception):
+    def __init__(self, what):
+        super().__init__(what)
+        self.what = what  # "check", "wall", "budget" or "close"
+
+
+class _BoxGone(Exception):
+    pass
+
+
+def _wait(fd, deadline, charge, write=False):
+    """Block until ``fd`` can be read (or written); ``charge()`` checks the time limits meanwhile."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _OutOfTime("wall")
+        readable, writable, _ = select.select([] if write else [fd], [fd] if write else [], [],
+                                              min(POLL_SECONDS, remaining))
+        if readable or writable:
+            return
+        charge()
+
+
+def _read(box, size, deadline, charge):
+    chunks = []
+    while size:
+        _wait(box.replies, deadline, charge)
+        chunk = os.read(box.replies, min(size, 1 << 20))
+        if not chunk:
+            raise _BoxGone
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _receive(box, deadline, charge, result_bytes):
+    """One message from the box, checked against the size limits before it is read."""
+    (size,) = LENGTH.unpack(_read(box, LENGTH.size, deadline, charge))
+    if size > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {size} bytes")
+    try:
+        header = json.loads(_read(box, size, deadline, charge))
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"bad header ({type(exc).__name__})") from None
+    sizes = header.pop("blobs", None) if isinstance(header, dict) else None
+    if not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes):
+        raise ProtocolError("bad blob list")
+    if sum(sizes) > result_bytes:
+        raise ProtocolError(f"a result of {sum(sizes)} bytes (limit {result_bytes})")
+    return header, [_read(box, n, deadline, charge) for n in sizes]
+
+
+def _send(box, message, deadline, charge):
+    data = memoryview(message)
+    while data:
+        _wait(box.requests, deadline, charge, write=True)
+        try:
+            data = data[os.write(box.requests, data[: 1 << 16]):]
+        except BrokenPipeError:
+            raise _BoxGone from None
 
 
 # ---------------------------------------------------------------- the backend
 
 class IsolatedBackend:
-    """Like ``adapters.LocalBackend``, but the learner's code runs in a confined child process.
+    """Like ``adapters.LocalBackend``, but the learner's code runs in boxes (see the module docstring).
 
-    One child per backend (per submission), reused across calls and restarted after
-    a timeout. Use ``close()`` or ``with IsolatedBackend(root) as backend:``.
-    ``last_output`` holds what the learner printed during the most recent call.
+    One backend per submission: its modules are read once, here. ``sandbox``: the template to
+    take boxes from (None: a template of its own, stopped by ``close()``). The test harness calls
+    ``start_check()`` at the start of each test; without it, every operation is a check of its
+    own. ``last_output`` holds what the learner printed during the most recent operation.
     """
 
-    def __init__(self, root, *, wall_seconds=20.0, memory_bytes=4 << 30, output_bytes=1 << 20,
-                 processes=64, tmp_bytes=64 << 20, result_bytes=256 << 20, start_seconds=120.0,
-                 confine=None):
+    def __init__(self, root, limits: Limits | None = None, *, sandbox: Sandbox | None = None, confine=None):
         self.root = Path(root).resolve()
-        self.wall_seconds = wall_seconds
-        self.memory_bytes = memory_bytes
-        self.output_bytes = output_bytes
-        self.processes = processes
-        self.tmp_bytes = tmp_bytes
-        self.result_bytes = result_bytes
-        self.start_seconds = start_seconds
-        self.confine = confine  # None: the strongest that works; or one of the mode names
-        self.mode = None
-        self.degraded = ""  # why stronger confinements failed, if they did
+        self.limits = limits or Limits()
+        self.sources = submission_sources(self.root)
+        self.sandbox = sandbox or Sandbox(confine=confine)
+        self._own_sandbox = sandbox is None
         self.adapters = adapters()
-        self.stats = {"starts": 0, "start_seconds": [], "reused": 0, "dropped_output": {}, "workers": 0,
-                      "stages": 0, "leaving": {}}
+        self.stats = {"boxes": 0, "workers": 0, "stages": 0, "leaving": {}, "dropped_output": {},
+                      "cpu_seconds": 0.0, "wall_seconds": 0.0}
         self.last_output = {"stdout": "", "stderr": ""}
-        self._child = None
-        self._module = None  # the stage module the current worker serves
+        self._box: _Box | None = None
+        self._module = None  # the stage module the box's current worker serves
         self._token = None  # names the current stage's requests and replies
         self._worker = None  # the token the current worker was forked for (None: no worker)
+        self._cpu_before = 0.0  # CPU time of this submission's earlier boxes
+        self._wall = 0.0  # wall time of this submission's operations so far
+        self._check_cpu = 0.0  # CPU time used when the current check started
+        self._check_wall = 0.0  # wall time of the current check's operations so far
+        self._checks_from_caller = False
+        self._exhausted = False
         self._lock = threading.Lock()
-        self._finalizer = None
 
-    # -- context manager and cleanup
+    @property
+    def mode(self):
+        return self.sandbox.mode
+
+    @property
+    def confinement(self) -> Confinement | None:
+        return self.sandbox.confinement
 
     def __enter__(self):
         return self
@@ -369,71 +706,57 @@ class IsolatedBackend:
 
     def close(self):
         with self._lock:
-            if not (_warm["enabled"] and self.mode in REUSABLE and self._release()):
-                self._stop()
+            self._end_box()
+            if self._own_sandbox:
+                self.sandbox.close()
 
-    def _warm_key(self):
-        return (self.mode, self.memory_bytes, self.processes, self.tmp_bytes, _torch_threads())
+    # -- time
 
-    def _release(self) -> bool:
-        """Hand a clean child to the warm pool; False if it could not be cleaned (then kill it)."""
-        child = self._child
-        if child is None or not child.alive:
-            return False
-        deadline = time.monotonic() + 5
-        try:
-            self._retire(deadline)
-            token = secrets.token_hex(8)
-            self._send({"cmd": "reset", "token": token}, [], deadline)
-            while True:
-                header, _ = self._receive(deadline)
-                if header.get("kind") == "reset" and header.get("token") == token:
-                    break
-        except (_Timeout, _ChildGone, ProtocolError):
-            return False
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        self._child = None
-        self._module = self._token = self._worker = None
-        _fill(child.workdir / "box" / "submission", {})
-        with _warm_lock:
-            previous = _warm["idle"].pop(self._warm_key(), None)
-            _warm["idle"][self._warm_key()] = child
-        if previous is not None:
-            previous.kill()
-        return True
+    def cpu_used(self) -> float:
+        """CPU seconds the learner's code has used so far, over every box of this submission."""
+        current = self._box.cpu() if self._box is not None else None
+        return self._cpu_before + (current or 0.0)
 
-    def _take_warm(self) -> bool:
-        """Take over an idle child with this backend's limits, refilled with this submission."""
-        modes = [self.confine] if self.confine else [_chosen_mode]
-        for mode in modes:
-            if mode not in REUSABLE:
-                continue
-            self.mode = mode
-            with _warm_lock:
-                child = _warm["idle"].pop(self._warm_key(), None)
-            if child is None:
-                continue
-            if child.proc.poll() is not None:
-                child.kill()
-                continue
-            _fill(child.workdir / "box" / "submission", submission_sources(self.root))
-            child.capture.limit = self.output_bytes
-            self._child = child
-            self._finalizer = weakref.finalize(self, child.kill)
-            self.stats["reused"] += 1
-            return True
-        return False
+    def start_check(self):
+        """A check (one test) begins: its time limit counts from here."""
+        self._checks_from_caller = True
+        with self._lock:
+            self._begin_check()
 
-    def _stop(self):
-        if self._child is not None:
-            self._child.kill()
-            self._child = None
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        self._module = self._token = self._worker = None
+    def _begin_check(self):
+        self._check_cpu, self._check_wall = self.cpu_used(), 0.0
+        if self._check_cpu >= self.limits.budget or self._wall >= self.limits.budget_wall:
+            self._exhausted = True
+
+    def _charger(self, started, in_check=True):
+        """The function that ends an operation begun at ``started`` once a time limit is reached."""
+        limits = self.limits
+
+        def charge():
+            wall = time.monotonic() - started
+            cpu = self.cpu_used()
+            if cpu >= limits.budget or self._wall + wall >= limits.budget_wall:
+                raise _OutOfTime("budget")
+            if in_check and cpu - self._check_cpu >= limits.check_seconds:
+                raise _OutOfTime("check")
+            if in_check and self._check_wall + wall >= limits.check_wall:
+                raise _OutOfTime("wall")
+            if not in_check and cpu - self._check_cpu >= CLOSE_SECONDS:
+                raise _OutOfTime("close")
+
+        return charge
+
+    def _time_message(self, module, what):
+        limits = self.limits
+        if what == "budget":
+            return (f"{module}: the time budget of this submission ran out ({limits.budget:g} s of CPU time, or "
+                    f"{limits.budget_wall:g} s of waiting, for all its checks together); this check and the "
+                    "remaining ones were not run")
+        if what == "wall":
+            return (f"{module}: time limit of {limits.check_wall:g} s (wall clock) exceeded while the code "
+                    "was waiting or sleeping (time.sleep, input(), a lock?)")
+        return (f"{module}: time limit of {limits.check_seconds:g} s of CPU time for one check exceeded — an "
+                "infinite loop? (or very slow code: keep the work in vectorized torch operations)")
 
     # -- the interface
 
@@ -444,47 +767,63 @@ class IsolatedBackend:
         if not a.STAGE_MODULE.match(module):
             raise ValueError(f"{module!r} is not a stage module name (sNN_topic)")
         blobs = []
-        body = encode(kwargs, blobs)
+        value = encode(kwargs, blobs)
         with self._lock:
-            self._ensure_child()
-            if self._module != module:
-                self._open(module)
-            self._child.capture.reset()
-            deadline = time.monotonic() + self.wall_seconds
+            if not self._checks_from_caller:
+                self._begin_check()
+            if self._exhausted:
+                raise a.SubmissionError(self._time_message(module, "budget"))
+            box = None
+            started = time.monotonic()
             try:
-                self._send({"cmd": "op", "op": op, "kwargs": body, "token": self._token}, blobs, deadline)
+                box = self._ready_box(module)  # start-up and the last stage's end: not this check's time
+                box.capture.reset()
+                started = time.monotonic()
+                charge = self._charger(started)
+                deadline = started + self.limits.check_wall + 1
+                token = self._token
+                _send(box, pack({"cmd": "op", "op": op, "kwargs": value, "token": token}, blobs), deadline, charge)
                 while True:
-                    header, values = self._receive(deadline)
-                    if header.get("token") == self._token or self._worker_ended(header):
+                    header, values = _receive(box, deadline, charge, self.limits.result_bytes)
+                    if header.get("token") == token or self._worker_ended(header):
                         break  # anything else is left over from an earlier worker
-                kind = header.get("kind")
-                if kind == "result":
+                if header.get("kind") == "result":
                     return decode(header.get("value"), values)
-                raise self._failure(module, header)
-            except _Timeout:
-                self._stop()
-                raise a.SubmissionError(
-                    f"{module}: time limit of {self.wall_seconds:g} s exceeded — an infinite loop? "
-                    "(or very slow code: keep the work in vectorized torch operations)"
-                ) from None
-            except _ChildGone:
-                tail = self._child.capture.last_lines("stderr")
-                self._stop()
+                failure = self._failure(module, header)  # the learner's code raised: the box serves on
+            except _OutOfTime as exc:
+                self._end_box()
+                if exc.what == "budget":
+                    self._exhausted = True
+                raise a.SubmissionError(self._time_message(module, exc.what)) from None
+            except _BoxGone:
+                tail = box.capture.last_lines("stderr") if box else ""
+                self._end_box()
                 raise a.SubmissionError(
                     f"{module}: the sandbox process died unexpectedly" + (f"; its last output:\n{tail}" if tail else "")
                 ) from None
             except ProtocolError as exc:
-                self._stop()
+                self._end_box()
                 raise a.SubmissionError(f"{module}: the answer could not be read: {exc}") from None
+            except BaseException:
+                self._end_box()  # e.g. interrupted: the box is in an unknown state
+                raise
             finally:
-                if self._child is not None:
-                    self.last_output = {name: self._child.capture.text(name) for name in ("stdout", "stderr")}
-                    with self._child.capture.lock:
-                        dropped = sum(self._child.capture.dropped.values())
-                    if dropped:
-                        _dropped[0] += dropped  # the output cap was hit (the verdict itself does not change)
-                        counts = self.stats["dropped_output"]
-                        counts[module] = counts.get(module, 0) + dropped
+                elapsed = time.monotonic() - started
+                self._wall += elapsed
+                self._check_wall += elapsed
+                self.stats["wall_seconds"] = round(self._wall, 3)
+                if box is not None:
+                    self._collect_output(box, module)
+        raise failure
+
+    def _collect_output(self, box, module):
+        self.last_output = {name: box.capture.text(name) for name in ("stdout", "stderr")}
+        dropped = box.capture.dropped_bytes()
+        if dropped:
+            self.sandbox.dropped_output += dropped  # the output cap was hit (the verdict itself does not change)
+            counts = self.stats["dropped_output"]
+            counts[module] = counts.get(module, 0) + dropped
+            box.capture.reset()
 
     def _failure(self, module, header):
         """The SubmissionError for a reply that is not a result."""
@@ -495,7 +834,7 @@ class IsolatedBackend:
         if kind == "exception":
             what = f"{header.get('type')}: {header.get('message')}"
             if header.get("memory"):
-                what = f"{module}: memory limit of {self.memory_bytes / 2**30:g} GiB exceeded ({what})"
+                what = f"{module}: memory limit of {self.limits.memory_bytes / 2**30:g} GiB exceeded ({what})"
             trace = str(header.get("traceback") or "")
             return a.SubmissionError(what + (f"\nwhere (most recent call last):\n{trace.rstrip()}" if trace else ""))
         if kind == "ended":
@@ -514,7 +853,7 @@ class IsolatedBackend:
             hint = {
                 "SIGSEGV": " (a crash in native code: ctypes, or torch used out of bounds?)",
                 "SIGKILL": " (killed: out of memory?)",
-                "SIGXFSZ": f" (a file larger than {self.tmp_bytes >> 20} MiB was written)",
+                "SIGXFSZ": f" (a file larger than {self.limits.tmp_bytes >> 20} MiB was written)",
                 "SIGABRT": " (an abort in native code)",
             }.get(name, "")
             text = f"{module}: the child process died with signal {name}{hint}"
@@ -522,95 +861,58 @@ class IsolatedBackend:
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
             text = (f"{module}: the child process exited with code {code} before answering "
                     "(sys.exit/os._exit at import or in the function?)")
-        tail = self._child.capture.last_lines("stderr") if self._child else ""
+        tail = self._box.capture.last_lines("stderr") if self._box else ""
         return text + (f"\nits last output on stderr:\n{tail}" if tail else "")
 
-    # -- talking to the child
-
-    def _send(self, header, blobs, deadline):
-        data = memoryview(pack(header, blobs))
-        fd = self._child.requests
-        while data:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise _Timeout
-            _, writable, _ = select.select([], [fd], [], remaining)
-            if writable:
-                try:
-                    data = data[os.write(fd, data[: 1 << 16]):]
-                except BrokenPipeError:
-                    raise _ChildGone from None
-
-    def _read(self, size, deadline):
-        fd, chunks = self._child.replies, []
-        while size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise _Timeout
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if readable:
-                chunk = os.read(fd, min(size, 1 << 20))
-                if not chunk:
-                    raise _ChildGone
-                chunks.append(chunk)
-                size -= len(chunk)
-        return b"".join(chunks)
-
-    def _receive(self, deadline):
-        """One message from the child, checked against the size limits before it is read."""
-        (size,) = LENGTH.unpack(self._read(LENGTH.size, deadline))
-        if size > MAX_HEADER_BYTES:
-            raise ProtocolError(f"header of {size} bytes")
-        try:
-            header = json.loads(self._read(size, deadline))
-        except (ValueError, RecursionError) as exc:
-            raise ProtocolError(f"bad header ({type(exc).__name__})") from None
-        sizes = header.pop("blobs", None) if isinstance(header, dict) else None
-        if not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes):
-            raise ProtocolError("bad blob list")
-        if sum(sizes) > self.result_bytes:
-            raise ProtocolError(f"a result of {sum(sizes)} bytes (limit {self.result_bytes})")
-        return header, [self._read(n, deadline) for n in sizes]
+    # -- boxes and stages
 
     def _worker_ended(self, header):
-        """Whether ``header`` is the zygote's word that the current worker has gone (crashed, exited)."""
+        """Whether ``header`` says that the current worker has gone (crashed, exited)."""
         return header.get("kind") == "ended" and self._worker is not None and header.get("token") == self._worker
 
-    def _close_stage(self, deadline):
-        """End the current stage, if any: the worker then stays for the next ("parked") or leaves."""
-        if self._module is None:
-            return
-        self._send({"cmd": "close", "token": self._token}, [], deadline)
-        while True:
-            header, _ = self._receive(deadline)
-            kind = header.get("kind")
-            if (header.get("token") == self._token and kind in ("parked", "leaving")) or self._worker_ended(header):
-                break
+    def _ready_box(self, module) -> _Box:
+        """The box, with a worker serving ``module``: the current one, or a new box after ending a stage
+        that would not end cleanly."""
+        if self._box is not None and self._module not in (None, module) and not self._close_stage():
+            self._end_box()  # a worker that will not close its stage costs a new box, no more
+        if self._box is None:
+            self._box = self.sandbox.spawn(self.sources, self.limits)
+            self.stats["boxes"] += 1
+        if self._module != module:
+            self._open(module)
+        return self._box
+
+    def _close_stage(self) -> bool:
+        """End the current stage: its worker then stays for the next ("parked") or leaves. False if
+        the box misbehaved (no answer in time, garbage, gone)."""
+        box, token = self._box, self._token
+        started = time.monotonic()
+        charge = self._charger(started, in_check=False)
+        try:
+            deadline = started + WALL_FACTOR * CLOSE_SECONDS
+            _send(box, pack({"cmd": "close", "token": token}), deadline, charge)
+            while True:
+                header, _ = _receive(box, deadline, charge, 0)
+                kind = header.get("kind")
+                if (header.get("token") == token and kind in ("parked", "leaving")) or self._worker_ended(header):
+                    break
+        except (_OutOfTime, _BoxGone, ProtocolError) as exc:
+            if isinstance(exc, _OutOfTime) and exc.what == "budget":
+                self._exhausted = True
+            return False
+        finally:
+            self._wall += time.monotonic() - started
         if kind != "parked":
-            self._worker = None  # the zygote forks a fresh one for the next stage
+            self._worker = None  # the box forks a fresh one for the next stage
         if kind == "leaving":
             for what in header.get("changed") or []:
                 self.stats["leaving"][str(what)] = self.stats["leaving"].get(str(what), 0) + 1
         self._module = self._token = None
-
-    def _retire(self, deadline):
-        """End the current stage and send the worker away; afterwards the zygote is alone."""
-        self._close_stage(deadline)
-        if self._worker is not None:
-            self._send({"cmd": "exit"}, [], deadline)
-            while not self._worker_ended(self._receive(deadline)[0]):
-                pass
-            self._worker = None
+        return True
 
     def _open(self, module):
-        """End the current stage, if any, and ask for one serving ``module``: the parked worker
-        takes it, or the zygote forks one."""
-        if self._module is not None:
-            try:
-                self._close_stage(time.monotonic() + 5)
-            except (_Timeout, _ChildGone, ProtocolError):
-                self._stop()  # a worker that will not answer costs a restart, no more
-                self._ensure_child()
+        """Ask for a worker serving ``module``: the parked one takes it, or the box forks one. The
+        module's import is learner code: it runs on the first operation's time."""
         self._token = secrets.token_hex(8)
         self._module = module
         self.stats["stages"] += 1
@@ -618,140 +920,37 @@ class IsolatedBackend:
             self._worker = self._token
             self.stats["workers"] += 1
         try:
-            self._send({"cmd": "open", "module": module, "token": self._token}, [], time.monotonic() + 5)
-        except (_Timeout, _ChildGone):
-            self._stop()
-            raise SandboxUnavailable("the sandbox stopped listening while idle") from None
+            _send(self._box, pack({"cmd": "open", "module": module, "token": self._token}),
+                  time.monotonic() + BOX_SECONDS, lambda: None)
+        except (_OutOfTime, _BoxGone):
+            self._end_box()
+            raise SandboxUnavailable("a new box stopped listening before any learner code ran") from None
 
-    # -- starting the child
-
-    def _ensure_child(self):
-        global _chosen_mode
-        if self._child is not None:
+    def _end_box(self):
+        """Kill the current box (never used again) and count the CPU time it used."""
+        box, self._box = self._box, None
+        self._module = self._token = self._worker = None
+        if box is None:
             return
-        if _warm["enabled"] and self._take_warm():
-            return
-        modes = [self.confine] if self.confine else ([_chosen_mode] if _chosen_mode else _modes())
-        failures = []
-        for mode in modes:
-            started = time.monotonic()
-            try:
-                self._child = self._start(mode)
-            except SandboxUnavailable as exc:
-                failures.append(f"{mode}: {exc}")
-                continue
-            self.stats["starts"] += 1
-            self.stats["start_seconds"].append(time.monotonic() - started)
-            self.mode = mode
-            if not self.confine:
-                _chosen_mode = mode
-            self.degraded = "; ".join(failures)
-            if mode in WEAKNESS:
-                _warn_once(mode, WEAKNESS[mode] + (f"; stronger ones failed: {self.degraded}" if failures else ""))
-            child = self._child
-            self._finalizer = weakref.finalize(self, child.kill)  # also runs at interpreter exit
-            return
-        raise SandboxUnavailable("cannot start the sandbox:\n  " + "\n  ".join(failures))
-
-    def _start(self, mode):
-        global _uid_counter
-        a = self.adapters
-        workdir = Path(tempfile.mkdtemp(prefix="attnkit-sandbox-"))
-        box = workdir / "box"
-        (box / "runtime").mkdir(parents=True)
-        (box / "submission").mkdir()
-        (workdir / "newroot").mkdir()
-        (workdir / "tmp").mkdir()
-        _fill(box / "submission", submission_sources(self.root))  # the child's whole view of the submission
-        shutil.copyfile(CHILD_SCRIPT, box / "runtime" / "sandbox_child.py")
-        shutil.copyfile(a.__file__, box / "runtime" / "adapters.py")
-        for path in [workdir, *workdir.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-
-        uid = None
-        if mode in ("namespaces", "uid"):
-            _uid_counter += 1
-            uid = UID_BASE + (os.getpid() % 100_000) * 100 + _uid_counter % 100
-            os.chown(workdir / "tmp", uid, uid)
-            (workdir / "tmp").chmod(0o700)
-        confined = mode in ("namespaces", "userns")
-        requests_r, requests_w = os.pipe()
-        replies_r, replies_w = os.pipe()
-        config = {
-            "requests_fd": requests_r, "replies_fd": replies_w,
-            "newroot": str(workdir / "newroot") if confined else None,
-            "box": str(box),
-            "runtime": "/sandbox/runtime" if confined else str(box / "runtime"),
-            "submission": "/sandbox/submission" if confined else str(box / "submission"),
-            "tmp": "/tmp" if confined else str(workdir / "tmp"),
-            "secrets": [str(p) for p in (KIT, SOLUTIONS, TESTS, FIXTURES, self.root, self.root.parent)],
-            "drop": {"namespaces": "uid", "userns": "userns", "uid": "uid"}.get(mode),
-            "uid": uid,
-            "memory_bytes": self.memory_bytes,
-            "tmp_bytes": self.tmp_bytes,
-            # RLIMIT_NPROC counts per real uid: only meaningful for a dedicated uid.
-            "processes": self.processes if uid is not None else None,
-            "threads": _torch_threads(),
-        }
-        command = [sys.executable, "-I", str(box / "runtime" / "sandbox_child.py"), json.dumps(config)]
-        if confined:
-            namespaces = ["--mount", "--pid", "--net", "--ipc", "--uts", "--fork", "--kill-child"]
-            if mode == "userns":
-                namespaces = ["--user", "--map-root-user", *namespaces]
-            command = [shutil.which("unshare"), *namespaces, "--", *command]
-        if _setpriv_pdeathsig():
-            command = [shutil.which("setpriv"), "--pdeathsig", "KILL", "--", *command]
-        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp" if confined else str(workdir / "tmp"),
-               "TMPDIR": "/tmp" if confined else str(workdir / "tmp"), "LANG": "C.UTF-8",
-               "USER": "learner", "LOGNAME": "learner"}
-        try:
-            proc = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(requests_r, replies_w), cwd=workdir, env=env, start_new_session=True,
-            )
-        except OSError as exc:
-            for fd in (requests_r, requests_w, replies_r, replies_w):
-                os.close(fd)
-            shutil.rmtree(workdir, ignore_errors=True)
-            raise SandboxUnavailable(str(exc)) from None
-        os.close(requests_r)
-        os.close(replies_w)
-        capture = _Capture({"stdout": proc.stdout, "stderr": proc.stderr}, self.output_bytes)
-        child = _Child(proc, requests_w, replies_r, capture, workdir, uid, unshared=confined)
-        self._child = child
-        try:
-            header, _ = self._receive(time.monotonic() + self.start_seconds)
-        except (_Timeout, _ChildGone, ProtocolError) as exc:
-            header = {"kind": "failed", "message": type(exc).__name__.strip("_")}
-        finally:
-            self._child = None
-        if header.get("kind") != "ready":
-            child.kill()
-            tail = child.capture.last_lines("stderr", 5)
-            lines = str(header.get("message")).strip().splitlines() or [""]
-            message = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-            raise SandboxUnavailable(message + (f" (stderr: {tail})" if tail else ""))
-        return child
+        cpu = box.cpu()
+        self.sandbox.kill(box)
+        self._cpu_before += cpu or 0.0
+        self.stats["cpu_seconds"] = round(self._cpu_before, 3)
 
 
 def _torch_threads():
-    """The child computes with as many threads as this process (same float results)."""
+    """Boxes compute with as many threads as this process (same float results)."""
     torch = sys.modules.get("torch")
     return torch.get_num_threads() if torch is not None else (os.cpu_count() or 1)
 
 
-_setpriv_cache = []
-
-
-def _setpriv_pdeathsig():
+@cache
+def _setpriv_pdeathsig() -> bool:
     """Whether util-linux's setpriv can set a parent-death signal (2.33 and later)."""
-    if not _setpriv_cache:
-        path = shutil.which("setpriv")
-        ok = False
-        if path:
-            try:
-                ok = "--pdeathsig" in subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10).stdout
-            except (OSError, subprocess.SubprocessError):
-                pass
-        _setpriv_cache.append(ok)
-    return _setpriv_cache[0]
+    path = shutil.which("setpriv")
+    if not path:
+        return False
+    try:
+        return "--pdeathsig" in subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False

@@ -1,25 +1,40 @@
-"""The child side of ``grader.sandbox``, and the wire format both sides share.
+"""The confined side of ``grader.sandbox``, and the wire format both sides share.
 
-The grader copies this file and ``tests/adapters.py`` into a private work
-directory and runs ``python -I sandbox_child.py CONFIG`` there. The child:
+The grader copies this file and ``tests/adapters.py`` into a private folder and
+runs ``python -I sandbox_child.py CONFIG`` there. Three kinds of process come
+out of it:
 
-1. confines itself (see ``confine``): in a fresh mount namespace it builds a
-   new root file system that holds only the operating system, the Python
-   installation and the work directory, pivots into it, and gives up every
-   privilege (a dedicated unprivileged uid, or a nested user namespace);
-2. sets resource limits, imports NumPy and torch once (the "zygote");
-3. forks a *worker*, which imports the learner's module of each stage afresh
-   and answers operations until told to close the stage; it serves the next
-   stage only if the last left no trace (see ``serve``), else the zygote forks
-   a fresh one. Learner code only ever runs in a worker, so a crash costs one
-   stage and the zygote stays clean;
-4. on ``reset`` (between two submissions, when the grader reuses a warm
-   zygote) empties its scratch space (/tmp, /dev/shm).
+template  One per grading process; it never runs learner code. It confines
+          itself: in a fresh mount namespace it builds a root file system that
+          holds only the operating system, the Python installation and the
+          kit's runtime (this file and the adapter), and pivots into it. Then
+          it imports NumPy, torch and the adapter once and waits on its control
+          socket, which only the grader holds, for two requests: "spawn" a box
+          for a submission, "kill" a box.
+box       One per submission (a fresh one after a crash or a time-out), forked
+          from the template. Its launcher (still privileged) closes every file
+          descriptor but the box's own channel, which the grader passed in with
+          the request (requests, replies, stdout, stderr), and enters fresh
+          mount, pid, network, IPC and UTS namespaces. The box's first process,
+          pid 1 of the new namespace, mounts a fresh /proc, a fresh tmpfs at
+          /tmp and /dev/shm, the submission's own modules read-only at
+          /sandbox/submission, joins a fresh session keyring and becomes a fresh
+          unprivileged uid. It never runs learner code either: it forks workers.
+worker    Imports the learner's module of a stage and answers the operations on
+          it. It serves the next stage of the same submission only if the last
+          left the process as it found it (see ``serve``); else the box forks a
+          fresh one.
 
-Wire format (both directions): an 8-byte little-endian length, a JSON header,
-then the binary blobs the header lists. Arrays travel as ``.npy`` blobs
-written and read with ``allow_pickle=False``; nothing is ever unpickled.
-Only the grader's parent process decides what a result means.
+When a submission is done, or its box misbehaves, the grader asks the template
+to kill the box: killing the pid namespace's first process makes the kernel kill
+every process of the box, and its mounts, IPC objects, sockets and keyring go
+with the namespaces. No process that ran learner code ever serves another
+submission, and whatever a box says is data about its own submission only.
+
+Wire format between the grader and a box (both directions): an 8-byte
+little-endian length, a JSON header, then the binary blobs the header lists.
+Arrays travel as raw bytes or ``.npy`` blobs read with ``allow_pickle=False``;
+nothing is ever unpickled. Only the grader decides what a result means.
 
 This module imports nothing but the standard library at the top so that the
 bootstrap can run before the sandbox exists; NumPy is imported lazily.
@@ -30,6 +45,8 @@ import io
 import json
 import os
 import re
+import signal
+import socket
 import struct
 import sys
 
@@ -37,6 +54,8 @@ LENGTH = struct.Struct("<Q")
 MAX_DEPTH = 64  # nesting of lists/tuples/dicts in one message
 MAX_DIMS = 32
 RAW_DTYPE = re.compile(r"^[<>|=]?[biufc]\d{1,2}$")  # plain numeric or bool dtypes, e.g. <f4, |b1
+CONTROL_BYTES = 1 << 16  # largest control message (one JSON object per datagram)
+REQUESTS, REPLIES = 3, 4  # the box's channel, as file descriptors of every process of the box
 
 
 class ProtocolError(Exception):
@@ -187,14 +206,20 @@ def read_message(fd):
     return header, blobs
 
 
-# ---------------------------------------------------------------- confinement (Linux)
+# ---------------------------------------------------------------- Linux system calls
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-CLONE_NEWUSER = 0x10000000
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
-PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}  # syscall numbers (glibc has no wrapper)
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+BOX_NAMESPACES = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
+KEYCTL_JOIN_SESSION_KEYRING = 1
+SYSCALLS = {  # glibc wraps neither pivot_root nor keyctl
+    "x86_64": {"pivot_root": 155, "keyctl": 250},
+    "aarch64": {"pivot_root": 41, "keyctl": 219},
+}
 SYSTEM_DIRS = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"]
 DEVICES = ["null", "zero", "full", "random", "urandom"]
 
@@ -217,8 +242,15 @@ def check(result, what):
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+def syscall(lib, name, *args):
+    numbers = SYSCALLS.get(os.uname().machine)
+    if numbers is None:
+        raise RuntimeError(f"{name}: unknown system call number on {os.uname().machine}")
+    return lib.syscall(numbers[name], *args)
+
+
 def mount(lib, source, target, fstype, flags, data=None):
-    enc = lambda s: None if s is None else str(s).encode()
+    enc = lambda s: None if s is None else str(s).encode()  # noqa: E731
     check(lib.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {source} on {target}")
 
 
@@ -239,22 +271,42 @@ def bind(lib, source, target, readonly=True):
         mount(lib, None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep)
 
 
+def tmpfs(lib, target, size_bytes, mode="1777", flags=MS_NOSUID | MS_NODEV):
+    os.makedirs(target, exist_ok=True)
+    mount(lib, "tmpfs", target, "tmpfs", flags, f"size={size_bytes},mode={mode}")
+
+
 def inside(path, parent):
     path, parent = os.path.realpath(path), os.path.realpath(parent)
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
-def scratch(lib, config, new, path):
-    """A small private tmpfs at ``path`` that the learner may write to."""
-    os.makedirs(new + path, exist_ok=True)
-    mount(lib, "tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={config['tmp_bytes']},mode=1777")
+def children(pid):
+    """The children of process ``pid`` in this process's pid namespace ([] if there are none or
+    /proc cannot tell)."""
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found += [int(child) for child in handle.read().split()]
+    except (OSError, ValueError):
+        pass
+    return found
 
+
+def warn(text):
+    sys.stderr.write(f"[sandbox] {text}\n")
+    sys.stderr.flush()
+
+
+# ---------------------------------------------------------------- the template
 
 def build_root(lib, config):
     """Make ``config['newroot']`` a root file system with only what Python needs, and enter it.
 
     Runs as root of the new mount namespace that ``unshare`` created (its mounts are
-    private: nothing done here is visible outside).
+    private: nothing done here is visible outside). Returns the paths placed under /tmp
+    (a Python installation that lives there): each box puts them back on its own /tmp.
     """
     new = config["newroot"]
 
@@ -264,10 +316,10 @@ def build_root(lib, config):
                 raise RuntimeError(f"{path} contains {secret}: the sandbox cannot hide it")
         bind(lib, path, new + path, readonly)
 
-    mount(lib, "tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-    # The private /tmp comes first: a Python installation that lives under /tmp (a venv in a
-    # clone under /tmp) is then bound inside it instead of being hidden by it.
-    scratch(lib, config, new, "/tmp")
+    tmpfs(lib, new, 1 << 20, mode="755")
+    # /tmp comes first: a Python installation under /tmp (a venv in a clone under /tmp) is
+    # then bound inside it instead of being hidden by it.
+    tmpfs(lib, new + "/tmp", 1 << 20)
     exposed = []
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
@@ -286,135 +338,165 @@ def build_root(lib, config):
         if os.path.normpath(prefix) != os.path.realpath(prefix) and not os.path.lexists(new + prefix):
             os.makedirs(os.path.dirname(new + prefix), exist_ok=True)
             os.symlink(os.path.realpath(prefix), new + prefix)
-    bind(lib, config["box"], new + "/sandbox")
-    # /dev: a few harmless devices; /tmp and /dev/shm: small private tmpfs.
+            exposed.append(os.path.normpath(prefix))
+    # The kit's runtime and the folder the grader fills with each box's submission.
+    bind(lib, config["runtime_host"], new + "/sandbox/runtime")
+    bind(lib, config["incoming_host"], new + "/sandbox/incoming")
+    os.makedirs(new + "/sandbox/submission")  # each box binds its own submission here
+    # /dev: a few harmless devices (each box gets its own /dev/shm).
     os.makedirs(new + "/dev")
-    mount(lib, "tmpfs", new + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+    tmpfs(lib, new + "/dev", 64 << 10, mode="755", flags=MS_NOSUID | MS_NOEXEC)
     for name in DEVICES:
         bind(lib, "/dev/" + name, f"{new}/dev/{name}", readonly=False)
     for name, target in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")]:
         os.symlink(target, f"{new}/dev/{name}")
-    scratch(lib, config, new, "/dev/shm")
-    # /proc of the new pid namespace, /sys read-only (torch reads the CPU layout there).
-    # Both are conveniences: a container may refuse them, and Python runs without.
+    os.makedirs(new + "/dev/shm")
+    # The template's /proc (each box mounts its own over it; inside a user namespace the kernel
+    # allows that only where a proc is mounted already). A convenience: a container may refuse.
     os.makedirs(new + "/proc")
     try:
         mount(lib, "proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     except OSError as exc:
         warn(f"no /proc in the sandbox ({exc})")
     try:
-        bind(lib, "/sys", new + "/sys")
+        bind(lib, "/sys", new + "/sys")  # read-only; torch reads the CPU layout there
     except OSError as exc:
         warn(f"no /sys in the sandbox ({exc})")
     # Enter the new root; the old one is detached, so nothing outside stays reachable.
-    machine = os.uname().machine
-    if machine not in PIVOT_ROOT:
-        raise RuntimeError(f"pivot_root: unknown syscall number on {machine}")
     os.chdir(new)
-    check(lib.syscall(PIVOT_ROOT[machine], b".", b"."), "pivot_root")
+    check(syscall(lib, "pivot_root", b".", b"."), "pivot_root")
     check(lib.umount2(b".", MNT_DETACH), "detach the old root")
     os.chdir("/")
     mount(lib, None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    return [p for p in exposed if inside(p, "/tmp")]
 
 
-def drop_privileges(lib, config):
-    """Give up root for good: a dedicated uid, or a nested user namespace that owns nothing."""
-    if config["drop"] == "uid":
-        uid = config["uid"]
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)  # from root to non-zero: every capability is gone
-    elif config["drop"] == "userns":
-        # We are "root" of a user namespace that owns our mounts. A nested user
-        # namespace owns none of them, so the mounts can no longer be undone.
-        check(lib.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
-    check(lib.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    # Changing credentials cleared the parent-death signal; ask for it again.
-    check(lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "pdeathsig")
+def writable_shared_memory():
+    """Writable shared mappings of this process: a box forked from it would share them."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return [line.split(None, 5)[-1].strip() for line in maps if line.split()[1][1:4:2] == "ws"]
+    except OSError:
+        return []
 
-
-def set_limits(config):
-    import resource
-
-    limits = {
-        resource.RLIMIT_AS: config["memory_bytes"],
-        resource.RLIMIT_CORE: 0,
-        resource.RLIMIT_FSIZE: config["tmp_bytes"],
-    }
-    if config.get("processes"):
-        limits[resource.RLIMIT_NPROC] = config["processes"]
-    for which, value in limits.items():
-        if value is not None:
-            resource.setrlimit(which, (value, value))
-
-
-def warn(text):
-    sys.stderr.write(f"[sandbox] {text}\n")
-    sys.stderr.flush()
-
-
-# ---------------------------------------------------------------- zygote and workers
 
 def main():
     config = json.loads(sys.argv[1])
-    requests, replies = config["requests_fd"], config["replies_fd"]
+    control = socket.socket(fileno=config["control_fd"])
+    confined = bool(config["newroot"])
     try:
         lib = libc()
-        if config["newroot"]:
-            build_root(lib, config)
-        set_limits(config)
-        if config["drop"]:
-            drop_privileges(lib, config)
-        else:
-            lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
-        os.chdir(config["tmp"])
-        import numpy.random  # noqa: F401  (imported once here, shared by every worker)
+        under_tmp = build_root(lib, config) if confined else []
+        if not confined:
+            # What a box leaves behind (a daemon whose parent died) becomes ours to kill.
+            lib.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        os.chdir("/")
+        import numpy.random  # noqa: F401  (imported once here, shared by every box)
         import torch
 
         torch.set_num_threads(config["threads"])
         sys.path.insert(0, config["runtime"])
-        import adapters
+        import adapters  # noqa: F401
 
         if config["threads"] == 1:  # (with more, an OpenMP pool started here would not survive the fork)
             warm_up(torch, numpy)
+        shared = writable_shared_memory()
+        if shared:
+            raise RuntimeError(f"the template holds writable shared memory ({shared[0]}), which boxes would share")
     except BaseException as exc:
-        write_message(replies, {"kind": "failed", "message": f"{type(exc).__name__}: {exc}"})
+        send(control, {"kind": "failed", "message": f"{type(exc).__name__}: {exc}"})
         return 1
-    write_message(replies, {"kind": "ready", "uid": os.getuid(), "pid": os.getpid()})
+    send(control, {"kind": "ready", "pid": os.getpid()})
+    boxes = {}  # token -> pid of the box's launcher
     while True:
-        message = read_message(requests)
-        if message is None:
-            return 0  # the grader closed the pipe (or died)
-        header, _ = message
-        if header.get("cmd") == "reset":
-            # Between two submissions (warm reuse): nothing one leaves in the scratch
-            # space may reach the next. Workers are gone by now (the pid namespace too).
-            for scratch in (config["tmp"], "/dev/shm" if config["newroot"] else None):
-                wipe(scratch)
-            write_message(replies, {"kind": "reset", "token": header.get("token")})
-            continue
-        if header.get("cmd") != "open":
-            continue  # a stray request for a worker that has gone: ignore
-        pid = os.fork()
-        if pid == 0:
-            code = 0
+        try:
+            data, fds, _, _ = socket.recv_fds(control, CONTROL_BYTES, 4)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            break  # the grader closed the socket (or died)
+        try:
+            request = json.loads(data)
+        except ValueError:
+            request = {}
+        token = str(request.get("token", ""))
+        if request.get("cmd") == "spawn" and len(fds) == 4 and token not in boxes:
+            pid = os.fork()
+            if pid == 0:
+                launch(lib, config, request, fds, under_tmp)  # never returns
+            boxes[token] = pid
+            reply = {"kind": "spawned", "token": token, "pid": pid}
+        elif request.get("cmd") == "kill":
+            if token in boxes:
+                kill_box(boxes.pop(token), confined)
+            reply = {"kind": "gone", "token": token}
+        else:
+            reply = {"kind": "error", "message": f"bad request {request.get('cmd')!r}"}
+        for fd in fds:
+            os.close(fd)
+        reap_strays(boxes)
+        send(control, reply)
+    for pid in boxes.values():
+        kill_box(pid, confined)
+    return 0
+
+
+def send(control, message):
+    control.send(json.dumps(message).encode())
+
+
+def kill_box(launcher, confined):
+    """Kill one box and wait until it is gone.
+
+    Confined, the box's first process is the init of its pid namespace: killing it makes the
+    kernel kill every other process of the box, and the launcher, which waits for it, exits
+    once the namespace is empty. Without namespaces, every process of the box's tree is
+    killed (what escaped it, an orphan reparented to this template, by ``reap_strays``).
+    """
+    doomed = children(launcher)  # the box's first process (none yet, or none any more)
+    pending = [] if confined else list(doomed)
+    while pending:
+        more = children(pending.pop())
+        doomed += more
+        pending += more
+    if not confined or not doomed:
+        doomed.append(launcher)
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.waitpid(launcher, 0)
+    except ChildProcessError:
+        pass
+
+
+def reap_strays(boxes):
+    """Kill and reap children of the template that are no box's launcher: processes whose box
+    launcher died before them (they were reparented here)."""
+    launchers = set(boxes.values())
+    for pid in children(os.getpid()):
+        if pid not in launchers:
             try:
-                serve(adapters, config, header, requests, replies)
-            except SystemExit as exc:  # sys.exit() in learner code: report its exit code
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except BaseException:
-                code = 70
-            finally:
-                os._exit(code)
-        status = wait_for(pid)
-        write_message(replies, {"kind": "ended", "token": header["token"], "status": status})
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def warm_up(torch, np):
     """Run torch's usual module paths once here, so that every forked worker finds them initialised
-    (lazy set-up done once per zygote, not once per stage). Leaves torch's random state as it was:
-    a worker starts from the state of a freshly imported torch, as in a fresh process."""
+    (lazy set-up done once per template, not once per stage). Leaves torch's random state as it
+    was: a worker starts from the state of a freshly imported torch, as in a fresh process."""
     state = torch.get_rng_state()
     try:
         for bias in (False, True):
@@ -439,28 +521,166 @@ def warm_up(torch, np):
         torch.set_rng_state(state)
 
 
-def wipe(folder):
-    """Remove everything inside ``folder`` (best effort: what cannot go stays)."""
-    import shutil
+# ---------------------------------------------------------------- a box
 
-    if not folder or not os.path.isdir(folder):
-        return
-    for entry in os.scandir(folder):
+def launch(lib, config, request, fds, under_tmp):
+    """The template's child for one box: take the box's channel, leave everything else behind,
+    enter fresh namespaces and start the box's first process. Never returns."""
+    code = 70
+    try:
+        keep_only(fds)
+        if config["newroot"]:
+            check(lib.unshare(BOX_NAMESPACES), "unshare")
+        pid = os.fork()
+        if pid == 0:
+            box_main(lib, config, request, under_tmp)  # never returns
+        # Wait for the box's first process: the box is gone when it is (see kill_box).
+        while True:
+            done, _ = os.waitpid(-1, 0)
+            if done == pid:
+                code = 0
+                break
+    except BaseException as exc:
+        warn(f"box launcher: {type(exc).__name__}: {exc}")
+    finally:
+        os._exit(code)
+
+
+def keep_only(fds):
+    """Make the box's channel file descriptors 0-4 (stdin from /dev/null, stdout, stderr, requests,
+    replies) and close every other one: the control socket, and whatever else the template holds."""
+    import fcntl
+
+    requests, replies, out, err = fds
+    null = os.open(os.devnull, os.O_RDONLY)
+    # Copies above the targets first, so that placing one never overwrites another.
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 16) for fd in (null, out, err, requests, replies)]
+    for target, fd in enumerate(moved):
+        os.dup2(fd, target)
+    os.closerange(5, max(os.sysconf("SC_OPEN_MAX"), 1 << 16))
+
+
+def box_main(lib, config, request, under_tmp):
+    """The box's first process (pid 1 of its namespace): confine, then fork a worker per stage."""
+    code = 70
+    try:
+        lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a pid-1 process gets no signal it does not handle
+        limits = request["limits"]
+        if config["newroot"]:
+            fresh_world(lib, request["token"], limits["tmp_bytes"], under_tmp)
+            box = {"submission": "/sandbox/submission", "tmp": "/tmp", "confined": True}
+        else:
+            box = {"submission": request["submission"], "tmp": request["tmp"], "confined": False}
+        set_limits(limits)
+        drop_privileges(lib, config["drop"], request.get("uid"))
+        join_fresh_session_keyring(lib)
+        os.environ.update(HOME=box["tmp"], TMPDIR=box["tmp"])
+        os.chdir(box["tmp"])
+        import adapters
+
+        write_message(REPLIES, {"kind": "ready"})
+        code = serve_box(adapters, box)
+    except BaseException as exc:
         try:
-            if entry.stat(follow_symlinks=False).st_uid == 0:
-                continue  # the sandbox's own (e.g. a Python installation bound under /tmp)
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                os.unlink(entry.path)
+            write_message(REPLIES, {"kind": "failed", "message": f"{type(exc).__name__}: {exc}"})
         except OSError:
             pass
+    finally:
+        os._exit(code)
+
+
+def fresh_world(lib, token, tmp_bytes, under_tmp):
+    """The box's own /proc, /tmp, /dev/shm and submission folder, in its new mount namespace."""
+    mount(lib, None, "/", None, MS_REC | MS_PRIVATE)
+    # What the template placed under /tmp (a Python installation) must stay visible on the
+    # box's fresh /tmp: hold on to it before the new tmpfs hides it.
+    held = [(path, os.readlink(path) if os.path.islink(path) else os.open(path, os.O_PATH | os.O_DIRECTORY))
+            for path in under_tmp]
+    tmpfs(lib, "/tmp", tmp_bytes)
+    tmpfs(lib, "/dev/shm", tmp_bytes)
+    for path, kept in held:
+        if isinstance(kept, str):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.symlink(kept, path)
+        else:
+            bind(lib, f"/proc/self/fd/{kept}", path)
+            os.close(kept)
+    try:
+        mount(lib, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError as exc:  # then at least hide the template's (Python runs without a /proc)
+        warn(f"no /proc of the box's own ({exc})")
+        tmpfs(lib, "/proc", 4096, mode="555")
+    bind(lib, f"/sandbox/incoming/{token}", "/sandbox/submission")
+    check(lib.umount2(b"/sandbox/incoming", MNT_DETACH), "hide the other submissions")
+
+
+def set_limits(limits):
+    import resource
+
+    values = {
+        resource.RLIMIT_AS: limits["memory_bytes"],
+        resource.RLIMIT_CORE: 0,
+        resource.RLIMIT_FSIZE: limits["tmp_bytes"],
+        resource.RLIMIT_NPROC: limits.get("processes"),
+    }
+    for which, value in values.items():
+        if value is not None:
+            resource.setrlimit(which, (value, value))
+
+
+def drop_privileges(lib, how, uid):
+    """Give up every privilege for good: a fresh uid, or a nested user namespace that owns nothing."""
+    if how == "uid":
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)  # from root to non-zero: every capability is gone
+    elif how == "userns":
+        # We are "root" of a user namespace that owns our mounts. A nested user
+        # namespace owns none of them, so the mounts can no longer be undone.
+        check(lib.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    check(lib.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    # Changing credentials cleared the parent-death signal; ask for it again. Not dumpable:
+    # no other process of the box may ptrace this one or open its /proc files.
+    check(lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    check(lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
+
+
+def join_fresh_session_keyring(lib):
+    """A new, empty session keyring: the one inherited from the template is shared by every box."""
+    import ctypes
+    import errno
+
+    if syscall(lib, "keyctl", KEYCTL_JOIN_SESSION_KEYRING, None) < 0 and ctypes.get_errno() != errno.ENOSYS:
+        check(-1, "keyctl(JOIN_SESSION_KEYRING)")
+
+
+def serve_box(adapters, box):
+    """The box's first process: fork a worker for each stage that needs one; report its end."""
+    while True:
+        message = read_message(REQUESTS)
+        if message is None:
+            return 0  # the grader closed the channel
+        header, _ = message
+        if header.get("cmd") != "open":
+            continue  # a stray request for a worker that has gone: ignore
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                serve(adapters, box, header)
+            except SystemExit as exc:  # sys.exit() in learner code: report its exit code
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except BaseException:
+                code = 70
+            finally:
+                os._exit(code)
+        status = wait_for(pid)
+        write_message(REPLIES, {"kind": "ended", "token": header.get("token"), "status": status})
 
 
 def wait_for(pid):
     """Wait for the worker; then kill whatever it left behind. Returns its wait status."""
-    import signal
-
     while True:
         try:
             done, status = os.waitpid(-1, 0)
@@ -469,8 +689,8 @@ def wait_for(pid):
         if done == pid:
             break
     if os.getpid() == 1:
-        # We are init of the sandbox's pid namespace: kill(-1) reaches every other
-        # process in it (and nothing outside), e.g. the rest of a fork loop.
+        # We are init of the box's pid namespace: kill(-1) reaches every other process in
+        # it (and nothing outside), e.g. the rest of a fork loop.
         try:
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
@@ -488,52 +708,54 @@ def wait_for(pid):
     return status
 
 
-def serve(adapters, config, opened, requests, replies):
+# ---------------------------------------------------------------- a worker
+
+def serve(adapters, box, opened):
     """A worker: serve stage after stage, for as long as each leaves the process as it found it.
 
-    ``opened`` is the "open" request the zygote forked this worker for. Each stage imports its
-    module afresh and answers operations until "close". Then the worker compares the process
-    with the zygote it was forked from (``process_state``): unchanged, it says "parked" and
-    serves the next "open" itself (a fork and torch's first-touch costs saved per stage);
-    changed (torch patched, threads or processes started, the default dtype set, memory
-    held...), it says "leaving" and exits, and the zygote forks a clean worker for the next
-    stage, as for a crash. Without the namespaces' private /proc the check cannot see
-    processes, so a worker serves one stage only.
+    ``opened`` is the "open" request the worker was forked for. Each stage imports its module
+    afresh and answers operations until "close". Then the worker compares the process with the
+    one it was forked from (``process_state``): unchanged, it says "parked" and serves the next
+    "open" itself (a fork and torch's first-touch costs saved per stage); changed (torch
+    patched, threads or processes started, the default dtype set, memory held...), it says
+    "leaving" and exits, and the box forks a clean worker for the next stage, as after a crash.
+    This only decides how fairly one submission's stages are kept apart: the worker's answer
+    is the learner's to forge, and the grader never acts on it beyond this submission. Without
+    a private /proc the check cannot see processes, so a worker serves one stage only.
     """
     import faulthandler
 
     os.setpgid(0, 0)
-    libc().prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # (without a pid namespace: die with the box)
     faulthandler.enable()  # a segfault prints the Python stack to the captured stderr
     randomness = random_states()
-    # Without the namespaces' private /proc the check cannot see processes: one stage per worker.
-    baseline = process_state(adapters) if config["newroot"] else None
+    baseline = process_state(adapters) if box["confined"] else None
     header = opened
     while header is not None and header.get("cmd") == "open":
-        restore_random_states(randomness)  # every stage starts from the zygote's random state
-        header = serve_stage(adapters, config, header["module"], requests, replies)
+        restore_random_states(randomness)  # every stage starts from the template's random state
+        header = serve_stage(adapters, box, header["module"])
         if header is None or header.get("cmd") != "close":
             return
         changed = changes(baseline, process_state(adapters)) if baseline is not None else ["no private /proc to check"]
         if changed:
-            write_message(replies, {"kind": "leaving", "token": header.get("token"), "changed": changed[:5]})
+            write_message(REPLIES, {"kind": "leaving", "token": header.get("token"), "changed": changed[:5]})
             return
-        write_message(replies, {"kind": "parked", "token": header.get("token")})
-        message = read_message(requests)
+        write_message(REPLIES, {"kind": "parked", "token": header.get("token")})
+        message = read_message(REQUESTS)
         header = message[0] if message else None
 
 
-def serve_stage(adapters, config, module, requests, replies):
+def serve_stage(adapters, box, module):
     """Import one stage module, then answer operations on it; returns the request that ended it."""
     import traceback
 
-    submission = config["submission"]
+    submission = box["submission"]
     try:
         loaded = adapters.load_stage_module(submission, module)
     except adapters.SubmissionError as exc:
         loaded = exc
     while True:
-        message = read_message(requests)
+        message = read_message(REQUESTS)
         if message is None or message[0].get("cmd") != "op":
             return message and message[0]
         header, blobs = message
@@ -561,7 +783,7 @@ def serve_stage(adapters, config, module, requests, replies):
             except Exception:
                 pass
         reply["token"] = header.get("token")
-        write_message(replies, reply, out)
+        write_message(REPLIES, reply, out)
 
 
 MEMORY_SLACK = 256 << 20  # a stage may leave this much more address space in use than the zygote

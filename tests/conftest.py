@@ -59,14 +59,29 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def impl(request):
     """The implementation under test (see --impl and --isolate)."""
-    root = request.config.impl_root
-    if not request.config.getoption("--isolate"):
+    config = request.config
+    root = config.impl_root
+    if not config.getoption("--isolate"):
         yield Implementation(LocalBackend(root))
         return
-    from grader.sandbox import IsolatedBackend
+    from grader.sandbox import IsolatedBackend, Limits
 
-    with IsolatedBackend(root) as backend:  # the sandbox stops with the session
+    given = {"check_seconds": config.getoption("--time-limit"), "budget_seconds": config.getoption("--time-budget")}
+    limits = Limits(**{name: value for name, value in given.items() if value is not None})
+    # A grading worker keeps one sandbox for all its submissions (config.attnkit_sandbox); a
+    # single run starts its own. Either way this submission gets boxes of its own.
+    with IsolatedBackend(root, limits, sandbox=getattr(config, "attnkit_sandbox", None)) as backend:
         yield Implementation(backend)
+    if backend.confinement is not None:
+        config.attnkit_confinement = backend.confinement.record()  # for the grading record
+
+
+@pytest.fixture(autouse=True)
+def _one_check(request):
+    """Each test is one check: under --isolate its time limit counts from here (fixture set-up,
+    such as starting the sandbox, is not the learner's time)."""
+    if "impl" in request.fixturenames and request.config.getoption("--isolate"):
+        request.getfixturevalue("impl").backend.start_check()
 
 
 class _MemoBackend:

@@ -1,0 +1,85 @@
+"""Private working folders in TMPDIR that do not outlive the process that made them.
+
+Grading makes folders (a worker's copy of the submission it grades, a sandbox's runtime and
+the submissions it hands to its boxes, a grading run's results file). Each is named
+``attnkit-<what>-<random>`` and holds a lock file that its owner keeps locked (``flock``) for
+as long as it lives. The owner removes the folder when it is done; if it is killed first (a
+worker stopped with SIGKILL, ``kill -9`` of a whole run), the kernel still drops the lock, so the
+next run can tell a dead process's folder from a live one and remove it: ``sweep()``.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+import weakref
+from pathlib import Path
+
+PREFIX = "attnkit-"
+LOCK = ".owner.lock"
+GRACE_SECONDS = 600  # a folder without its lock file is only removed once it is this old
+
+
+class Folder:
+    """``TMPDIR/attnkit-<what>-<random>``, locked while this object lives; ``remove()`` (or the
+    interpreter's exit) deletes it."""
+
+    def __init__(self, what: str):
+        self.path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{what}-"))
+        self._lock = os.open(self.path / LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._finalizer = weakref.finalize(self, _remove, self.path, self._lock)
+
+    def remove(self):
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+def _remove(path: Path, lock: int):
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.close(lock)
+    except OSError:
+        pass
+
+
+def sweep(root: Path | None = None) -> list[Path]:
+    """Remove the folders that dead processes left in TMPDIR (or ``root``); returns them."""
+    root = Path(root or tempfile.gettempdir())
+    removed = []
+    try:
+        entries = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return removed
+    for folder in entries:
+        if _abandoned(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _abandoned(folder: Path) -> bool:
+    try:
+        lock = os.open(folder / LOCK, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        # Made by an older version, or caught between mkdtemp and the lock: old enough means dead.
+        try:
+            return time.time() - folder.stat().st_mtime > GRACE_SECONDS
+        except OSError:
+            return False
+    except OSError:
+        return False
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # its owner lives
+    finally:
+        os.close(lock)
+    return True
