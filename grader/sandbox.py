@@ -728,21 +728,24 @@ class IsolatedBackend:
         if self._check_cpu >= self.limits.budget or self._wall >= self.limits.budget_wall:
             self._exhausted = True
 
-    def _charger(self, started, in_check=True):
-        """The function that ends an operation begun at ``started`` once a time limit is reached."""
-        limits = self.limits
+    def _charger(self, started, closing=False):
+        """The function that ends an operation begun at ``started`` once a time limit is reached: the
+        check's own limits and the submission's budget; ``closing`` (a stage's end, no check's
+        time): the budget and CLOSE_SECONDS."""
+        limits, cpu_at_start = self.limits, self.cpu_used() if closing else self._check_cpu
 
         def charge():
             wall = time.monotonic() - started
             cpu = self.cpu_used()
             if cpu >= limits.budget or self._wall + wall >= limits.budget_wall:
                 raise _OutOfTime("budget")
-            if in_check and cpu - self._check_cpu >= limits.check_seconds:
+            if closing:
+                if cpu - cpu_at_start >= CLOSE_SECONDS:
+                    raise _OutOfTime("close")
+            elif cpu - cpu_at_start >= limits.check_seconds:
                 raise _OutOfTime("check")
-            if in_check and self._check_wall + wall >= limits.check_wall:
+            elif self._check_wall + wall >= limits.check_wall:
                 raise _OutOfTime("wall")
-            if not in_check and cpu - self._check_cpu >= CLOSE_SECONDS:
-                raise _OutOfTime("close")
 
         return charge
 
@@ -773,8 +776,7 @@ class IsolatedBackend:
                 self._begin_check()
             if self._exhausted:
                 raise a.SubmissionError(self._time_message(module, "budget"))
-            box = None
-            started = time.monotonic()
+            box = started = None
             try:
                 box = self._ready_box(module)  # start-up and the last stage's end: not this check's time
                 box.capture.reset()
@@ -808,10 +810,11 @@ class IsolatedBackend:
                 self._end_box()  # e.g. interrupted: the box is in an unknown state
                 raise
             finally:
-                elapsed = time.monotonic() - started
-                self._wall += elapsed
-                self._check_wall += elapsed
-                self.stats["wall_seconds"] = round(self._wall, 3)
+                if started is not None:
+                    elapsed = time.monotonic() - started
+                    self._wall += elapsed
+                    self._check_wall += elapsed
+                    self.stats["wall_seconds"] = round(self._wall, 3)
                 if box is not None:
                     self._collect_output(box, module)
         raise failure
@@ -887,7 +890,7 @@ class IsolatedBackend:
         the box misbehaved (no answer in time, garbage, gone)."""
         box, token = self._box, self._token
         started = time.monotonic()
-        charge = self._charger(started, in_check=False)
+        charge = self._charger(started, closing=True)
         try:
             deadline = started + WALL_FACTOR * CLOSE_SECONDS
             _send(box, pack({"cmd": "close", "token": token}), deadline, charge)

@@ -1,8 +1,9 @@
 """``attnkit grade``: a class graded by warm workers gets run_suite's verdicts, lands in the nbgrader
-gradebook and the JSON records, survives kill -9, and gives the same grades on a Dask cluster.
+gradebook and the JSON records, survives kill -9, gives the same grades on a Dask cluster and on a
+loaded machine, keeps every submission within its time budget and leaves nothing in TMPDIR.
 
 The command runs as a real subprocess (``attnkit grade``), on an nbgrader course built and generated
-here, and on a plain folder of submissions.
+here, and on a plain folder of submissions, each run with a TMPDIR of its own.
 """
 from __future__ import annotations
 
@@ -24,16 +25,19 @@ from grader.autograde import LINK_NOTE, run_suite, submission_fingerprint, submi
 from grader.course import build
 from grader.kit import stages
 from grader.samples import by_student, write_modules, write_submission
+from load import cpu_hogs
 
 pytestmark = [pytest.mark.kit, pytest.mark.timeout(600)]
 
 ASSIGNMENT = "attention"
+PROMISED = "namespaces" if os.geteuid() == 0 else "userns"  # the confinement the README promises here
 STUDENTS = ("reference", "softmax-dim0", "tril-for-triu", "endless-loop")
 ATTNKIT = [sys.executable, "-m", "grader.cli"]
 
 
-def attnkit(*args, cwd=None):
-    run = subprocess.run([*ATTNKIT, *args], cwd=cwd, capture_output=True, text=True)
+def attnkit(*args, cwd=None, tmpdir=None):
+    env = dict(os.environ, TMPDIR=str(tmpdir)) if tmpdir else None
+    run = subprocess.run([*ATTNKIT, *args], cwd=cwd, capture_output=True, text=True, env=env)
     assert run.returncode == 0, f"attnkit {' '.join(args)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     return run.stdout
 
@@ -113,14 +117,16 @@ def course(tmp_path_factory):
         folder = write_submission(by_student(student), root / "release" / ASSIGNMENT,
                                   root / "submitted" / student / ASSIGNMENT)
         (folder / "timestamp.txt").write_text("2026-01-15 10:00:00.000000 UTC")
+    tmpdir = tmp_path_factory.mktemp("tmpdir")  # to see what the run leaves there
     start = time.monotonic()
-    stdout = attnkit("grade", "--course", str(root), "--quiet")
-    return root, stdout, time.monotonic() - start
+    with cpu_hogs():  # a loaded machine: the grades below are those of an idle one
+        stdout = attnkit("grade", "--course", str(root), "--quiet", tmpdir=tmpdir)
+    return root, stdout, time.monotonic() - start, tmpdir
 
 
 @pytest.mark.slow
 def test_every_student_is_graded_and_the_bad_one_costs_only_its_limit(course):
-    root, stdout, seconds = course
+    root, stdout, seconds, tmpdir = course
     assert f"graded {len(STUDENTS)}, already graded 0, errors 0" in stdout
     found = records(root / "attnkit-grades" / ASSIGNMENT)
     assert sorted(found) == sorted(STUDENTS)
@@ -131,10 +137,13 @@ def test_every_student_is_graded_and_the_bad_one_costs_only_its_limit(course):
     loop = {s["marker"]: s for s in found["endless-loop"]["stages"]}["context_vectors"]
     assert {t["limit"] for t in loop["tests"]} == {"time"}
     assert R.limits_hit(found["endless-loop"]) == ["context_vectors"]
-    # The endless loop held up its own worker for its time limit; the others went on.
+    # The endless loop held up its own worker for its time limit (10 s of CPU time); the others went on.
     others = max(found[s]["seconds"] for s in STUDENTS if s != "endless-loop")
     assert others < 15, f"a correct submission took {others:.1f} s"
-    assert found["endless-loop"]["seconds"] < 20 + 15
+    assert found["endless-loop"]["seconds"] < 60
+    for record in found.values():
+        assert record["confinement"] == {"mode": PROMISED, "missing": [] if PROMISED == "namespaces" else ["uid"]}
+    assert list(tmpdir.iterdir()) == [], "the run left files in TMPDIR"
 
 
 @pytest.mark.slow
@@ -269,8 +278,9 @@ def descendants(pid: int) -> set[int]:
 def local_grades(submissions, tmp_path_factory):
     """Graded by a run killed with SIGKILL after its first records, then by a second run."""
     out = tmp_path_factory.mktemp("local") / "grades"
+    env = dict(os.environ, TMPDIR=str(tmp_path_factory.mktemp("tmpdir")))
     cmd = [*ATTNKIT, "grade", "--submissions", str(submissions), "--out", str(out), "--quiet", "--workers", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env)
     deadline = time.monotonic() + 240
     while len(list(out.glob("student*.json"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -284,9 +294,10 @@ def local_grades(submissions, tmp_path_factory):
             break
         time.sleep(0.1)
     leftover = {pid for pid in workers if os.path.exists(f"/proc/{pid}") and not _zombie(pid)}
-    run = subprocess.run(cmd[:-2], capture_output=True, text=True)
+    left_in_tmpdir = sorted(p.name.rsplit("-", 1)[0] for p in Path(env["TMPDIR"]).iterdir())
+    run = subprocess.run(cmd[:-2], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
-    return out, first, run.stdout, leftover
+    return out, first, run.stdout, leftover, left_in_tmpdir, sorted(Path(env["TMPDIR"]).iterdir())
 
 
 def _zombie(pid):
@@ -299,7 +310,7 @@ def _zombie(pid):
 
 @pytest.mark.slow
 def test_a_killed_run_resumes_without_loss_or_duplication(local_grades):
-    out, first, stdout, leftover = local_grades
+    out, first, stdout, leftover, _, _ = local_grades
     assert 2 <= len(first) < CLASS, f"the run was not cut midway ({len(first)} records)"
     assert not leftover, f"processes of the killed run survive: {leftover}"
     assert f"graded {CLASS - len(first)}, already graded {len(first)}, errors 0" in stdout
@@ -311,6 +322,64 @@ def test_a_killed_run_resumes_without_loss_or_duplication(local_grades):
     assert sorted(r["student"] for r in rows) == sorted(found)
     assert {s for s, r in found.items() if r["total"] < r["max_total"]} == {"student03"}
     assert not list(out.glob(".*.tmp"))
+
+
+@pytest.mark.slow
+def test_the_next_run_removes_what_a_killed_run_left_in_tmpdir(local_grades):
+    """kill -9 leaves the dead workers' folders (their copy of a submission, their sandbox's); the next
+    run removes them, and its own."""
+    *_, left_after_kill, left_after_rerun = local_grades
+    assert {"attnkit-worker", "attnkit-sandbox"} <= set(left_after_kill)
+    assert left_after_rerun == []
+
+
+@pytest.mark.slow
+def test_a_slow_submission_gets_a_record_within_its_budget(tmp_path):
+    """Correct but slow: every check within its limit, the whole far over the budget. The run records
+    what was graded, fails the rest saying the budget ran out, and a rerun does not try again. The
+    tight limits cost the correct submission nothing: they count the learner's CPU time only."""
+    submissions = tmp_path / "submissions"
+    for student in ("reference", "slow"):
+        write_modules(by_student("reference"), submissions / student)
+    s01 = submissions / "slow" / "s01_attention_scores.py"
+    s01.write_text(s01.read_text() + SLOW)
+    out, tmpdir = tmp_path / "grades", tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    args = ["grade", "--submissions", str(submissions), "--out", str(out), "--workers", "1",
+            "--test-timeout", "0.5", "--time-budget", "2"]
+    env = dict(os.environ, TMPDIR=str(tmpdir))
+    run = subprocess.run([*ATTNKIT, *args], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"sandbox: {PROMISED}" in run.stderr  # announced before grading
+    found = records(out)
+    assert found["reference"]["total"] == found["reference"]["max_total"]
+    slow = {s["stage"]: s for s in found["slow"]["stages"]}
+    first = [t for t in slow["s01_attention_scores"]["tests"] if t["outcome"] != "skipped"]
+    assert first[0]["outcome"] == "passed"  # graded until the budget ran out...
+    assert first[-1]["limit"] == "budget" and "time budget of this submission ran out" in first[-1]["message"]
+    for stage in list(slow)[1:]:  # ...and nothing after it was run
+        assert {t["limit"] for t in slow[stage]["tests"] if t["outcome"] != "skipped"} == {"budget"}, stage
+    assert found["slow"]["seconds"] < 2 * 5 + 10  # the budget's wall clock (5 x 2 s), and some slack
+    assert list(tmpdir.iterdir()) == []
+    again = subprocess.run([*ATTNKIT, *args], capture_output=True, text=True, env=env)
+    assert "graded 0, already graded 2" in again.stdout
+
+
+SLOW = """
+
+def _slowly(function):
+    def slow(*args, **kwargs):
+        import time
+        end = time.process_time() + 0.3  # well within the 0.5 s per check...
+        while time.process_time() < end:
+            pass
+        return function(*args, **kwargs)
+    return slow
+
+
+attention_scores_loop = _slowly(attention_scores_loop)  # ...but 2 s run out after a few checks
+attention_scores_matmul = _slowly(attention_scores_matmul)
+"""
 
 
 @pytest.mark.slow

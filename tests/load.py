@@ -1,0 +1,25 @@
+"""A loaded machine for the kit's own tests: CI machines are busy, and grades must not notice.
+
+``with cpu_hogs(2): ...`` runs the block while two processes keep a core busy each (the machine
+this kit is developed on has two). Set ATTNKIT_TEST_HOGS to change how many (0: none).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+
+DEFAULT_HOGS = int(os.environ.get("ATTNKIT_TEST_HOGS", "2"))
+
+
+@contextlib.contextmanager
+def cpu_hogs(count: int = DEFAULT_HOGS):
+    """``count`` CPU-bound processes for as long as the block runs."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
