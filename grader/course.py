@@ -9,7 +9,8 @@
         conftest.py               the kit's root conftest (pytest options)
         tests/                    public tests only, conftest.py, adapters.py, checks.py
         fixtures/public/          the published numbers
-        pytest.ini                `pytest` there runs the public tests on the student's modules
+        pytest.ini                `pytest` there runs the public tests on the student's modules,
+                                  each check limited to the course's test_timeout
 
 Rebuilding rewrites the config and ``source/<assignment>/`` and leaves the gradebook, submissions
 and everything nbgrader made alone. The release is checked for leaks before the build returns: no
@@ -347,7 +348,10 @@ def nbgrader_config(course: Course) -> str:
     return "\n".join(lines)
 
 
-def pytest_ini() -> str:
+def pytest_ini(test_timeout: float = TEST_TIMEOUT) -> str:
+    """The release's pytest.ini. Each check gets the course's time limit (pytest-timeout, signal
+    method: the check fails and the run goes on), so that an endless loop in a student's module
+    stops with a message (tests/conftest.py words it) instead of hanging `pytest` in silence."""
     config = tomllib.loads((KIT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     markers = "".join(f"\n    {m}" for m in config.get("markers", []))
     return (
@@ -358,6 +362,9 @@ def pytest_ini() -> str:
         f"addopts = {config['addopts']}\n"
         f"markers ={markers}\n"
         "filterwarnings = error::pytest.PytestUnknownMarkWarning\n"
+        "# seconds per check: a check still running then is stopped and fails\n"
+        f"timeout = {test_timeout:g}\n"
+        "timeout_method = signal\n"
     )
 
 
@@ -436,7 +443,7 @@ def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, 
     shutil.copyfile(KIT / "conftest.py", src / "conftest.py")  # the --impl/--isolate options
     for npz in sorted((FIXTURES / "public").glob("*.npz")):
         shutil.copyfile(npz, src / "fixtures" / "public" / npz.name)
-    (src / "pytest.ini").write_text(pytest_ini())
+    (src / "pytest.ini").write_text(pytest_ini(course.test_timeout))
     import nbformat
 
     from .notebook import build_notebook

@@ -5,6 +5,11 @@ notebook. The notebook explains each stage, runs the learner's module on the
 running example ("Your journey starts with one step"), runs the stage's public
 tests on request, and holds one locked autograder cell per stage.
 
+A demo runs in the kernel with the course's time limit per check (a SIGALRM
+timer, so an endless loop ends in a message instead of a hung kernel); check()
+runs pytest in a subprocess, where pytest.ini sets the same limit per check,
+with a backstop on the whole run.
+
 Every code cell is locked (nbgrader restores it from the source at grading
 time). Demo and check cells do nothing when nbgrader executes the notebook
 (it sets NBGRADER_EXECUTION), so grading never imports learner code into the
@@ -31,7 +36,9 @@ code goes.
 1. Open a stage module (in Jupyter's editor or any editor you like) and replace each
    `raise NotImplementedError(...)` with your code. Keep the names and signatures: the tests call them.
 2. Run that stage's demo cell below to see your code at work on the example sentence. The notebook
-   reloads your modules, so you do not need to restart the kernel after an edit.
+   reloads your modules, so you do not need to restart the kernel after an edit. A demo, or a check,
+   that runs longer than the time limit (`TIME_LIMIT` in the setup cell) is stopped with a message:
+   look for a loop that never ends.
 3. Check your work with the public tests: `check("causal_attention")` in a cell, or in a terminal in
    this folder `pytest` (all stages) or `pytest -m causal_attention` (one stage). The summary at the
    end of a pytest run tells you which stage to work on next.
@@ -47,41 +54,102 @@ Run the next cell first.
 
 SETUP = """\
 # Setup for the demo and check cells. During grading all of them do nothing.
+import importlib
 import os
+import re
+import signal
+import subprocess
 import sys
+import threading
+import traceback
 
 GRADING = bool(os.environ.get("NBGRADER_EXECUTION"))
+TIME_LIMIT = __TIME_LIMIT__  # seconds: a demo, or one check, still running then is stopped
+# A backstop for check(), in case a check's own limit cannot fire: pytest's start, the stage's checks
+# and one that runs out of time fit well within this.
+CHECKS_TIME_LIMIT = 60 + 3 * TIME_LIMIT
+STAGE_MODULE = re.compile(r"s\\d\\d_\\w+")
 if not GRADING:
     sys.path.insert(0, os.getcwd())  # import the stage modules from this folder
-    get_ipython().run_line_magic("load_ext", "autoreload")
-    get_ipython().run_line_magic("autoreload", "2")  # pick up edits to the .py files
 
 
-def demo(show):
-    \"\"\"Run a stage's demo (used as a decorator); a TODO not yet written is reported, not raised.\"\"\"
-    if GRADING:
-        return
-    try:
-        show()
-    except NotImplementedError as exc:
-        print(f"Not written yet: {exc}")
+class TimeLimitReached(BaseException):
+    \"\"\"Stops a demo at the time limit. Not an Exception: an `except Exception` in the code being run
+    does not catch it.\"\"\"
+
+
+def _stop(signum, frame):
+    raise TimeLimitReached
+
+
+def _line_reached(exc):
+    \"\"\"Where in a stage module the code was when it was stopped, as words ('' if not in one).\"\"\"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if STAGE_MODULE.fullmatch(os.path.splitext(os.path.basename(f.filename))[0])]
+    if not frames:
+        return ""
+    return f" It was stopped on line {frames[-1].lineno} of {os.path.basename(frames[-1].filename)}."
+
+
+def demo(stage):
+    \"\"\"Run a stage's demo (a decorator: `@demo("s08_causal_attention")`) with your modules as they are
+    now, for at most TIME_LIMIT seconds. A TODO not yet written, or a demo that runs out of time, is
+    reported, not raised.\"\"\"
+    def run(show):
+        if GRADING:
+            return
+        # torch before the clock starts: its first import takes seconds, and an import cut short
+        # leaves it broken until the kernel restarts.
+        import torch  # noqa: F401
+        # Your modules afresh, inside the time limit (an edited module runs again on import).
+        for name in [n for n in sys.modules if STAGE_MODULE.fullmatch(n)]:
+            del sys.modules[name]
+        importlib.invalidate_caches()
+        # Without SIGALRM (Windows), or off the main thread (signals reach only that one), no limit.
+        timed = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGALRM, _stop) if timed else None
+        try:
+            try:
+                if timed:  # and again every second, should the code under test catch the first stop
+                    signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT, 1)
+                show()
+            finally:
+                if timed:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+        except NotImplementedError as exc:
+            print(f"Not written yet: {exc}")
+        except TimeLimitReached as exc:
+            print(f"Stage {stage}: the demo was stopped after {TIME_LIMIT:g} s (the time limit): look for a loop "
+                  f"that never ends in {stage}.py or a module it imports (a `while` whose condition never "
+                  f"becomes false, a loop at the top of the module), or for very slow code.{_line_reached(exc)}")
+        finally:
+            if timed:
+                signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+    return run
 
 
 def check(stage_marker):
-    \"\"\"Run the public tests of one stage against your modules (same as `pytest -m STAGE`).\"\"\"
+    \"\"\"Run the public tests of one stage against your modules (same as `pytest -m STAGE`). Each check
+    has TIME_LIMIT seconds (pytest.ini); all of them together CHECKS_TIME_LIMIT.\"\"\"
     if GRADING:
         return
-    import subprocess
-
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "--no-header", "--color=no", "-p", "no:cacheprovider", "-m", stage_marker],
-        capture_output=True, text=True,
-    )
+    command = [sys.executable, "-m", "pytest", "-q", "--no-header", "--color=no", "-p", "no:cacheprovider",
+               "-m", stage_marker]
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=CHECKS_TIME_LIMIT,
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    except subprocess.TimeoutExpired as exc:
+        output = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
+        if output.strip():
+            print(output[-3000:])
+        print(f"Stage {stage_marker}: the checks were stopped after {CHECKS_TIME_LIMIT:g} s (the time limit for "
+              "one stage's checks): look for a loop that never ends, or very slow code, in that stage's module.")
+        return
     print((run.stdout + run.stderr)[-6000:])
 """
 
 # Per stage: (title, explanation in markdown, demo body). The demo body runs inside
-# ``@demo def show():`` so its imports and names stay local.
+# ``@demo(stage) def show():`` so its imports and names stay local.
 STAGES = {
     "s01_attention_scores": (
         "Attention scores",
@@ -366,7 +434,8 @@ def grade_source(stage: str, number: int, points: float, test_timeout: float) ->
 
 def build_notebook(points: dict[str, float], test_timeout: float) -> nbformat.NotebookNode:
     """The source notebook; ``points`` maps each stage module name to its points (teaching order)."""
-    cells = [new_markdown_cell(INTRO), new_code_cell(SETUP, metadata=_meta("setup"))]
+    setup = SETUP.replace("__TIME_LIMIT__", repr(float(test_timeout)))
+    cells = [new_markdown_cell(INTRO), new_code_cell(setup, metadata=_meta("setup"))]
     for number, (stage, stage_points) in enumerate(points.items(), start=1):
         m = marker(stage)
         title, text, body = STAGES.get(stage, (m.replace("_", " ").capitalize(), "", "pass"))
@@ -374,7 +443,8 @@ def build_notebook(points: dict[str, float], test_timeout: float) -> nbformat.No
             f"## Stage {number}: {title} ({stage_points:g} points)\n\n"
             f"Module: `{stage}.py` · tests: `pytest -m {m}`\n\n{text}"
         ))
-        demo = "@demo\ndef show():\n" + "".join(f"    {line}\n" if line else "\n" for line in body.splitlines())
+        demo = f"@demo({stage!r})\ndef show():\n"
+        demo += "".join(f"    {line}\n" if line else "\n" for line in body.splitlines())
         demo += f"\n\ncheck({m!r})  # this stage's public tests on your module"
         cells.append(new_code_cell(demo, metadata=_meta(f"demo_{stage}")))
         cells.append(new_code_cell(grade_source(stage, number, stage_points, test_timeout),
