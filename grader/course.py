@@ -448,7 +448,7 @@ def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, 
 
     from .notebook import build_notebook
 
-    nbformat.write(build_notebook(course.points, course.test_timeout), src / f"{NOTEBOOK}.ipynb")
+    nbformat.write(build_notebook(course.points, course.test_timeout, course.time_budget), src / f"{NOTEBOOK}.ipynb")
 
     # A hidden name that is also public somewhere (another stage) is not a leak.
     public_names = {n for p in (TESTS.glob("test_s[0-9][0-9]_*.py")) for n in public_tests(p).public}

@@ -128,7 +128,7 @@ class SuiteSession:
         self.config.case_seed = seed
         record = self.autograde._record
         path = self.work / "results.jsonl"
-        record.update(file=open(path, "w", encoding="utf-8"), verdicts={}, timed_out=set(), infrastructure=None)
+        record.update(file=open(path, "w", encoding="utf-8"), verdicts={}, infrastructure=None)
         capped = []
         started, trusted, boxed = time.monotonic(), time.process_time(), _sandbox_cpu()
         try:

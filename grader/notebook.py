@@ -419,21 +419,23 @@ def _meta(grade_id, *, grade=False, points=None):
     return {"nbgrader": nb, "editable": False, "deletable": False}
 
 
-def grade_source(stage: str, number: int, points: float, test_timeout: float) -> str:
+def grade_source(stage: str, number: int, points: float, test_timeout: float, time_budget: float | None = None) -> str:
     m = marker(stage)
+    budget = f", time_budget={time_budget!r}" if time_budget is not None else ""
     return (
         f"# Autograder cell: stage {number}, {m} ({points:g} points).\n"
         f"# Graded with the public and hidden tests when you submit; the verdicts appear here in\n"
         f"# your feedback. To check your work now, run check({m!r}) or `pytest -m {m}`.\n"
         "### BEGIN HIDDEN TESTS\n"
         "from grader.autograde import grade_stage\n"
-        f"grade_stage({m!r}, points={points!r}, test_timeout={test_timeout!r})\n"
+        f"grade_stage({m!r}, points={points!r}, test_timeout={test_timeout!r}{budget})\n"
         "### END HIDDEN TESTS"
     )
 
 
-def build_notebook(points: dict[str, float], test_timeout: float) -> nbformat.NotebookNode:
-    """The source notebook; ``points`` maps each stage module name to its points (teaching order)."""
+def build_notebook(points: dict[str, float], test_timeout: float, time_budget: float | None = None) -> nbformat.NotebookNode:
+    """The source notebook; ``points`` maps each stage module name to its points (teaching order);
+    ``test_timeout`` and ``time_budget`` are the course's time limits (see grader.sandbox.Limits)."""
     setup = SETUP.replace("__TIME_LIMIT__", repr(float(test_timeout)))
     cells = [new_markdown_cell(INTRO), new_code_cell(setup, metadata=_meta("setup"))]
     for number, (stage, stage_points) in enumerate(points.items(), start=1):
@@ -447,7 +449,7 @@ def build_notebook(points: dict[str, float], test_timeout: float) -> nbformat.No
         demo += "".join(f"    {line}\n" if line else "\n" for line in body.splitlines())
         demo += f"\n\ncheck({m!r})  # this stage's public tests on your module"
         cells.append(new_code_cell(demo, metadata=_meta(f"demo_{stage}")))
-        cells.append(new_code_cell(grade_source(stage, number, stage_points, test_timeout),
+        cells.append(new_code_cell(grade_source(stage, number, stage_points, test_timeout, time_budget),
                                    metadata=_meta(f"grade_{stage}", grade=True, points=stage_points)))
     cells.append(new_markdown_cell(OUTRO))
     nb = new_notebook(cells=cells)

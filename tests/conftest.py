@@ -291,7 +291,11 @@ def pytest_runtest_makereport(item, call):
 PYTEST_TIMEOUT = re.compile(r"Timeout \(>([0-9.]+)s\) from pytest-timeout")
 TIME_LIMIT = re.compile(r"time limit|pytest-timeout")  # our wording, pytest-timeout's and the grading sandbox's
 NOT_RUN = "not run: an earlier check of this stage hit the time limit"
-_stages_out_of_time = set()  # stages (sNN_topic) with a check that hit the time limit in this run
+OUT_OF_TIME = pytest.StashKey[set]()  # stages (sNN_topic) with a check that hit the time limit in this run
+
+
+def stages_out_of_time(config) -> set:
+    return config.stash.setdefault(OUT_OF_TIME, set())
 
 
 def time_limit_message(stage, seconds) -> str:
@@ -326,7 +330,7 @@ def note_time_limit(item, report) -> bool:
     # exception (a bare `except:`) and failed some other way afterwards.
     if not (TIME_LIMIT.search(text) or (limit and report.when == "call" and report.duration >= 0.9 * limit)):
         return False
-    _stages_out_of_time.add(stage)
+    stages_out_of_time(item.config).add(stage)
     stopped = PYTEST_TIMEOUT.search(text)
     if stopped:
         message = time_limit_message(stage, float(stopped.group(1)))
@@ -343,19 +347,15 @@ def note_time_limit(item, report) -> bool:
 def pytest_runtest_setup(item):
     """After a check of a stage hit the time limit, its other checks fail at once. A module that
     loops at import would otherwise cost the limit once per check: a failed import is not cached."""
-    if stage_of(item.nodeid) in _stages_out_of_time:
+    if stage_of(item.nodeid) in stages_out_of_time(item.config):
         pytest.fail(NOT_RUN, pytrace=False)
-
-
-def pytest_sessionstart(session):
-    _stages_out_of_time.clear()
 
 
 def pytest_runtest_teardown(item, nextitem):
     """After the last check, forget which stages ran out of time: a grading worker runs its one
     pytest session again for the next submission, which must start afresh."""
     if nextitem is None:
-        _stages_out_of_time.clear()
+        stages_out_of_time(item.config).clear()
 
 
 # ---------------------------------------------------------------- summary
