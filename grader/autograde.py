@@ -36,7 +36,8 @@ import warnings
 from pathlib import Path
 
 from . import TESTS, scratch
-from .sandbox import START_SECONDS, Limits
+from .sandbox import STAGE_FILE as STAGE_MODULE
+from .sandbox import START_SECONDS, Limits, submission_sources
 
 RESULTS_ENV = "ATTNKIT_RESULTS"
 SUITE_ENV = "ATTNKIT_SUITE"  # another tests/ directory (kit development only)
@@ -253,6 +254,11 @@ def submitted_twin(folder: Path) -> Path | None:
     return submitted if submitted.is_dir() else None
 
 
+def linked_modules(folder: Path) -> list[str]:
+    """Stage modules of ``folder`` that are symbolic links (grading never follows them)."""
+    return sorted(p.name for p in Path(folder).iterdir() if STAGE_MODULE.match(p.name) and p.is_symlink())
+
+
 def symlinked_modules(folder: Path) -> list[str]:
     """Stage modules that arrived as symbolic links in nbgrader's submitted/ copy of this folder.
 
@@ -260,11 +266,18 @@ def symlinked_modules(folder: Path) -> list[str]:
     solutions would arrive as a regular file; only the submitted/ copy tells.
     """
     submitted = submitted_twin(folder)
-    if submitted is None:
-        return []
-    from .sandbox import STAGE_FILE as STAGE_MODULE
+    return linked_modules(submitted) if submitted is not None else []
 
-    return sorted(p.name for p in submitted.iterdir() if STAGE_MODULE.match(p.name) and p.is_symlink())
+
+def graded_sources(folder: Path, linked: list[str] | None = None) -> dict[str, bytes]:
+    """The stage modules grading runs: the folder's regular module files, and for each module that
+    was submitted as a symbolic link (``linked``; default: the folder's own links) one that fails
+    on import, saying so. The same for nbgrader's cells and for ``attnkit grade``."""
+    sources = submission_sources(folder)
+    for name in linked_modules(folder) if linked is None else linked:
+        sources[name] = (f"raise ImportError('{name} was submitted as a symbolic link, not a file: "
+                         "submit the module itself')\n").encode()
+    return sources
 
 
 LINK_NOTE = "This file was submitted as a symbolic link; what the link pointed at is not copied.\n"
@@ -294,13 +307,8 @@ def defuse_links(folder: Path) -> list[str]:
 
 def without_links(folder: Path, linked: list[str], work: Path) -> Path:
     """A copy of the folder's stage modules in which each linked one fails on import, saying why."""
-    from .sandbox import submission_sources
-
-    for name, data in submission_sources(folder).items():
+    for name, data in graded_sources(folder, linked).items():
         (work / name).write_bytes(data)
-    for name in linked:
-        (work / name).write_text(
-            f"raise ImportError('{name} was submitted as a symbolic link, not a file: submit the module itself')\n")
     return work
 
 

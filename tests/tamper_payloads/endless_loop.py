@@ -1,0 +1,3 @@
+"""Loop forever at import."""
+while True:
+    pass

@@ -1,0 +1,4 @@
+"""Call sys.exit(0) at import."""
+import sys
+
+sys.exit(0)
