@@ -28,7 +28,9 @@ from grader import EXERCISES, FIXTURES, KIT, SOLUTIONS
 from grader.kit import stages
 
 PAYLOADS = Path(__file__).with_name("tamper_payloads")
-STUB = "this part is still a stub"  # the feedback line under every failure of an untouched stub
+STUB = "this part is still a stub"
+BYSTANDERS = ("reference", "tril-for-triu")  # honest samples (grader/samples.py): full marks; one real mistake
+LATE = "zz-"  # students are graded in the order of their names: this prefix puts one after every attacker  # the feedback line under every failure of an untouched stub
 
 
 @dataclass(frozen=True)

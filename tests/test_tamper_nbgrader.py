@@ -1,16 +1,19 @@
-"""The tamper and fault corpus (tests/tamper.py) graded by nbgrader's own autograde.
+"""The tamper and fault corpus (tests/tamper.py) graded by nbgrader's own autograde, on a loaded machine.
 
 One course per module. Two honest "bystanders" (the reference, and a submission with one real
-mistake) are graded first, alone. Then every corpus entry joins as its own student and one
-``nbgrader autograde`` call grades them all. The tests check that the run completed, that each
-entry got exactly the grade its honest work deserves and the reason in its feedback, and that
-nothing outside each entry's own autograded folder changed: not the bystanders' files, not
-their rows in the gradebook, not the kit.
+mistake) are graded first, alone. Then every corpus entry joins as its own student, with late
+copies of the bystanders named to be graded after every attacker (nbgrader grades students in the
+order of their names), and one ``nbgrader autograde`` call grades them all while two CPU-bound
+processes run alongside. The tests check that the run completed, that each entry got exactly the
+grade its honest work deserves and the reason in its feedback, that the late bystanders' autograder
+cells say byte for byte what the early ones said, and that nothing outside each entry's own
+autograded folder changed: not the bystanders' files, not their rows in the gradebook, not the kit.
 """
 from __future__ import annotations
 
 import hashlib
 import html
+import json
 import re
 import sqlite3
 import subprocess
@@ -26,13 +29,13 @@ from grader.autograde import LINK_NOTE
 from grader.course import build
 from grader.kit import marker, stages
 from grader.samples import by_student, write_submission
-from tamper import Context, corpus, write_entry
+from load import cpu_hogs
+from tamper import BYSTANDERS, LATE, Context, corpus, write_entry
 
 pytestmark = [pytest.mark.kit, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 ASSIGNMENT = "attention"
-BYSTANDERS = ("reference", "tril-for-triu")  # grader/samples.py: full marks; loses points on causal_mask
-TEST_TIMEOUT = 12.0  # per check; an endless loop costs one of these (plus a sandbox restart)
+TEST_TIMEOUT = 3.0  # CPU seconds per check: the learner's own time, so a loaded machine needs no more
 CORPUS = corpus()
 TIMINGS = {}
 
@@ -98,20 +101,23 @@ def graded(tmp_path_factory):
     ctx = Context(course=root, assignment=ASSIGNMENT, bystanders=BYSTANDERS)
     for entry in CORPUS:
         submit(entry.name, lambda dest, e=entry: write_entry(e, ctx, release, dest))
+    for student in BYSTANDERS:
+        submit(LATE + student, lambda dest, s=student: write_submission(by_student(s), release, dest))
     targets_before = {p: p.read_bytes() if p.is_file() else None for p in ctx.target_files()}
     files_before = file_hashes(root, skip=[Path("gradebook.db")])
     rows_before = gradebook_rows(db)
 
-    # 3. One autograde call for everybody (the bystanders are skipped: already graded).
+    # 3. One autograde call for everybody (the early bystanders are skipped: already graded).
     t = time.monotonic()
-    run = nbgrader(root, "autograde", ASSIGNMENT)
+    with cpu_hogs():
+        run = nbgrader(root, "autograde", ASSIGNMENT)
     autograde_seconds = time.monotonic() - t
     nbgrader(root, "generate_feedback", ASSIGNMENT)
 
     print(f"\ntamper corpus: autograde of {len(CORPUS)} entries {autograde_seconds:.0f} s; nbgrader "
           f"{ {k: round(v) for k, v in TIMINGS.items()} }; whole fixture {time.monotonic() - start:.0f} s")
     return dict(course=c, root=root, db=db, ctx=ctx, alone=alone, log=run.stdout + run.stderr,
-                scores=scores(c, db, BYSTANDERS + tuple(e.name for e in CORPUS)),
+                scores=scores(c, db, BYSTANDERS + tuple(LATE + s for s in BYSTANDERS) + tuple(e.name for e in CORPUS)),
                 targets_before=targets_before, files_before=files_before,
                 rows_before=rows_before)
 
@@ -161,6 +167,19 @@ def test_bystanders_keep_their_grades(graded):
         assert graded["scores"][student] == alone[student], student
 
 
+def grade_cell_outputs(root: Path, student: str) -> list[str]:
+    nb = nbformat.read(root / "autograded" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+    return [json.dumps(cell.outputs, sort_keys=True) for cell in nb.cells
+            if cell.metadata.get("nbgrader", {}).get("grade")]
+
+
+def test_late_bystanders_are_graded_byte_for_byte_as_alone(graded):
+    """Graded after every attacker: their autograder cells print exactly what they printed alone."""
+    for student in BYSTANDERS:
+        assert graded["scores"][LATE + student] == graded["alone"][student], student
+        assert grade_cell_outputs(graded["root"], LATE + student) == grade_cell_outputs(graded["root"], student)
+
+
 def test_a_wrong_module_that_patches_the_libraries_scores_like_the_honest_mistake(graded):
     """patch-wrong is tril-for-triu plus torch/numpy patches: the same s06 score as the bystander."""
     assert graded["scores"]["patch-wrong"]["s06_causal_mask"] == graded["alone"]["tril-for-triu"]["s06_causal_mask"]
@@ -170,7 +189,8 @@ def test_a_wrong_module_that_patches_the_libraries_scores_like_the_honest_mistak
 
 def test_no_file_outside_the_entries_own_autograded_folders_changed(graded):
     root = graded["root"]
-    own = [Path("autograded") / e.name for e in CORPUS] + [Path("feedback")]
+    own = [Path("autograded") / e.name for e in CORPUS] + [Path("autograded") / (LATE + s) for s in BYSTANDERS] + [
+        Path("feedback")]
     after = file_hashes(root, skip=[Path("gradebook.db")] + own)
     before = {k: v for k, v in graded["files_before"].items() if not any(Path(k).parts[:2] == o.parts for o in own)}
     changed = sorted(k for k in before if after.get(k) != before[k])
