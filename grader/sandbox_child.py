@@ -215,11 +215,15 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 BOX_NAMESPACES = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 KEYCTL_JOIN_SESSION_KEYRING = 1
-SYSCALLS = {  # glibc wraps neither pivot_root nor keyctl
-    "x86_64": {"pivot_root": 155, "keyctl": 250},
-    "aarch64": {"pivot_root": 41, "keyctl": 219},
+AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 1
+SYSCALLS = {  # glibc wraps none of these
+    "x86_64": {"pivot_root": 155, "add_key": 248, "request_key": 249, "keyctl": 250, "mount_setattr": 442},
+    "aarch64": {"pivot_root": 41, "add_key": 217, "request_key": 218, "keyctl": 219, "mount_setattr": 442},
 }
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # the system call ABI a seccomp filter allows
+KEYRING_CALLS = ("add_key", "request_key", "keyctl")
 SYSTEM_DIRS = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"]
 DEVICES = ["null", "zero", "full", "random", "urandom"]
 
@@ -255,7 +259,8 @@ def mount(lib, source, target, fstype, flags, data=None):
 
 
 def bind(lib, source, target, readonly=True):
-    """Bind ``source`` (a directory or a device file) at ``target``, read-only by default."""
+    """Bind ``source`` (a directory or a device file) at ``target``, with what is mounted below it;
+    read-only by default, the mounts below it too."""
     if os.path.isdir(source):
         os.makedirs(target, exist_ok=True)
     else:
@@ -263,8 +268,13 @@ def bind(lib, source, target, readonly=True):
         open(target, "a").close()
     mount(lib, source, target, None, MS_BIND | MS_REC)
     if readonly:
-        # A read-only remount must keep the flags the source mount already has (the
-        # kernel refuses to clear them inside a user namespace).
+        import ctypes
+
+        attr = ctypes.create_string_buffer(struct.pack("QQQQ", MOUNT_ATTR_RDONLY, 0, 0, 0))
+        if syscall(lib, "mount_setattr", AT_FDCWD, str(target).encode(), AT_RECURSIVE, attr, len(attr.raw)) == 0:
+            return
+        # A kernel before 5.12: only the top mount can be made read-only. The remount must keep
+        # the flags the source mount already has (the kernel refuses to clear them in a user namespace).
         st = os.statvfs(source)
         keep = (st.f_flag & os.ST_NOSUID and MS_NOSUID) | (st.f_flag & os.ST_NODEV and MS_NODEV) | (
             st.f_flag & os.ST_NOEXEC and MS_NOEXEC)
@@ -352,6 +362,7 @@ def build_root(lib, config):
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")]:
         os.symlink(target, f"{new}/dev/{name}")
     os.makedirs(new + "/dev/shm")
+    mount(lib, None, new + "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
     # The template's /proc (each box mounts its own over it; inside a user namespace the kernel
     # allows that only where a proc is mounted already). A convenience: a container may refuse.
     os.makedirs(new + "/proc")
@@ -575,6 +586,7 @@ def box_main(lib, config, request, under_tmp):
         set_limits(limits)
         drop_privileges(lib, config["drop"], request.get("uid"))
         join_fresh_session_keyring(lib)
+        deny(lib, KEYRING_CALLS)  # keys outlive processes, and any uid may read one made readable
         os.environ.update(HOME=box["tmp"], TMPDIR=box["tmp"])
         os.chdir(box["tmp"])
         import adapters
@@ -611,6 +623,13 @@ def fresh_world(lib, token, tmp_bytes, under_tmp):
     except OSError as exc:  # then at least hide the template's (Python runs without a /proc)
         warn(f"no /proc of the box's own ({exc})")
         tmpfs(lib, "/proc", 4096, mode="555")
+    # SysV shared memory counts against no process's address space: bound it by the tmpfs size.
+    for name, value in (("shmmax", tmp_bytes), ("shmall", tmp_bytes // os.sysconf("SC_PAGE_SIZE"))):
+        try:
+            with open(f"/proc/sys/kernel/{name}", "w") as handle:
+                handle.write(str(value))
+        except OSError as exc:
+            warn(f"no limit on SysV shared memory ({exc})")
     bind(lib, f"/sandbox/incoming/{token}", "/sandbox/submission")
     check(lib.umount2(b"/sandbox/incoming", MNT_DETACH), "hide the other submissions")
 
@@ -653,6 +672,32 @@ def join_fresh_session_keyring(lib):
 
     if syscall(lib, "keyctl", KEYCTL_JOIN_SESSION_KEYRING, None) < 0 and ctypes.get_errno() != errno.ENOSYS:
         check(-1, "keyctl(JOIN_SESSION_KEYRING)")
+
+
+def deny(lib, names):
+    """A seccomp filter for this process and all it starts: the system calls ``names`` fail with
+    EPERM, and so does any call through another ABI (i386's int 0x80, x32) that could reach them
+    by other numbers. Needs no_new_privs (set when privileges were dropped)."""
+    import ctypes
+    import errno
+
+    machine = os.uname().machine
+    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    allow, fail = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO
+    program = [(load, 0, 0, 4), (jeq, 1, 0, AUDIT_ARCH[machine]), (ret, 0, 0, fail), (load, 0, 0, 0)]
+    if machine == "x86_64":
+        program += [(jge, 0, 1, 0x40000000), (ret, 0, 0, fail)]  # x32 system calls
+    for name in names:
+        program += [(jeq, 0, 1, SYSCALLS[machine][name]), (ret, 0, 0, fail)]
+    program.append((ret, 0, 0, allow))
+    code = b"".join(struct.pack("HBBI", *instruction) for instruction in program)
+    filters = ctypes.create_string_buffer(code)
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    compiled = Program(len(program), ctypes.cast(filters, ctypes.c_void_p))
+    check(lib.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(compiled), 0, 0), "seccomp")
 
 
 def serve_box(adapters, box):

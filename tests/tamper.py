@@ -25,7 +25,7 @@ import nbformat
 import numpy as np
 
 from grader import EXERCISES, FIXTURES, KIT, SOLUTIONS
-from grader.kit import stages
+from grader.kit import marker, stages
 
 PAYLOADS = Path(__file__).with_name("tamper_payloads")
 STUB = "this part is still a stub"
@@ -248,7 +248,58 @@ def corpus() -> list[Tamper]:
                "(nbgrader's copy into autograded/ follows links)",
                fixed(), links={"s08_causal_attention.py": SOLUTIONS / "s08_causal_attention.py"},
                reason="submitted as a symbolic link", expected={"causal_attention": 0, "multihead_wrapper": 0}),
+        # -- aimed at the submissions graded after them (the victims are named LATE + ...) --
+        Tamper("hijack-frames", "s01 solution that walks the stack frames up to the sandbox's serving code, "
+               "takes its request and reply pipes and leaves a setsid daemon (signals ignored and blocked) that "
+               "answers as the sandbox with this submission's modules, then blocks the import",
+               fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "hijack_frames")),
+               reason="Stage attention_scores: "),
+        Tamper("hijack-gc", "the same as hijack-frames, the sandbox's objects found through gc.get_objects()",
+               fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "hijack_gc")),
+               reason="Stage attention_scores: "),
+        Tamper("hijack-patch", "s01 solution that rebinds the sandbox's own functions (os._exit, the trace "
+               "check, the stage server) so that its worker goes on serving whatever comes next",
+               fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "hijack_patch_exit")),
+               reason="Stage attention_scores: "),
+        Tamper("mem-patch", "s01 solution that rewrites the submission path in its parent's memory through "
+               "/proc/<pid>/mem, pointing every later worker at a copy of its own modules",
+               fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "zygote_mem_patch")),
+               reason="Stage attention_scores: "),
+        Tamper("plant", "the solutions; stage k also plants its own source in channel k: /tmp (read-only "
+               "folder), /dev/shm, the home folder, SysV shared memory, a SysV message queue, POSIX shared "
+               "memory, a POSIX message queue, an abstract unix socket and a TCP socket (setsid daemons), "
+               "the session and the user keyrings", lambda ctx: {
+                   stage: attacked(solution(stage), channel) for stage, channel in PLANTED.items()},
+               reason="Stage other_forms: "),
+        Tamper("signals", "s11 solution that leaves a setsid daemon SIGSTOPping, ptracing and SIGKILLing "
+               "every process it can see, for two minutes",
+               fixed(s11_other_forms=attacked(solution("s11_other_forms"), "signal_ptrace_daemon")),
+               reason="Stage other_forms: "),
+        Tamper("prlimit", "s11 solution that shrinks its parent's address-space limit to what it uses",
+               fixed(s11_other_forms=attacked(solution("s11_other_forms"), "zygote_prlimit")),
+               reason="Stage other_forms: "),
+        Tamper("sched-idle", "s11 solution that gives its parent the idle scheduling class and nice 19",
+               fixed(s11_other_forms=attacked(solution("s11_other_forms"), "zygote_sched_idle")),
+               reason="Stage other_forms: "),
+        Tamper("sysv-hoard", "s11 solution that leaves 1 GiB of SysV shared memory allocated",
+               fixed(s11_other_forms=attacked(solution("s11_other_forms"), "hold_sysv_memory")),
+               reason="Stage other_forms: "),
+        Tamper(LATE + "stubs", "victim: the stubs, untouched, graded after every attacker",
+               lambda ctx: {stage: stub(stage) for stage in stages()},
+               reason=STUB, expected={marker(stage): 0 for stage in stages()}),
+        Tamper(LATE + "scavenge", "victim: the stubs, each of which looks in every channel for the source "
+               "planted for it and runs it", lambda ctx: {stage: attacked(stub(stage), "scavenge") for stage in stages()},
+               reason=STUB, expected={marker(stage): 0 for stage in stages()}),
     ]
+
+
+PLANTED = {  # the persistence channel each stage of the "plant" entry uses (its payload)
+    "s01_attention_scores": "plant_tmp", "s02_normalization": "plant_devshm", "s03_context_vectors": "plant_home",
+    "s04_trainable_projections": "plant_sysv_shm", "s05_self_attention": "plant_sysv_msg",
+    "s06_causal_mask": "plant_posix_shm", "s07_dropout": "plant_posix_mq", "s08_causal_attention": "plant_abstract_socket",
+    "s09_multihead_wrapper": "plant_tcp", "s10_multihead_attention": "plant_keyring_session",
+    "s11_other_forms": "plant_keyring_user",
+}
 
 
 def write_entry(entry: Tamper, ctx: Context, release: Path, dest: Path) -> Path:

@@ -461,15 +461,19 @@ def test_the_learner_holds_only_its_own_channel(hostile):
     assert set(seen["fds"]) <= {0, 1, 2, 3, 4, 5}
     assert list(seen["pids"]) == [1, 2]  # the box's first process and this worker
     assert seen["dumpable"] == 0
+    devices = {f"/dev/{name}" for name in ("null", "zero", "full", "random", "urandom")}
+    assert set(seen["writable_mounts"]) <= {"/tmp", "/dev/shm", "/proc"} | devices, seen["writable_mounts"]
 
 
 def test_each_submission_has_a_world_of_its_own(hostile_root, sandbox, tmp_path):
-    """What one submission leaves in /tmp (read-only), /dev/shm, its home, SysV shared memory, the
-    session keyring or a setsid daemon that ignores signals is there for itself, and gone for the
-    next one, which also runs under another uid."""
+    """What one submission leaves in /tmp (read-only), /dev/shm, its home, SysV shared memory or a
+    setsid daemon that ignores signals is there for itself, and gone for the next one, which also
+    runs under another uid. Keys it cannot make at all: keys outlive processes, and any uid may
+    read one made readable, so a box has no keyring system calls."""
     with IsolatedBackend(hostile_root, LIMITS, sandbox=sandbox) as first:
         planted = list(call(first, "plant"))
-        assert {"/tmp/attnkit-loot", "/dev/shm/attnkit-loot", "daemon", "keyring", "sysv-shm"} <= set(planted)
+        assert {"/tmp/attnkit-loot", "/dev/shm/attnkit-loot", "daemon", "sysv-shm"} <= set(planted)
+        assert "keyring" not in planted
         assert list(call(first, "scavenge")) == sorted(planted)  # the channels work: within one submission
         uid = int(call(first, "whoami")[0])
     assert processes_of(uid) == 0  # the daemon went with its box

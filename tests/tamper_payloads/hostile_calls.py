@@ -154,7 +154,9 @@ def world():
             pass
     pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
     dumpable = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
-    return {"fds": fds, "pids": pids, "dumpable": dumpable}
+    with open("/proc/self/mountinfo") as mounts:  # mount point and its own options, per line
+        writable = sorted(line.split()[4] for line in mounts if "rw" in line.split()[5].split(","))
+    return {"fds": fds, "pids": pids, "dumpable": dumpable, "writable_mounts": writable}
 
 
 # ---------------------------------------------------------------- leaving traces for the next submission
