@@ -373,7 +373,15 @@ def _write(entry: dict):
         _record["file"].flush()
 
 
+RECORDED_CHARS = 8000  # of one failure message, kept in the record (a learner's exception can be huge)
+
+
 def _message(report) -> str:
+    message = _full_message(report)
+    return message if len(message) <= RECORDED_CHARS else message[:RECORDED_CHARS] + " [...]"
+
+
+def _full_message(report) -> str:
     longrepr = report.longrepr
     if longrepr is None:
         return ""

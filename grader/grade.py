@@ -59,6 +59,7 @@ from .sandbox import Limits, Sandbox, probe
 
 START_SECONDS = 300  # a worker must be ready (torch, pytest, collection, its sandbox) within this
 GRADEBOOK_SECONDS = 2.0  # results reach the gradebook in one transaction at least this often
+ANSWER_BYTES = 256 << 20  # a worker's answer for one submission is far smaller
 
 
 class GradeError(RuntimeError):
@@ -240,7 +241,7 @@ class WorkerProcess:
         self.log = None
         self.start_seconds = None  # how long the last start took (torch, pytest, collection, sandbox)
         self.confinement = None  # what its sandbox confines (grader.sandbox.Confinement.record())
-        self._buffer = b""
+        self._buffer = bytearray()
 
     def start(self):
         self.log = tempfile.TemporaryFile()
@@ -250,7 +251,7 @@ class WorkerProcess:
             [sys.executable, "-m", "grader.grade", json.dumps(self.options)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self.log, cwd=tempfile.gettempdir(), env=env,
         )
-        self._buffer = b""
+        self._buffer = bytearray()
         answer = self._answer(time.monotonic() + START_SECONDS)
         self.start_seconds, self.confinement = answer.get("seconds"), answer.get("confinement")
 
@@ -276,8 +277,14 @@ class WorkerProcess:
         return answer
 
     def _answer(self, deadline) -> dict:
+        """The worker's next answer: one JSON line (read in linear time; the messages in it are capped
+        where they come from, so a line beyond ANSWER_BYTES means a broken worker)."""
         fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buffer:
+        searched = 0
+        while (end := self._buffer.find(b"\n", searched)) < 0:
+            searched = len(self._buffer)
+            if searched > ANSWER_BYTES:
+                raise self._failed(f"the grading worker's answer exceeds {ANSWER_BYTES >> 20} MiB")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self._failed("the grading worker did not answer in time")
@@ -287,7 +294,8 @@ class WorkerProcess:
                 if not chunk:
                     raise self._failed("the grading worker died")
                 self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
+        line = bytes(self._buffer[:end])
+        del self._buffer[:end + 1]
         return json.loads(line)
 
     def _failed(self, what) -> WorkerError:

@@ -60,14 +60,16 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from . import FIXTURES, KIT, SOLUTIONS, TESTS, scratch
+from . import FIXTURES, KIT, SOLUTIONS, TESTS, cgroups, scratch
+from .cgroups import BoxGroup
 from .kit import adapters
 from .sandbox_child import CONTROL_BYTES, LENGTH, ProtocolError, decode, encode, pack
 
 CHILD_SCRIPT = Path(__file__).with_name("sandbox_child.py")
 STAGE_FILE = re.compile(r"^s\d\d_\w+\.py$")
 MAX_MODULE_BYTES = 1 << 20  # a stage module larger than this is not copied
-MAX_HEADER_BYTES = 16 << 20
+MAX_HEADER_BYTES = 1 << 20  # an answer's JSON (arrays travel as blobs beside it)
+MESSAGE_CHARS = 4000  # of an error message or traceback from a box, kept
 UID_RANGE = (1_500_000_000, 2_100_000_000)  # fresh uids for boxes (no real user lives there)
 WALL_FACTOR = 5  # wall-clock limits are this many times the CPU limits
 BUDGET_CHECKS = 12  # the default budget of a submission: this many checks at their limit
@@ -118,11 +120,13 @@ GUARANTEES = {  # what keeps one submission from reaching another, by the name a
     "network": "a fresh network namespace for each submission (no network, no shared abstract sockets)",
     "ipc": "a fresh IPC namespace for each submission (no shared SysV or POSIX IPC objects)",
     "uid": "a fresh unprivileged uid for each submission",
-    "keyring": "a fresh session keyring for each submission",
+    "keyring": "no access to the kernel's keyrings",
+    "cgroup": "a cgroup for each submission (the CPU time of all its processes counted, dead ones included; "
+              "their memory and number bounded together where the controllers allow)",
 }
-HOLDS = {
-    "namespaces": tuple(GUARANTEES),
-    "userns": tuple(g for g in GUARANTEES if g != "uid"),
+HOLDS = {  # by the confinement's mode; "cgroup" is there wherever this process may create cgroups
+    "namespaces": tuple(g for g in GUARANTEES if g != "cgroup"),
+    "userns": tuple(g for g in GUARANTEES if g not in ("uid", "cgroup")),
     "plain": ("keyring",),
 }
 
@@ -132,15 +136,17 @@ class Confinement:
     """Which confinement a sandbox runs with, and what it lacks of the strongest."""
 
     mode: str
+    cgroup: bool = False  # a cgroup for each box
     why: str = ""  # why stronger confinements failed, if they did
 
     @property
     def missing(self) -> list[str]:
-        return [g for g in GUARANTEES if g not in HOLDS[self.mode]]
+        holds = set(HOLDS[self.mode]) | ({"cgroup"} if self.cgroup else set())
+        return [g for g in GUARANTEES if g not in holds]
 
     def summary(self) -> str:
         if not self.missing:
-            return f"sandbox: {self.mode} (fresh namespaces, /tmp, keyring and uid for each submission)"
+            return f"sandbox: {self.mode} (fresh namespaces, /tmp, uid and cgroup for each submission)"
         lacking = "; ".join(GUARANTEES[g] for g in self.missing)
         return (f"sandbox: {self.mode}, WEAKER than full confinement; it lacks {lacking}"
                 + (f" [{self.why}]" if self.why else ""))
@@ -158,13 +164,20 @@ class SandboxUnavailable(RuntimeError):
 
 
 def candidate_modes() -> list[str]:
-    """Confinements worth trying here, strongest first."""
+    """Confinements worth trying here, strongest first. Never ``userns`` as root: the boxes would
+    keep root's uid on the host (owner of its files, its sysctls) without a capability to lose."""
     modes = []
     if shutil.which("unshare"):
-        if os.geteuid() == 0:
-            modes.append("namespaces")
-        modes.append("userns")
+        modes.append("namespaces" if os.geteuid() == 0 else "userns")
     return modes + ["plain"]
+
+
+def _refuse(mode):
+    if mode == "userns" and os.geteuid() == 0:
+        raise SandboxUnavailable("userns: refused as root (the boxes would keep root's uid on the host); "
+                                 "root gets the namespaces confinement")
+    if mode not in HOLDS:
+        raise SandboxUnavailable(f"{mode!r} is not a confinement (namespaces, userns or plain)")
 
 
 def _unshare(mode) -> list[str]:
@@ -179,18 +192,24 @@ def _unshare(mode) -> list[str]:
 def probe(confine=None) -> Confinement:
     """The strongest confinement this machine allows, found quickly (no template is started):
     what a grading run announces before it starts."""
+    from .cgroups import BoxGroup
+
     failures = []
     for mode in [confine] if confine else candidate_modes():
-        if mode == "plain":
-            return Confinement(mode, "; ".join(failures))
-        try:
-            run = subprocess.run([*_unshare(mode), "true"], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.SubprocessError) as exc:
-            failures.append(f"{mode}: {exc}")
-            continue
-        if run.returncode == 0:
-            return Confinement(mode, "; ".join(failures))
-        failures.append(f"{mode}: {run.stderr.strip() or run.returncode}")
+        _refuse(mode)
+        if mode != "plain":
+            try:
+                run = subprocess.run([*_unshare(mode), "true"], capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.SubprocessError) as exc:
+                failures.append(f"{mode}: {exc}")
+                continue
+            if run.returncode != 0:
+                failures.append(f"{mode}: {run.stderr.strip() or run.returncode}")
+                continue
+        group = BoxGroup.create(1 << 30, 1)
+        if group is not None:
+            group.remove()
+        return Confinement(mode, group is not None, "; ".join(failures))
     raise SandboxUnavailable("; ".join(failures))
 
 
@@ -332,9 +351,17 @@ class _Box:
     incoming: Path  # the folder holding the submission's modules, bound read-only into the box
     tmp: Path | None  # its scratch folder (without a mount namespace only)
     init: int | None = None  # pid of the box's first process (for its CPU time), None if unknown
+    group: BoxGroup | None = None  # its cgroup (the CPU time of all its processes), if one could be made
+    last_cpu: float = 0.0  # the CPU time last read (what a box that died before its count had used)
+    fresh: bool = True  # no learner code has run in it yet
 
-    def cpu(self) -> float | None:
-        return None if self.init is None else _learner_cpu(self.init)
+    def cpu(self) -> float:
+        """CPU seconds the box has used: its cgroup's count, else what /proc shows of its processes."""
+        seconds = self.group.cpu_seconds() if self.group is not None else (
+            _learner_cpu(self.init) if self.init is not None else None)
+        if seconds is not None:
+            self.last_cpu = max(self.last_cpu, seconds)
+        return self.last_cpu
 
 
 class Sandbox:
@@ -382,6 +409,7 @@ class Sandbox:
             for mode in modes:
                 started = time.monotonic()
                 try:
+                    _refuse(mode)
                     self._start(mode)
                 except SandboxUnavailable as exc:
                     failures.append(f"{mode}: {exc}")
@@ -389,7 +417,10 @@ class Sandbox:
                 self.stats["starts"] += 1
                 self.stats["start_seconds"].append(round(time.monotonic() - started, 3))
                 why = "; ".join(failures) or (self.confinement.why if self.confinement else "")
-                self.confinement = Confinement(mode, why)
+                group = BoxGroup.create(1 << 30, 1)  # may this process give boxes cgroups?
+                if group is not None:
+                    group.remove()
+                self.confinement = Confinement(mode, group is not None, why)
                 if self.confinement.missing:
                     warnings.warn(self.confinement.summary(), SandboxWarning, stacklevel=3)
                 return self.confinement
@@ -399,6 +430,7 @@ class Sandbox:
         a = adapters()
         confined = mode != "plain"
         scratch.sweep()
+        cgroups.sweep()
         folder = scratch.Folder("sandbox")
         root = folder.path
         for name in ("runtime", "incoming", "newroot", "tmp"):
@@ -406,8 +438,8 @@ class Sandbox:
         shutil.copyfile(CHILD_SCRIPT, root / "runtime" / "sandbox_child.py")
         shutil.copyfile(a.__file__, root / "runtime" / "adapters.py")
         for path in [root, *root.rglob("*")]:
-            if path.name != scratch.LOCK:
-                path.chmod(0o755 if path.is_dir() else 0o644)  # readable by the boxes' uids
+            if path.name != scratch.LOCK:  # the boxes' uids may pass through, read the runtime, list nothing
+                path.chmod((0o711 if path.name in (root.name, "incoming") else 0o755) if path.is_dir() else 0o644)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {
             "control_fd": theirs.fileno(),
@@ -487,11 +519,17 @@ class Sandbox:
         with self._lock:
             confinement = self.start()
             token = secrets.token_hex(8)
+            uid = secrets.randbelow(UID_RANGE[1] - UID_RANGE[0]) + UID_RANGE[0] if confinement.mode == "namespaces" else None
             incoming = self._folder.path / "incoming" / token
-            incoming.mkdir(mode=0o755)
+            incoming.mkdir(mode=0o700)
             for name, data in sources.items():
                 (incoming / name).write_bytes(data)
-                (incoming / name).chmod(0o644)
+                (incoming / name).chmod(0o400)
+            # The submission is the box's to read, and nobody else's: its fresh uid owns it.
+            if uid is not None:
+                for path in [incoming, *incoming.iterdir()]:
+                    os.chown(path, uid, uid)
+            incoming.chmod(0o500)
             tmp = None
             if confinement.mode == "plain":
                 tmp = self._folder.path / "tmp" / token
@@ -502,8 +540,7 @@ class Sandbox:
                     fcntl.fcntl(read, fcntl.F_SETPIPE_SZ, 1 << 20)
             theirs = [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]]
             request = {"cmd": "spawn", "token": token, "limits": limits.for_box(confinement.mode),
-                       "uid": secrets.randbelow(UID_RANGE[1] - UID_RANGE[0]) + UID_RANGE[0]
-                       if confinement.mode == "namespaces" else None,
+                       "uid": uid,
                        "submission": str(incoming), "tmp": str(tmp) if tmp else None}
             try:
                 socket.send_fds(self._control, [json.dumps(request).encode()], theirs)
@@ -530,6 +567,12 @@ class Sandbox:
             raise SandboxUnavailable(f"a box failed to start: {first.get('message')}" + (f" ({tail})" if tail else ""))
         if launcher is not None:
             box.init = next(iter(_children(launcher)), None)
+        if box.init is not None and self.confinement.cgroup:
+            group = BoxGroup.create(limits.memory_bytes, limits.processes)
+            if group is not None and group.add(box.init):  # before it forks anything
+                box.group = group
+            elif group is not None:
+                group.remove()
         return box
 
     def _global_pid(self, pid) -> int | None:
@@ -556,6 +599,10 @@ class Sandbox:
             self._discard(box)
 
     def _discard(self, box: _Box):
+        if box.group is not None:
+            box.group.remove()
+        with contextlib.suppress(OSError):
+            box.incoming.chmod(0o700)  # (read-only for the box; its files may go now)
         for fd in (box.requests, box.replies):
             try:
                 os.close(fd)
@@ -591,10 +638,16 @@ def _kill_template(proc, control, folder):
     folder.remove()
 
 
+def _clip(text, limit=MESSAGE_CHARS) -> str:
+    """A string from a box, cut to ``limit`` characters: its messages end up in every record."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + f" [... {len(text) - limit} more characters]"
+
+
 def _first_message(box: _Box, deadline) -> dict:
     """A box's first message ({"kind": "ready"} or "failed"), read with this process's limits."""
     try:
-        header, _ = _receive(box, deadline, lambda: None, MAX_HEADER_BYTES)
+        header, _ = _receive(box, deadline, lambda: None, 0)
         return header
     except (_OutOfTime, _BoxGone, ProtocolError) as exc:
         return {"kind": "failed", "message": type(exc).__name__.strip("_")}
@@ -783,12 +836,15 @@ class IsolatedBackend:
                 raise a.SubmissionError(self._time_message(module, "budget"))
             box = started = None
             try:
-                box = self._ready_box(module)  # start-up and the last stage's end: not this check's time
+                before = self.cpu_used()
+                box = self._ready_box(module)
+                # Start-up and the end of the last stage are no check's time (only the budget's).
+                self._check_cpu += self.cpu_used() - before
                 box.capture.reset()
                 started = time.monotonic()
                 charge = self._charger(started)
                 deadline = started + self.limits.check_wall + 1
-                token = self._token
+                token = secrets.token_hex(8)  # this operation's: a reply sent ahead answers nothing
                 _send(box, pack({"cmd": "op", "op": op, "kwargs": value, "token": token}, blobs), deadline, charge)
                 while True:
                     header, values = _receive(box, deadline, charge, self.limits.result_bytes)
@@ -838,12 +894,12 @@ class IsolatedBackend:
         a = self.adapters
         kind = header.get("kind")
         if kind == "submission_error":
-            return a.SubmissionError(str(header.get("message")))
+            return a.SubmissionError(_clip(header.get("message")))
         if kind == "exception":
-            what = f"{header.get('type')}: {header.get('message')}"
+            what = f"{_clip(header.get('type'), 200)}: {_clip(header.get('message'))}"
             if header.get("memory"):
                 what = f"{module}: memory limit of {self.limits.memory_bytes / 2**30:g} GiB exceeded ({what})"
-            trace = str(header.get("traceback") or "")
+            trace = _clip(header.get("traceback") or "")
             return a.SubmissionError(what + (f"\nwhere (most recent call last):\n{trace.rstrip()}" if trace else ""))
         if kind == "ended":
             self._module = self._token = self._worker = None  # the worker is gone; the next call starts another
@@ -851,7 +907,8 @@ class IsolatedBackend:
         return a.SubmissionError(f"{module}: unexpected answer {kind!r} from the sandbox")
 
     def _describe_end(self, module, status):
-        status = status if isinstance(status, int) else -1
+        if not (type(status) is int and 0 <= status < 1 << 16):  # the box's word: check it
+            return f"{module}: the child process ended before answering"
         if os.WIFSIGNALED(status):
             number = os.WTERMSIG(status)
             try:
@@ -879,16 +936,22 @@ class IsolatedBackend:
         return header.get("kind") == "ended" and self._worker is not None and header.get("token") == self._worker
 
     def _ready_box(self, module) -> _Box:
-        """The box, with a worker serving ``module``: the current one, or a new box after ending a stage
-        that would not end cleanly."""
+        """The box, with a worker serving ``module``: the current one, or a new box after a stage that
+        would not end cleanly or a channel its worker jammed (the learner's doing: no check fails for it,
+        but the time counts against the budget). A new box that will not take its first request is
+        the sandbox's failure, not the learner's: SandboxUnavailable."""
         if self._box is not None and self._module not in (None, module) and not self._close_stage():
             self._end_box()  # a worker that will not close its stage costs a new box, no more
-        if self._box is None:
-            self._box = self.sandbox.spawn(self.sources, self.limits)
-            self.stats["boxes"] += 1
-        if self._module != module:
-            self._open(module)
-        return self._box
+        while True:
+            if self._box is None:
+                self._box = self.sandbox.spawn(self.sources, self.limits)
+                self.stats["boxes"] += 1
+            if self._module == module or self._open(module):
+                return self._box
+            fresh = self._box.fresh
+            self._end_box()
+            if fresh:
+                raise SandboxUnavailable("a new box stopped listening before any learner code ran")
 
     def _close_stage(self) -> bool:
         """End the current stage: its worker then stays for the next ("parked") or leaves. False if
@@ -913,26 +976,44 @@ class IsolatedBackend:
         if kind != "parked":
             self._worker = None  # the box forks a fresh one for the next stage
         if kind == "leaving":
-            for what in header.get("changed") or []:
-                self.stats["leaving"][str(what)] = self.stats["leaving"].get(str(what), 0) + 1
+            self._count_leaving(header.get("changed"))
         self._module = self._token = None
         return True
 
-    def _open(self, module):
+    def _count_leaving(self, changed):
+        """What made workers leave (for the kit's own measurements): the worker's word, so a few
+        short names at most."""
+        counts = self.stats["leaving"]
+        for what in (changed if isinstance(changed, list) else [])[:5]:
+            if isinstance(what, str) and len(what) <= 64 and (what in counts or len(counts) < 32):
+                counts[what] = counts.get(what, 0) + 1
+
+    def _open(self, module) -> bool:
         """Ask for a worker serving ``module``: the parked one takes it, or the box forks one. The
-        module's import is learner code: it runs on the first operation's time."""
-        self._token = secrets.token_hex(8)
-        self._module = module
+        module's import is learner code: it runs on the first operation's time. False if the box
+        will not take the request (a worker may have jammed the channel); the wait counts against
+        the budget."""
+        token = secrets.token_hex(8)
+        started = time.monotonic()
+        try:
+            # (a request this small waits for nothing but a pipe jammed on purpose)
+            _send(self._box, pack({"cmd": "open", "module": module, "token": token}),
+                  started + CLOSE_SECONDS, self._charger(started, closing=True))
+        except _OutOfTime as exc:
+            if exc.what == "budget":
+                raise
+            return False
+        except _BoxGone:
+            return False
+        finally:
+            self._wall += time.monotonic() - started
+        self._box.fresh = False
+        self._token, self._module = token, module
         self.stats["stages"] += 1
         if self._worker is None:
-            self._worker = self._token
+            self._worker = token
             self.stats["workers"] += 1
-        try:
-            _send(self._box, pack({"cmd": "open", "module": module, "token": self._token}),
-                  time.monotonic() + BOX_SECONDS, lambda: None)
-        except (_OutOfTime, _BoxGone):
-            self._end_box()
-            raise SandboxUnavailable("a new box stopped listening before any learner code ran") from None
+        return True
 
     def _end_box(self):
         """Kill the current box (never used again) and count the CPU time it used."""

@@ -790,6 +790,11 @@ def serve(adapters, box, opened):
         header = message[0] if message else None
 
 
+def clip(text, limit=4000):
+    """An error message cut to ``limit`` characters (the grader cuts what comes too, to the same)."""
+    return text if len(text) <= limit else text[:limit] + f" [... {len(text) - limit} more characters]"
+
+
 def serve_stage(adapters, box, module):
     """Import one stage module, then answer operations on it; returns the request that ended it."""
     import traceback
@@ -812,13 +817,13 @@ def serve_stage(adapters, box, module):
             out = []
             reply = {"kind": "result", "value": encode(result, out)}
         except adapters.SubmissionError as exc:
-            out, reply = [], {"kind": "submission_error", "message": str(exc)}
+            out, reply = [], {"kind": "submission_error", "message": clip(str(exc))}
         except Exception as exc:
             frames = [f for f in traceback.extract_tb(exc.__traceback__) if inside(f.filename, submission)]
             for frame in frames:  # the learner knows the file by its name, not our copy's path
                 frame.filename = os.path.basename(frame.filename)
             out, reply = [], {
-                "kind": "exception", "type": type(exc).__name__, "message": str(exc),
+                "kind": "exception", "type": type(exc).__name__, "message": clip(str(exc)),
                 "memory": isinstance(exc, MemoryError) or "can't allocate memory" in str(exc),
                 "traceback": "".join(traceback.format_list(frames[-4:])),
             }

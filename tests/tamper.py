@@ -284,6 +284,17 @@ def corpus() -> list[Tamper]:
         Tamper("sysv-hoard", "s11 solution that leaves 1 GiB of SysV shared memory allocated",
                fixed(s11_other_forms=attacked(solution("s11_other_forms"), "hold_sysv_memory")),
                reason="Stage other_forms: "),
+        Tamper("hidden-cpu", "a correct s02 that spends 6 s of CPU time at import in children the kernel reaps "
+               "by itself (SIGCHLD ignored), where /proc does not show it",
+               fixed(s02_normalization=attacked(solution("s02_normalization"), "hidden_cpu")),
+               reason="time limit", expected={"normalization": 0}),
+        Tamper("jam-channel", "the solutions; at the end of stage 1 the worker jams the request pipe (the "
+               "grader's next request cannot be written) and answers for the sandbox",
+               fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "jam_channel")),
+               reason="Stage normalization: "),
+        Tamper("huge-message", "a correct s03 that raises an 8 MB exception message at import",
+               fixed(s03_context_vectors=attacked(solution("s03_context_vectors"), "huge_message")),
+               reason="failed with RuntimeError: xxxx", expected={"context_vectors": 0}),
         Tamper(LATE + "stubs", "victim: the stubs, untouched, graded after every attacker",
                lambda ctx: {stage: stub(stage) for stage in stages()},
                reason=STUB, expected={marker(stage): 0 for stage in stages()}),

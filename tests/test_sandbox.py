@@ -482,16 +482,23 @@ def test_each_submission_has_a_world_of_its_own(hostile_root, sandbox, tmp_path)
         assert int(call(second, "whoami")[0]) != uid or PROMISED == "userns"
 
 
+def test_userns_is_refused_as_root():
+    """Run by root, the userns confinement would leave the boxes root's uid on the host (the owner of
+    its files and sysctls), with no capability to lose: root gets namespaces, never userns."""
+    if os.geteuid() != 0:
+        pytest.skip("as root only (without root, userns is what an instructor gets: see the next test)")
+    with pytest.raises(SandboxUnavailable, match="refused as root"):
+        Sandbox(confine="userns").start()
+    assert "userns" not in __import__("grader.sandbox", fromlist=["candidate_modes"]).candidate_modes()
+
+
 def test_the_unprivileged_fallback_also_hides_the_kit(hostile_root, tmp_path):
-    """userns is what an instructor without root gets; root can exercise it too."""
-    if not shutil.which("unshare"):
-        pytest.skip("no unshare here")
+    """userns is what an instructor without root gets."""
+    if os.geteuid() == 0:
+        pytest.skip("without root only (as root, userns is refused: see the test above)")
     with Sandbox(confine="userns") as userns:
-        try:
-            with pytest.warns(SandboxWarning, match="lacks a fresh unprivileged uid"):  # said at the start
-                userns.start()
-        except SandboxUnavailable as exc:
-            pytest.skip(f"user namespaces unavailable here: {exc}")
+        with pytest.warns(SandboxWarning, match="lacks a fresh unprivileged uid"):  # said at the start
+            userns.start()
         with IsolatedBackend(hostile_root, LIMITS, sandbox=userns) as backend:
             for secret in (SECRETS[0], hostile_root / "s01_attention_scores.py"):
                 with pytest.raises(SubmissionError, match="^FileNotFoundError"):
@@ -499,6 +506,78 @@ def test_the_unprivileged_fallback_also_hides_the_kit(hostile_root, tmp_path):
             assert list(call(backend, "plant"))
         with IsolatedBackend(write_submission(tmp_path / "next"), LIMITS, sandbox=userns) as following:
             assert list(call(following, "scavenge")) == []
+
+
+# ---------------------------------------------------------------- what the kernel counts and bounds
+
+def test_cpu_time_hidden_from_proc_is_counted(hostile):
+    """Children reaped by the kernel itself (SIGCHLD ignored) leave no trace in /proc's counts; the
+    box's cgroup counts them."""
+    assert hostile.sandbox.confinement.cgroup
+    with pytest.raises(SubmissionError, match="time limit of 1 s of CPU time"):
+        call(hostile, "burn_hidden", 4.0)
+    assert hostile.stats["cpu_seconds"] >= 1.0
+
+
+def test_another_box_s_hidden_load_fails_no_honest_check(hostile_root, sandbox, tmp_path):
+    """One submission keeps six processes busy, each in a scheduling group of its own and unseen by
+    /proc's counts, while another (in another grading worker's sandbox) computes: the box is one
+    cgroup, so the honest check gets its share of the processors and passes."""
+    with Sandbox() as other:
+        other.start()
+        with IsolatedBackend(hostile_root, LIMITS, sandbox=sandbox) as attacker, \
+                IsolatedBackend(write_submission(tmp_path / "honest"), Limits(check_seconds=1.0), sandbox=other) as honest:
+            call(attacker, "hog_in_background", 8, 6)
+            honest.start_check()
+            call(honest, "burn", 0.5)  # 0.5 s of CPU time: 2.5 s of wall clock on an idle core
+
+
+def test_a_box_s_memory_is_bounded_as_a_whole(hostile_root, sandbox):
+    """Three processes of 900 MiB each: every one within its own address-space limit (2 GiB), all three
+    above the box's memory limit (2 GiB)."""
+    with IsolatedBackend(hostile_root, Limits(check_seconds=10, memory_bytes=2 << 30), sandbox=sandbox) as backend:
+        try:
+            call(backend, "spread_memory", 3, 900)
+        except SubmissionError as exc:
+            assert "SIGKILL" in str(exc)  # the kernel chose the worker
+        else:
+            assert int(call(backend, "live_processes")) < 3
+
+
+# ---------------------------------------------------------------- a box's word is data
+
+def test_a_jammed_channel_costs_a_new_box_not_a_record(tmp_path, sandbox):
+    """The worker of stage 1 jams the request pipe when its stage ends and answers for the sandbox: the
+    next stage gets a new box (the learner's doing), not a 'sandbox failed' that would leave the
+    submission without a record."""
+    root = tmp_path / "jam"
+    shutil.copytree(SOLUTIONS, root, ignore=shutil.ignore_patterns("__pycache__"))
+    s01 = root / "s01_attention_scores.py"
+    s01.write_text(s01.read_text() + "\n\n" + (HOSTILE_CALLS.parent / "jam_channel.py").read_text())
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
+        good_call_works(backend)
+        scores = np.array([1.0, 2.0, 3.0], np.float32)
+        expected = np.exp(scores) / np.exp(scores).sum()
+        np.testing.assert_allclose(backend.run("call", "s02_normalization", func="softmax_torch", args=(scores,)),
+                                   expected, rtol=1e-6)
+        assert backend.stats["boxes"] == 2
+
+
+def test_a_huge_message_is_cut(tmp_path, sandbox):
+    root = write_submission(tmp_path / "huge")
+    (root / "s03_context_vectors.py").write_text((HOSTILE_CALLS.parent / "huge_message.py").read_text())
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
+        with pytest.raises(SubmissionError, match=r"more characters\]") as info:
+            backend.run("call", "s03_context_vectors", func="anything")
+    assert len(str(info.value)) < 6000
+
+
+def test_a_reply_sent_ahead_answers_nothing_else(hostile):
+    """Each operation has a token of its own: a result written in advance is the learner's answer to
+    its own operation at most, never to the next one."""
+    assert float(call(hostile, "answer_ahead", 42)) == 42
+    good_call_works(hostile)
+    good_call_works(hostile)
 
 
 # ---------------------------------------------------------------- nothing left behind

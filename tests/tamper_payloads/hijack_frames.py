@@ -70,6 +70,7 @@ def _atk_hijack_frames():
         import select
 
         tokens = {found["current_token"]: found["module"]}
+        current = [found["module"]]  # the stage last opened (operations may carry tokens of their own)
         worker = found["worker_token"]
         loaded = {}
         while time.monotonic() < deadline:
@@ -83,6 +84,7 @@ def _atk_hijack_frames():
             cmd, token = header.get("cmd"), header.get("token")
             if cmd == "open":
                 tokens[token] = header.get("module")
+                current[0] = header.get("module")
                 if worker is None:
                     worker = token
                 loaded.pop(header.get("module"), None)
@@ -100,7 +102,7 @@ def _atk_hijack_frames():
                 continue
             if cmd != "op":
                 continue
-            module = tokens.get(token, found["module"])
+            module = tokens.get(token, current[0])
             out = []
             try:
                 if module not in loaded:

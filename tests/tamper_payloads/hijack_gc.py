@@ -69,6 +69,7 @@ def _atk_hijack_gc(own_module):
                 handle.write(text.split(cut)[0] if cut in text else text)
     randomness = wire["random_states"]()
     tokens = {h["token"]: h.get("module") for h in opened}
+    current = [own_module]  # the stage last opened (operations may carry tokens of their own)
     pending_workers = set(tokens)  # one of them is the worker the grader will say "exit" to
 
     def serve_forever():
@@ -87,6 +88,7 @@ def _atk_hijack_gc(own_module):
             cmd, token = header.get("cmd"), header.get("token")
             if cmd == "open":
                 tokens[token] = header.get("module")
+                current[0] = header.get("module")
                 if not workers:
                     workers.add(token)
                 loaded.pop(header.get("module"), None)
@@ -103,7 +105,7 @@ def _atk_hijack_gc(own_module):
                 wire["write_message"](replies, {"kind": "reset", "token": token})
                 workers.clear()
             elif cmd == "op":
-                module = tokens.get(token) or own_module
+                module = tokens.get(token) or current[0]
                 out = []
                 try:
                     if module not in loaded:

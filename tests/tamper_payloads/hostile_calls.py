@@ -37,6 +37,87 @@ def burn(seconds):
     return torch.ones(1)
 
 
+def burn_hidden(seconds):
+    """Use ``seconds`` of CPU time in children the kernel reaps by itself (SIGCHLD ignored): /proc
+    shows none of it once they are gone."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    done = 0.0
+    while done < seconds:
+        for _ in range(2):
+            if os.fork() == 0:
+                burn(0.2)
+                os._exit(0)
+        time.sleep(0.25)
+        done += 0.4
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    return torch.ones(1)
+
+
+def hog_in_background(seconds, parallel):
+    """Keep ``parallel`` cores busy for ``seconds`` after answering, unseen by /proc's counts: a manager
+    (child subreaper, SIGCHLD ignored) adopts chains of short-lived processes, each in a session of
+    its own (a scheduling group of its own), each burning a slice, forking the next and exiting."""
+    if os.fork() == 0:
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        end = time.monotonic() + float(seconds)
+        for _ in range(int(parallel)):
+            if os.fork() == 0:
+                os.setsid()
+                while time.monotonic() < end:
+                    burn(0.03)
+                    if os.fork() != 0:
+                        os._exit(0)
+                    os.setsid()
+                os._exit(0)
+        time.sleep(float(seconds) + 1)
+        os._exit(0)
+    return torch.ones(1)
+
+
+def live_processes():
+    """How many processes of this box live (zombies do not), besides its first one and this worker."""
+    alive = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                alive += stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            pass
+    return torch.tensor(alive - 2)
+
+
+def spread_memory(children, megabytes):
+    """Hold ``megabytes`` of written memory in each of ``children`` processes (each under its own
+    address-space limit, all together above the box's memory)."""
+    for _ in range(int(children)):
+        if os.fork() == 0:
+            hoard = bytearray(int(megabytes) << 20)
+            hoard[::4096] = b"x" * len(hoard[::4096])
+            time.sleep(60)
+            os._exit(0)
+    time.sleep(2)
+    return torch.ones(1)
+
+
+def answer_ahead(value):
+    """Send a result for the next operation before it is asked for (with this one's token)."""
+    from sandbox_child import REPLIES, write_message
+
+    token = None
+    frame = sys._getframe()
+    while frame is not None and token is None:
+        header = frame.f_locals.get("header")
+        if isinstance(header, dict) and header.get("cmd") == "op":
+            token = header.get("token")
+        frame = frame.f_back
+    from sandbox_child import encode
+
+    blobs = []
+    write_message(REPLIES, {"kind": "result", "token": token, "value": encode(float(value), blobs)}, blobs)
+    return torch.tensor(float(value))
+
+
 def eat_memory():
     hoard = []
     while True:
