@@ -7,10 +7,9 @@ Layout of a run::
     find submissions, fingerprints    -->  job: student, the stage modules' sources, seed
     skip those already graded              one pytest session, suite collected once;
     write <student>.json + gradebook  <--  per job: run every collected item again
-    grades.csv, grades.json                (learner code only in the sandbox: a warm
-                                           zygote per worker, a confined fork per
-                                           submission, another after a stage that
-                                           leaves traces)
+    grades.csv, grades.json                (learner code only in the sandbox: one
+                                           template per worker, a box of its own
+                                           for each submission, killed with it)
 
 A worker is a ``python -m grader.grade`` process that imports torch, pytest and
 the test modules once, collects the suite once (the same files and options as
@@ -18,9 +17,9 @@ the test modules once, collects the suite once (the same files and options as
 limit, the autograde plugin that records verdicts), and then grades job after
 job by running the collected items again with ``--impl`` and ``--seed`` set to
 the job's submission. Session fixtures (the ``impl`` backend) are torn down
-after each submission; the sandbox keeps its zygote warm between them
-(``grader.sandbox.keep_warm``), so a submission costs a fork, not a torch import.
-Its results are exactly run_suite's: the same tests, options and seed.
+after each submission (its boxes are killed); the worker's sandbox template stays
+(``SuiteSession`` owns it), so a submission costs a fork, not a torch import. Its
+results are exactly run_suite's: the same tests, options, seed and time limits.
 
 Jobs carry the sources rather than a path, so the same job runs on a Dask
 worker on another machine (``--executor dask``): there, each Dask worker process

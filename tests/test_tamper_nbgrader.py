@@ -11,6 +11,7 @@ autograded folder changed: not the bystanders' files, not their rows in the grad
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import html
 import json
@@ -177,7 +178,11 @@ def test_late_bystanders_are_graded_byte_for_byte_as_alone(graded):
     """Graded after every attacker: their autograder cells print exactly what they printed alone."""
     for student in BYSTANDERS:
         assert graded["scores"][LATE + student] == graded["alone"][student], student
-        assert grade_cell_outputs(graded["root"], LATE + student) == grade_cell_outputs(graded["root"], student)
+        late, alone = grade_cell_outputs(graded["root"], LATE + student), grade_cell_outputs(graded["root"], student)
+        for index, (a, b) in enumerate(zip(alone, late)):
+            changes = "\n".join(difflib.unified_diff(a.split("\\n"), b.split("\\n"), lineterm="", n=1))
+            assert a == b, f"{student}: grade cell {index} differs:\n{changes}"
+        assert len(late) == len(alone)
 
 
 def test_a_wrong_module_that_patches_the_libraries_scores_like_the_honest_mistake(graded):
