@@ -87,7 +87,6 @@ class SuiteSession:
         self.work = work
         self.staging = work / "submission"  # the trusted copy the sandbox copies from
         self.staging.mkdir()
-        self.sandbox = Sandbox() if isolate else None
         tests = suite_dir()
         files = sorted(str(p) for p in tests.glob("test_s[0-9][0-9]_*.py"))
         if not files:
@@ -97,9 +96,9 @@ class SuiteSession:
                 "--capture=no"]
         self.config = _prepareconfig(args)
         self.config._do_configure()
-        self.config.attnkit_sandbox = self.sandbox
-        if self.sandbox is not None:
-            self.sandbox.start()  # now, not in the first submission's time
+        # The grading plugin launched the sandbox as pytest started (torch's imports overlap): it
+        # serves every submission of this worker, each in boxes of its own.
+        self.sandbox = getattr(self.config, "attnkit_sandbox", None) if isolate else None
         # Nobody reads this session's terminal (the autograde plugin records the verdicts): without
         # the reporter's hooks, a test's reports are not formatted and written out three times over.
         # What asks for the terminal writer (pytest-timeout's stack dump) still gets the real one.
@@ -117,7 +116,7 @@ class SuiteSession:
 
     @property
     def confinement(self) -> dict | None:
-        return self.sandbox.confinement.record() if self.sandbox is not None else None
+        return self.sandbox.start().record() if self.sandbox is not None else None
 
     def grade(self, sources: dict[str, bytes], seed: int) -> dict:
         for old in self.staging.iterdir():

@@ -382,6 +382,7 @@ class Sandbox:
         self._template = None  # the template's pid
         self._folder = None
         self._capture = None
+        self._launched = None  # the mode of a template launched but not yet known to be ready
         self._lock = threading.RLock()
         self._finalizer = None
 
@@ -397,12 +398,26 @@ class Sandbox:
 
     # -- the template's life
 
-    def start(self) -> Confinement:
-        """Start the template if it is not running; returns the confinement it has."""
+    def start_soon(self):
+        """Launch the template now, without waiting for it: importing torch there overlaps the caller's
+        own start (a pytest run collecting its tests). The first box (or ``start()``) waits for it.
+        (The process is started by the calling thread, whose end would kill it: its parent-death
+        signal follows the thread that started it.)"""
         with self._lock:
-            if self._proc is not None and self._proc.poll() is None:
-                return self.confinement
-            self._stop()
+            if self._proc is None:
+                mode = self.confine or (self.confinement.mode if self.confinement else candidate_modes()[0])
+                try:
+                    _refuse(mode)
+                    self._launch(mode)
+                except SandboxUnavailable:
+                    self._stop()  # start() tries again, and says why
+
+    def start(self) -> Confinement:
+        """Start the template if it is not running (or finish starting it); returns its confinement."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None and self._launched is None:
+                return self.confinement  # started, and ready
+            launched = self._launched if self._proc is not None and self._proc.poll() is None else None
             modes = [self.confine] if self.confine else (
                 [self.confinement.mode] if self.confinement else candidate_modes())
             failures = []
@@ -410,7 +425,12 @@ class Sandbox:
                 started = time.monotonic()
                 try:
                     _refuse(mode)
-                    self._start(mode)
+                    if launched != mode:
+                        self._stop()
+                        self._launch(mode)
+                    launched = None
+                    self._await_ready(mode)
+                    self._launched = None
                 except SandboxUnavailable as exc:
                     failures.append(f"{mode}: {exc}")
                     continue
@@ -426,8 +446,8 @@ class Sandbox:
                 return self.confinement
             raise SandboxUnavailable("cannot start the sandbox:\n  " + "\n  ".join(failures))
 
-    def _start(self, mode):
-        a = adapters()
+    def _launch(self, mode):
+        """Start a template process confined by ``mode`` (it then imports torch: see _await_ready)."""
         confined = mode != "plain"
         scratch.sweep()
         cgroups.sweep()
@@ -436,7 +456,7 @@ class Sandbox:
         for name in ("runtime", "incoming", "newroot", "tmp"):
             (root / name).mkdir()
         shutil.copyfile(CHILD_SCRIPT, root / "runtime" / "sandbox_child.py")
-        shutil.copyfile(a.__file__, root / "runtime" / "adapters.py")
+        shutil.copyfile(TESTS / "adapters.py", root / "runtime" / "adapters.py")  # (not imported here: torch)
         for path in [root, *root.rglob("*")]:
             if path.name != scratch.LOCK:  # the boxes' uids may pass through, read the runtime, list nothing
                 path.chmod((0o711 if path.name in (root.name, "incoming") else 0o755) if path.is_dir() else 0o644)
@@ -472,6 +492,12 @@ class Sandbox:
         self._proc, self._control, self._folder = proc, ours, folder
         self._capture = _Capture({"stdout": proc.stdout, "stderr": proc.stderr}, 64 << 10)
         self._finalizer = weakref.finalize(self, _kill_template, proc, ours, folder)
+        self._launched = mode
+
+    def _await_ready(self, mode):
+        """Wait for the launched template to say it is confined and has imported torch."""
+        confined = mode != "plain"
+        proc = self._proc
         reply = self._reply(None, time.monotonic() + self.start_seconds)
         if reply.get("kind") != "ready":
             tail = self._capture.last_lines("stderr", 5)
@@ -488,7 +514,7 @@ class Sandbox:
     def _stop(self):
         if self._finalizer is not None:
             self._finalizer()
-        self._finalizer = self._proc = self._control = self._folder = self._template = None
+        self._finalizer = self._proc = self._control = self._folder = self._template = self._launched = None
 
     # -- talking to the template
 

@@ -68,12 +68,25 @@ def impl(request):
 
     given = {"check_seconds": config.getoption("--time-limit"), "budget_seconds": config.getoption("--time-budget")}
     limits = Limits(**{name: value for name, value in given.items() if value is not None})
-    # A grading worker keeps one sandbox for all its submissions (config.attnkit_sandbox); a
-    # single run starts its own. Either way this submission gets boxes of its own.
-    with IsolatedBackend(root, limits, sandbox=getattr(config, "attnkit_sandbox", None)) as backend:
+    # The session's sandbox (a grading worker's serves all its submissions): this submission
+    # gets boxes of its own from it.
+    with IsolatedBackend(root, limits, sandbox=config.attnkit_sandbox) as backend:
         yield Implementation(backend)
     if backend.confinement is not None:
         config.attnkit_confinement = backend.confinement.record()  # for the grading record
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """Under --isolate, start the sandbox now: its torch import overlaps pytest's own collection. (A
+    grading worker brings a sandbox of its own, kept for all its submissions.)"""
+    config = session.config
+    if config.getoption("--isolate") and getattr(config, "attnkit_sandbox", None) is None:
+        from grader.sandbox import Sandbox
+
+        config.attnkit_sandbox = Sandbox()
+        config.attnkit_sandbox.start_soon()
+        config.add_cleanup(config.attnkit_sandbox.close)
 
 
 @pytest.fixture(autouse=True)
