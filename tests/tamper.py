@@ -57,11 +57,15 @@ class Tamper:
     name: str  # also the nbgrader student id (letters, digits and '-': zip_collect-safe)
     description: str
     modules: Callable[[Context], dict]  # stage module -> source; the others are the solutions
-    reason: str  # words the feedback must contain
+    reason: str | tuple  # words the feedback must contain (each of them)
     expected: dict = field(default_factory=dict)  # marker -> Fraction of the points; others: 1
     notebook: Callable | None = None  # edits the submitted notebook (nbformat node) in place
     extra_files: Callable[[Context], dict] | None = None  # more files in the submission folder
     links: dict = field(default_factory=dict)  # file name -> the path it is a symbolic link to
+
+    @property
+    def reasons(self) -> tuple:
+        return self.reason if isinstance(self.reason, tuple) else (self.reason,)
 
     def fraction(self, marker: str) -> Fraction:
         return Fraction(self.expected.get(marker, 1))
@@ -164,23 +168,20 @@ def edit_locked_cells(nb):
 # ---------------------------------------------------------------- the corpus
 
 def corpus() -> list[Tamper]:
-    s10_stub = stub("s10_multihead_attention")
+    """The entries, one student each. Attacks that cannot get in each other's way share a student, one
+    stage each (the per-stage grade and reason tell which did what): fewer students, the same ground."""
     return [
-        Tamper("patch-torch", "s03 stub that patches torch (allclose, equal, softmax, Tensor.__eq__) at import",
-               fixed(s03_context_vectors=attacked(stub("s03_context_vectors"), "patch_torch")),
-               reason=STUB, expected={"context_vectors": 0}),
-        Tamper("patch-numpy", "s04 stub that patches numpy (allclose, array_equal, np.testing) at import",
-               fixed(s04_trainable_projections=attacked(stub("s04_trainable_projections"), "patch_numpy")),
-               reason=STUB, expected={"trainable_projections": 0}),
-        Tamper("patch-pytest", "s05 stub that patches pytest.fail, pytest.approx and _pytest internals",
-               fixed(s05_self_attention=attacked(stub("s05_self_attention"), "patch_pytest")),
-               reason=STUB, expected={"self_attention": 0}),
-        Tamper("patch-builtins", "s06 stub that replaces AssertionError, NotImplementedError, all, abs",
-               fixed(s06_causal_mask=attacked(stub("s06_causal_mask"), "patch_builtins")),
-               reason=STUB, expected={"causal_mask": 0}),
-        Tamper("patch-adapter", "s07 stub that replaces adapters.to_plain/SubmissionError/lookup via sys.modules",
-               fixed(s07_dropout=attacked(stub("s07_dropout"), "patch_adapter")),
-               reason="has shape ()", expected={"dropout": 0}),
+        Tamper("patch-libraries", "stubs that patch, at import: torch's comparisons and softmax (s03); NumPy's "
+               "comparisons and np.testing (s04); pytest.fail, pytest.approx and _pytest's reports (s05); "
+               "AssertionError, NotImplementedError, all and abs in builtins (s06); the adapter through "
+               "sys.modules (s07)", fixed(
+                   s03_context_vectors=attacked(stub("s03_context_vectors"), "patch_torch"),
+                   s04_trainable_projections=attacked(stub("s04_trainable_projections"), "patch_numpy"),
+                   s05_self_attention=attacked(stub("s05_self_attention"), "patch_pytest"),
+                   s06_causal_mask=attacked(stub("s06_causal_mask"), "patch_builtins"),
+                   s07_dropout=attacked(stub("s07_dropout"), "patch_adapter")),
+               reason=(STUB, "has shape ()"), expected={m: 0 for m in (
+                   "context_vectors", "trainable_projections", "self_attention", "causal_mask", "dropout")}),
         Tamper("patch-wrong", "a wrong s06 (tril for triu) that also patches torch and numpy comparisons",
                fixed(s06_causal_mask=attacked(solution("s06_causal_mask").replace(
                    "torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=1)",
@@ -192,43 +193,36 @@ def corpus() -> list[Tamper]:
                # Passing: the mask buffer, qkv_bias (x2) and dropout-rate checks (the honest __init__).
                # s09's wrapper is correct; its checks that concatenate whatever the heads return pass.
                reason="FAIL", expected={"causal_attention": Fraction(4, 13), "multihead_wrapper": Fraction(4, 8)}),
-        Tamper("read-solutions", "s10 stub that looks for solutions/ (absolute path, grader.__file__, "
-               "site-packages editable finder, relative paths) and runs what it finds",
-               fixed(s10_multihead_attention=attacked(s10_stub, "read_solutions", context={"solutions": str(SOLUTIONS)})),
-               reason=STUB, expected={"multihead_attention": 0}),
-        Tamper("read-hidden", "s01 stub that loads fixtures/hidden/*.npz and answers from it",
-               fixed(s01_attention_scores=attacked(stub("s01_attention_scores"), "read_hidden_fixtures",
-                                                  context={"fixtures": str(FIXTURES)})),
-               reason=STUB, expected={"attention_scores": 0}),
-        Tamper("write-everywhere", "s02 stub that writes to the gradebook (relative and absolute paths, "
-               "SQL), other students' submitted/ and autograded/ folders and the kit",
-               lambda ctx: {"s02_normalization": attacked(stub("s02_normalization"), "write_everywhere", context={
-                   "targets": [str(p) for p in ctx.target_files()],
-                   "folders": [str(ctx.course / top / s / ctx.assignment)
-                               for top in ("submitted", "autograded") for s in ctx.bystanders]})},
-               reason=STUB, expected={"normalization": 0}),
-        Tamper("sys-exit", "a correct s03 that calls sys.exit(0) at import",
-               fixed(s03_context_vectors=attacked(solution("s03_context_vectors"), "sys_exit")),
-               reason="exited with code 0", expected={"context_vectors": 0}),
-        Tamper("os-exit", "a correct s04 that calls os._exit(0) at import",
-               fixed(s04_trainable_projections=attacked(solution("s04_trainable_projections"), "os_exit")),
-               reason="exited with code 0", expected={"trainable_projections": 0}),
-        Tamper("endless", "a correct s05 with an infinite loop at import",
-               fixed(s05_self_attention=attacked(solution("s05_self_attention"), "endless_loop")),
-               reason="time limit", expected={"self_attention": 0}),
-        Tamper("memory-bomb", "a correct s06 whose functions first allocate until the address space runs out",
-               fixed(s06_causal_mask=attacked(solution("s06_causal_mask"), "memory_bomb")),
-               reason="memory limit", expected={"causal_mask": 0}),
-        Tamper("segfault", "a correct s07 that dereferences NULL with ctypes at import",
-               fixed(s07_dropout=attacked(solution("s07_dropout"), "segfault")),
-               reason="SIGSEGV", expected={"dropout": 0}),
+        Tamper("reach-outside", "stubs that load the hidden fixtures and answer from them (s01); write into the "
+               "gradebook (SQL and appends, relative and absolute paths), other students' submitted/ and "
+               "autograded/ folders and the kit (s02); look for the solutions (the grader's path, "
+               "grader.__file__, an editable install's finder, relative paths) and run them (s10)",
+               lambda ctx: {
+                   "s01_attention_scores": attacked(stub("s01_attention_scores"), "read_hidden_fixtures",
+                                                    context={"fixtures": str(FIXTURES)}),
+                   "s02_normalization": attacked(stub("s02_normalization"), "write_everywhere", context={
+                       "targets": [str(p) for p in ctx.target_files()],
+                       "folders": [str(ctx.course / top / s / ctx.assignment)
+                                   for top in ("submitted", "autograded") for s in ctx.bystanders]}),
+                   "s10_multihead_attention": attacked(stub("s10_multihead_attention"), "read_solutions",
+                                                       context={"solutions": str(SOLUTIONS)})},
+               reason=STUB, expected={"attention_scores": 0, "normalization": 0, "multihead_attention": 0}),
+        Tamper("faults", "correct modules that, at import, call sys.exit(0) (s03) or os._exit(0) (s04), loop "
+               "forever (s05), dereference NULL (s07); a correct s06 whose functions first allocate until the "
+               "address space runs out; an s11 stub that forks 300 sleeping children", fixed(
+                   s03_context_vectors=attacked(solution("s03_context_vectors"), "sys_exit"),
+                   s04_trainable_projections=attacked(solution("s04_trainable_projections"), "os_exit"),
+                   s05_self_attention=attacked(solution("s05_self_attention"), "endless_loop"),
+                   s06_causal_mask=attacked(solution("s06_causal_mask"), "memory_bomb"),
+                   s07_dropout=attacked(solution("s07_dropout"), "segfault"),
+                   s11_other_forms=attacked(stub("s11_other_forms"), "fork_loop")),
+               reason=("exited with code 0", "time limit", "memory limit", "SIGSEGV", STUB),
+               expected={m: 0 for m in ("context_vectors", "trainable_projections", "self_attention",
+                                         "causal_mask", "dropout", "other_forms")}),
         Tamper("print-flood", "a correct s01 that prints 1 GiB on stdout and 1 GiB on stderr at import "
                "(honest work: correct, the output is dropped)",
                fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "print_flood")),
                reason="Stage attention_scores: "),
-        Tamper("fork-loop", "s11 stub that forks up to 300 sleeping children at import",
-               fixed(s11_other_forms=attacked(stub("s11_other_forms"), "fork_loop")),
-               reason=STUB, expected={"other_forms": 0}),
         Tamper("extra-cells", "s05 stub; code cells added to the notebook patch the grader, one with the "
                "metadata of an autograder cell", fixed(s05_self_attention=stub("s05_self_attention")),
                reason=STUB, expected={"self_attention": 0}, notebook=add_cells),
@@ -237,17 +231,24 @@ def corpus() -> list[Tamper]:
                "turned into code",
                fixed(s09_multihead_wrapper=stub("s09_multihead_wrapper")),
                reason=STUB, expected={"multihead_wrapper": 0}, notebook=edit_locked_cells),
-        Tamper("shadow-files", "s11 stub plus sitecustomize.py, torch.py, numpy.py, pytest.py, json.py, "
-               "adapters.py and a grader/ package next to the notebook",
-               fixed(s11_other_forms=stub("s11_other_forms")),
-               reason=STUB, expected={"other_forms": 0}, extra_files=lambda ctx: shadow_files()),
-        Tamper("odd-files", "s07 stub plus a folder named like a stage module (s12_notes.py/) next to the notebook",
-               fixed(s07_dropout=stub("s07_dropout")), reason=STUB, expected={"dropout": 0},
-               extra_files=lambda ctx: {"s12_notes.py/readme.txt": "not a module\n"}),
+        Tamper("stray-files", "s07 and s11 stubs, next to the notebook sitecustomize.py, torch.py, numpy.py, "
+               "pytest.py, json.py, adapters.py, a grader/ package, and a folder named like a stage module",
+               fixed(s07_dropout=stub("s07_dropout"), s11_other_forms=stub("s11_other_forms")),
+               reason=STUB, expected={"dropout": 0, "other_forms": 0},
+               extra_files=lambda ctx: {**shadow_files(), "s12_notes.py/readme.txt": "not a module\n"}),
         Tamper("symlink-solutions", "s08 submitted as a symbolic link to the reference solution "
                "(nbgrader's copy into autograded/ follows links)",
                fixed(), links={"s08_causal_attention.py": SOLUTIONS / "s08_causal_attention.py"},
                reason="submitted as a symbolic link", expected={"causal_attention": 0, "multihead_wrapper": 0}),
+        Tamper("sandbox-tricks", "the solutions; at the end of stage 1 the worker jams the request pipe (the "
+               "grader's next request cannot be written) and answers for the sandbox; s02 spends 6 s of CPU time "
+               "at import in children the kernel reaps by itself (SIGCHLD ignored, unseen by /proc); s03 raises "
+               "an 8 MB exception message at import", fixed(
+                   s01_attention_scores=attacked(solution("s01_attention_scores"), "jam_channel"),
+                   s02_normalization=attacked(solution("s02_normalization"), "hidden_cpu"),
+                   s03_context_vectors=attacked(solution("s03_context_vectors"), "huge_message")),
+               reason=("Stage attention_scores: 9 of 9", "time limit", "failed with RuntimeError: xxxx"),
+               expected={"normalization": 0, "context_vectors": 0}),
         # -- aimed at the submissions graded after them (the victims are named LATE + ...) --
         Tamper("hijack-frames", "s01 solution that walks the stack frames up to the sandbox's serving code, "
                "takes its request and reply pipes and leaves a setsid daemon (signals ignored and blocked) that "
@@ -258,12 +259,10 @@ def corpus() -> list[Tamper]:
                fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "hijack_gc")),
                reason="Stage attention_scores: "),
         Tamper("hijack-patch", "s01 solution that rebinds the sandbox's own functions (os._exit, the trace "
-               "check, the stage server) so that its worker goes on serving whatever comes next",
-               fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "hijack_patch_exit")),
-               reason="Stage attention_scores: "),
-        Tamper("mem-patch", "s01 solution that rewrites the submission path in its parent's memory through "
-               "/proc/<pid>/mem, pointing every later worker at a copy of its own modules",
-               fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "zygote_mem_patch")),
+               "check, the stage server) so that its worker goes on serving whatever comes next; s02 solution "
+               "that rewrites the submission path in its parent's memory through /proc/<pid>/mem", fixed(
+                   s01_attention_scores=attacked(solution("s01_attention_scores"), "hijack_patch_exit"),
+                   s02_normalization=attacked(solution("s02_normalization"), "zygote_mem_patch")),
                reason="Stage attention_scores: "),
         Tamper("plant", "the solutions; stage k also plants its own source in channel k: /tmp (read-only "
                "folder), /dev/shm, the home folder, SysV shared memory, a SysV message queue, POSIX shared "
@@ -271,30 +270,15 @@ def corpus() -> list[Tamper]:
                "the session and the user keyrings", lambda ctx: {
                    stage: attacked(solution(stage), channel) for stage, channel in PLANTED.items()},
                reason="Stage other_forms: "),
-        Tamper("signals", "s11 solution that leaves a setsid daemon SIGSTOPping, ptracing and SIGKILLing "
-               "every process it can see, for two minutes",
-               fixed(s11_other_forms=attacked(solution("s11_other_forms"), "signal_ptrace_daemon")),
+        Tamper("processes", "the solutions; s08 shrinks its parent's address-space limit to what it uses; s09 "
+               "gives its parent the idle scheduling class and nice 19; s10 leaves 1 GiB of SysV shared memory "
+               "allocated; s11 leaves a setsid daemon SIGSTOPping, ptracing and SIGKILLing every process it can "
+               "see, for two minutes", fixed(
+                   s08_causal_attention=attacked(solution("s08_causal_attention"), "zygote_prlimit"),
+                   s09_multihead_wrapper=attacked(solution("s09_multihead_wrapper"), "zygote_sched_idle"),
+                   s10_multihead_attention=attacked(solution("s10_multihead_attention"), "hold_sysv_memory"),
+                   s11_other_forms=attacked(solution("s11_other_forms"), "signal_ptrace_daemon")),
                reason="Stage other_forms: "),
-        Tamper("prlimit", "s11 solution that shrinks its parent's address-space limit to what it uses",
-               fixed(s11_other_forms=attacked(solution("s11_other_forms"), "zygote_prlimit")),
-               reason="Stage other_forms: "),
-        Tamper("sched-idle", "s11 solution that gives its parent the idle scheduling class and nice 19",
-               fixed(s11_other_forms=attacked(solution("s11_other_forms"), "zygote_sched_idle")),
-               reason="Stage other_forms: "),
-        Tamper("sysv-hoard", "s11 solution that leaves 1 GiB of SysV shared memory allocated",
-               fixed(s11_other_forms=attacked(solution("s11_other_forms"), "hold_sysv_memory")),
-               reason="Stage other_forms: "),
-        Tamper("hidden-cpu", "a correct s02 that spends 6 s of CPU time at import in children the kernel reaps "
-               "by itself (SIGCHLD ignored), where /proc does not show it",
-               fixed(s02_normalization=attacked(solution("s02_normalization"), "hidden_cpu")),
-               reason="time limit", expected={"normalization": 0}),
-        Tamper("jam-channel", "the solutions; at the end of stage 1 the worker jams the request pipe (the "
-               "grader's next request cannot be written) and answers for the sandbox",
-               fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "jam_channel")),
-               reason="Stage normalization: "),
-        Tamper("huge-message", "a correct s03 that raises an 8 MB exception message at import",
-               fixed(s03_context_vectors=attacked(solution("s03_context_vectors"), "huge_message")),
-               reason="failed with RuntimeError: xxxx", expected={"context_vectors": 0}),
         Tamper(LATE + "stubs", "victim: the stubs, untouched, graded after every attacker",
                lambda ctx: {stage: stub(stage) for stage in stages()},
                reason=STUB, expected={marker(stage): 0 for stage in stages()}),

@@ -140,7 +140,8 @@ def test_entry_gets_its_honest_grade(graded, entry):
 def test_feedback_gives_the_reason(graded, entry):
     c = graded["course"]
     text = feedback_text(graded["root"], entry.name)
-    assert entry.reason in text, f"{entry.name}: {entry.reason!r} not in its feedback"
+    for reason in entry.reasons:
+        assert reason in text, f"{entry.name}: {reason!r} not in its feedback"
     for stage, points in c.points.items():
         score = expected_scores(c, entry)[stage]
         assert f"-> {score:g} of {points:g} points" in text, f"{entry.name}: stage {stage} line"
