@@ -254,16 +254,16 @@ def _learner_cpu(init) -> float | None:
     return ticks / CLOCK_TICKS
 
 
-def _ns_pid(pid) -> int | None:
-    """The pid of process ``pid`` in its own (innermost) pid namespace."""
+def _ns_pids(pid) -> list[int]:
+    """The pids of process ``pid`` in each pid namespace it belongs to, outermost first (Linux)."""
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
                 if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
+                    return [int(n) for n in line.split()[1:]]
     except (OSError, ValueError):
         pass
-    return None
+    return []
 
 
 # ---------------------------------------------------------------- output capture
@@ -584,15 +584,14 @@ class Sandbox:
                 self._stop()
                 raise SandboxUnavailable(f"the sandbox could not start a box: {reply.get('message')}")
             self.stats["boxes"] += 1
-            launcher = self._global_pid(reply.get("pid"))
+            init = self._global_pid(reply.get("pid"))
         # The box's first message says it is confined and ready (no learner code has run yet).
         first = _first_message(box, time.monotonic() + BOX_SECONDS)
         if first.get("kind") != "ready":
             tail = box.capture.last_lines("stderr", 5)
             self.kill(box)
             raise SandboxUnavailable(f"a box failed to start: {first.get('message')}" + (f" ({tail})" if tail else ""))
-        if launcher is not None:
-            box.init = next(iter(_children(launcher)), None)
+        box.init = init
         if box.init is not None and self.confinement.cgroup:
             group = BoxGroup.create(limits.memory_bytes, limits.processes)
             if group is not None and group.add(box.init):  # before it forks anything
@@ -606,8 +605,10 @@ class Sandbox:
         pid namespace)."""
         if self._template is None or not isinstance(pid, int):
             return None
+        depth = len(_ns_pids(self._template)) - 1  # the template's own namespace, among its child's
         for child in _children(self._template):
-            if _ns_pid(child) == pid:
+            numbers = _ns_pids(child)
+            if len(numbers) > depth >= 0 and numbers[depth] == pid:
                 return child
         return None
 
@@ -862,10 +863,13 @@ class IsolatedBackend:
                 raise a.SubmissionError(self._time_message(module, "budget"))
             box = started = None
             try:
-                before = self.cpu_used()
-                box = self._ready_box(module)
-                # Start-up and the end of the last stage are no check's time (only the budget's).
-                self._check_cpu += self.cpu_used() - before
+                if self._box is None or self._module != module:
+                    before = self.cpu_used()
+                    box = self._ready_box(module)
+                    # Start-up and the end of the last stage are no check's time (only the budget's).
+                    self._check_cpu += self.cpu_used() - before
+                else:
+                    box = self._box
                 box.capture.reset()
                 started = time.monotonic()
                 charge = self._charger(started)

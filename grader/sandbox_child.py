@@ -12,11 +12,11 @@ template  One per grading process; it never runs learner code. It confines
           socket, which only the grader holds, for two requests: "spawn" a box
           for a submission, "kill" a box.
 box       One per submission (a fresh one after a crash or a time-out), forked
-          from the template. Its launcher (still privileged) closes every file
-          descriptor but the box's own channel, which the grader passed in with
-          the request (requests, replies, stdout, stderr), and enters fresh
-          mount, pid, network, IPC and UTS namespaces. The box's first process,
-          pid 1 of the new namespace, mounts a fresh /proc, a fresh tmpfs at
+          from the template as the first process of a fresh pid namespace. Still
+          privileged, it closes every file descriptor but the box's own channel,
+          which the grader passed in with the request (requests, replies, stdout,
+          stderr), enters fresh mount, network, IPC and UTS namespaces, mounts
+          a fresh /proc, a fresh tmpfs at
           /tmp and /dev/shm, the submission's own modules read-only at
           /sandbox/submission, joins a fresh session keyring and becomes a fresh
           unprivileged uid. It never runs learner code either: it forks workers.
@@ -213,7 +213,7 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-BOX_NAMESPACES = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+BOX_NAMESPACES = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS  # (and a pid namespace: see spawn)
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 KEYCTL_JOIN_SESSION_KEYRING = 1
@@ -419,8 +419,9 @@ def main():
     except BaseException as exc:
         send(control, {"kind": "failed", "message": f"{type(exc).__name__}: {exc}"})
         return 1
+    own_pids = os.open("/proc/self/ns/pid", os.O_RDONLY) if confined else None  # see spawn()
     send(control, {"kind": "ready", "pid": os.getpid()})
-    boxes = {}  # token -> pid of the box's launcher
+    boxes = {}  # token -> pid of the box's first process
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(control, CONTROL_BYTES, 4)
@@ -434,9 +435,7 @@ def main():
             request = {}
         token = str(request.get("token", ""))
         if request.get("cmd") == "spawn" and len(fds) == 4 and token not in boxes:
-            pid = os.fork()
-            if pid == 0:
-                launch(lib, config, request, fds, under_tmp)  # never returns
+            pid = spawn(lib, config, request, fds, under_tmp, own_pids)
             boxes[token] = pid
             reply = {"kind": "spawned", "token": token, "pid": pid}
         elif request.get("cmd") == "kill":
@@ -458,39 +457,36 @@ def send(control, message):
     control.send(json.dumps(message).encode())
 
 
-def kill_box(launcher, confined):
+def kill_box(init, confined):
     """Kill one box and wait until it is gone.
 
     Confined, the box's first process is the init of its pid namespace: killing it makes the
-    kernel kill every other process of the box, and the launcher, which waits for it, exits
-    once the namespace is empty. Without namespaces, every process of the box's tree is
-    killed (what escaped it, an orphan reparented to this template, by ``reap_strays``).
+    kernel kill every other process of the box, and it can be reaped once the namespace is
+    empty. Without namespaces, every process of the box's tree is killed (what escaped it, an
+    orphan reparented to this template, by ``reap_strays``).
     """
-    doomed = children(launcher)  # the box's first process (none yet, or none any more)
-    pending = [] if confined else list(doomed)
+    doomed, pending = [init], [] if confined else [init]
     while pending:
         more = children(pending.pop())
         doomed += more
         pending += more
-    if not confined or not doomed:
-        doomed.append(launcher)
     for pid in doomed:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     try:
-        os.waitpid(launcher, 0)
+        os.waitpid(init, 0)
     except ChildProcessError:
         pass
 
 
 def reap_strays(boxes):
-    """Kill and reap children of the template that are no box's launcher: processes whose box
-    launcher died before them (they were reparented here)."""
-    launchers = set(boxes.values())
+    """Kill and reap children of the template that are no box's first process: what a box left
+    behind without namespaces (reparented here, the subreaper)."""
+    inits = set(boxes.values())
     for pid in children(os.getpid()):
-        if pid not in launchers:
+        if pid not in inits:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -534,27 +530,19 @@ def warm_up(torch, np):
 
 # ---------------------------------------------------------------- a box
 
-def launch(lib, config, request, fds, under_tmp):
-    """The template's child for one box: take the box's channel, leave everything else behind,
-    enter fresh namespaces and start the box's first process. Never returns."""
-    code = 70
+def spawn(lib, config, request, fds, under_tmp, own_pids):
+    """Fork the first process of a new box (confined: the init of a new pid namespace); returns its
+    pid. Its other namespaces it makes itself (see box_main)."""
+    if own_pids is not None:
+        check(lib.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")  # for the next child only
     try:
-        keep_only(fds)
-        if config["newroot"]:
-            check(lib.unshare(BOX_NAMESPACES), "unshare")
         pid = os.fork()
         if pid == 0:
-            box_main(lib, config, request, under_tmp)  # never returns
-        # Wait for the box's first process: the box is gone when it is (see kill_box).
-        while True:
-            done, _ = os.waitpid(-1, 0)
-            if done == pid:
-                code = 0
-                break
-    except BaseException as exc:
-        warn(f"box launcher: {type(exc).__name__}: {exc}")
+            box_main(lib, config, request, fds, under_tmp)  # never returns
     finally:
-        os._exit(code)
+        if own_pids is not None:  # the template's later children are its own pid namespace's again
+            check(lib.setns(own_pids, CLONE_NEWPID), "setns(CLONE_NEWPID)")
+    return pid
 
 
 def keep_only(fds):
@@ -571,14 +559,17 @@ def keep_only(fds):
     os.closerange(5, max(os.sysconf("SC_OPEN_MAX"), 1 << 16))
 
 
-def box_main(lib, config, request, under_tmp):
-    """The box's first process (pid 1 of its namespace): confine, then fork a worker per stage."""
+def box_main(lib, config, request, fds, under_tmp):
+    """The box's first process (pid 1 of its namespace): take the box's channel and leave everything
+    else of the template's behind, confine, then fork a worker per stage. Never returns."""
     code = 70
     try:
         lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        keep_only(fds)
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a pid-1 process gets no signal it does not handle
         limits = request["limits"]
         if config["newroot"]:
+            check(lib.unshare(BOX_NAMESPACES), "unshare")
             fresh_world(lib, request["token"], limits["tmp_bytes"], under_tmp)
             box = {"submission": "/sandbox/submission", "tmp": "/tmp", "confined": True}
         else:

@@ -89,14 +89,28 @@ def live_processes():
 
 def spread_memory(children, megabytes):
     """Hold ``megabytes`` of written memory in each of ``children`` processes (each under its own
-    address-space limit, all together above the box's memory)."""
+    address-space limit, all together above the box's memory). Returns once every child has
+    written its share, or died trying."""
+    import select
+
+    pipes = []
     for _ in range(int(children)):
+        read, write = os.pipe()
         if os.fork() == 0:
+            os.close(read)
             hoard = bytearray(int(megabytes) << 20)
             hoard[::4096] = b"x" * len(hoard[::4096])
+            os.write(write, b"x")
             time.sleep(60)
             os._exit(0)
-    time.sleep(2)
+        os.close(write)
+        pipes.append(read)
+    deadline = time.monotonic() + 30
+    while pipes and time.monotonic() < deadline:
+        ready, _, _ = select.select(pipes, [], [], 1)
+        for read in ready:
+            os.read(read, 1)  # done, or b"" once it was killed
+            pipes.remove(read)
     return torch.ones(1)
 
 
