@@ -39,7 +39,6 @@ import base64
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -54,7 +53,7 @@ from . import results as R
 from . import scratch
 from .autograde import (TEST_TIMEOUT, GradingError, graded_sources, limits_of, seed_of, submission_fingerprint, suite_dir,
                         suite_timeout)
-from .sandbox import Limits, Sandbox, probe
+from .sandbox import Limits, probe
 
 START_SECONDS = 300  # a worker must be ready (torch, pytest, collection, its sandbox) within this
 GRADEBOOK_SECONDS = 2.0  # results reach the gradebook in one transaction at least this often
@@ -129,7 +128,7 @@ class SuiteSession:
         path = self.work / "results.jsonl"
         record.update(file=open(path, "w", encoding="utf-8"), verdicts={}, infrastructure=None)
         capped = []
-        started, trusted, boxed = time.monotonic(), time.process_time(), _sandbox_cpu()
+        started = time.monotonic()
         try:
             self.autograde._write({"collected": self.entries})
             for index, item in enumerate(self.items):
@@ -148,10 +147,9 @@ class SuiteSession:
             record["file"].close()
             record["file"] = None
         seconds = time.monotonic() - started
-        cpu = {"trusted": round(time.process_time() - trusted, 3), "sandbox": round(_sandbox_cpu() - boxed, 3)}
         recorded = self.autograde.read_results(path, cut_short=False)  # GradingError if the sandbox failed
         return {"tests": recorded["tests"], "output_capped": capped, "confinement": self.confinement,
-                "seconds": round(seconds, 3), "cpu": cpu}
+                "seconds": round(seconds, 3)}
 
     def close(self):
         if self.sandbox is not None:
@@ -163,28 +161,6 @@ class _TerminalWriterOnly:
 
     def __init__(self, writer):
         self._tw = writer
-
-
-def _sandbox_cpu() -> float:
-    """CPU seconds used by this process's children and their descendants, living or reaped
-    (Linux /proc; for the overhead breakdown only)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    times = os.times()
-    total = times.children_user + times.children_system
-    pending = [os.getpid()]
-    while pending:
-        pid = pending.pop()
-        try:
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/children") as handle:
-                    for child in map(int, handle.read().split()):
-                        pending.append(child)
-                        with open(f"/proc/{child}/stat") as stat:
-                            fields = stat.read().rsplit(")", 1)[1].split()
-                        total += sum(int(f) for f in fields[11:15]) / ticks  # utime stime cutime cstime
-        except (OSError, ValueError):
-            pass
-    return total
 
 
 def _die_with_parent():
@@ -254,10 +230,8 @@ class WorkerProcess:
         self.start_seconds, self.confinement = answer.get("seconds"), answer.get("confinement")
 
     def grade(self, job: dict) -> dict:
-        started = None
         if self.proc is None or self.proc.poll() is not None:
             self.close()
-            started = time.monotonic()
             self.start()
         line = json.dumps({"seed": job["seed"], "sources": {
             name: base64.b64encode(data).decode() for name, data in job["sources"].items()}})
@@ -270,8 +244,6 @@ class WorkerProcess:
         answer = self._answer(time.monotonic() + suite_timeout(limits))
         if "error" in answer:
             raise self._failed(answer["error"])
-        if started is not None:
-            answer["worker_start"] = round(time.monotonic() - started - answer["seconds"], 3)
         return answer
 
     def _answer(self, deadline) -> dict:
@@ -336,7 +308,7 @@ def run_job(job: dict, options: dict, stop: threading.Event | None = None) -> di
 
     ``job``: {"student", "sources": {module file name: bytes}, "seed"}; ``options``:
     {"test_timeout", "time_budget"}. Returns {"student", "tests", "output_capped", "confinement",
-    "seconds", "cpu", "worker_start", "error"}; never raises for a grading failure (the worker is
+    "seconds", "error"}; never raises for a grading failure (the worker is
     restarted and the job tried once more first). ``stop``: once set (an interrupted run), no
     worker is started any more.
     """
@@ -354,13 +326,13 @@ def run_job(job: dict, options: dict, stop: threading.Event | None = None) -> di
         try:
             answer = handle.grade(job)
             return {"student": job["student"], "tests": answer["tests"], "output_capped": answer["output_capped"],
-                    "confinement": answer.get("confinement"), "seconds": answer["seconds"], "cpu": answer.get("cpu"),
-                    "worker_start": answer.get("worker_start"), "error": None}
+                    "confinement": answer.get("confinement"), "seconds": answer["seconds"],
+                    "error": None}
         except (WorkerError, ValueError, KeyError) as exc:  # ValueError/KeyError: a garbled answer
             handle.close()
             error = f"{type(exc).__name__}: {exc}"
     return {"student": job["student"], "tests": [], "output_capped": [], "confinement": None, "seconds": 0.0,
-            "worker_start": None, "error": error}
+            "error": error}
 
 
 def close_workers():
@@ -569,7 +541,6 @@ class Outcome:
     errors: dict[str, str] = field(default_factory=dict)  # student -> why grading failed (retried next run)
     seconds: float = 0.0
     first_result_seconds: float | None = None  # latency of the first graded submission
-    per_submission: list[dict] = field(default_factory=list)  # worker timings of graded submissions
     records: dict[str, dict] = field(default_factory=dict)  # every student's current record
     files: tuple = ()
     confinement: str = ""  # what the sandbox confines, as announced at the start
@@ -703,8 +674,6 @@ def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, qui
                         if time.monotonic() - flushed >= GRADEBOOK_SECONDS:
                             flush()
                         outcome.graded.append(student)
-                        outcome.per_submission.append({"student": student, "seconds": result["seconds"],
-                                                       "cpu": result["cpu"], "worker_start": result["worker_start"]})
                         failing += record["total"] < record["max_total"]
                         limited += bool(R.limits_hit(record))
                 if outcome.first_result_seconds is None:

@@ -2,7 +2,6 @@
 import ast
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -3,7 +3,6 @@
 Spec: the score of token i is the dot product inputs[i] . query. The loop
 form and the matmul form return the same (num_tokens,) vector.
 """
-import numpy as np
 import pytest
 
 from cases import normal
