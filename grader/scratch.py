@@ -18,6 +18,7 @@ import weakref
 from pathlib import Path
 
 PREFIX = "attnkit-"
+STAGING = ".new-attnkit-"  # a folder's name until its lock is held
 LOCK = ".owner.lock"
 GRACE_SECONDS = 600  # a folder without its lock file is only removed once it is this old
 
@@ -27,9 +28,18 @@ class Folder:
     interpreter's exit) deletes it."""
 
     def __init__(self, what: str):
-        self.path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{what}-"))
-        self._lock = os.open(self.path / LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Made under a name sweep() passes over, locked, then renamed (atomically): a sweep never
+        # sees the folder before its lock is held.
+        while True:
+            staging = Path(tempfile.mkdtemp(prefix=f"{STAGING}{what}-"))
+            self._lock = os.open(staging / LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.path = staging.with_name(staging.name[len(STAGING) - len(PREFIX):])
+            try:
+                os.rename(staging, self.path)  # fails on an existing folder (they all hold a lock file)
+                break
+            except OSError:
+                _remove(staging, self._lock)
         self._finalizer = weakref.finalize(self, _remove, self.path, self._lock)
 
     def remove(self):
@@ -55,10 +65,12 @@ def sweep(root: Path | None = None) -> list[Path]:
     root = Path(root or tempfile.gettempdir())
     removed = []
     try:
-        entries = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.is_dir() and not p.is_symlink()]
+        entries = [p for p in root.iterdir() if p.name.startswith((PREFIX, STAGING)) and p.is_dir() and not p.is_symlink()]
     except OSError:
         return removed
     for folder in entries:
+        if folder.name.startswith(STAGING) and not _old(folder):
+            continue  # being made: its lock comes next
         if _abandoned(folder):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
@@ -69,11 +81,7 @@ def _abandoned(folder: Path) -> bool:
     try:
         lock = os.open(folder / LOCK, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
-        # Made by an older version, or caught between mkdtemp and the lock: old enough means dead.
-        try:
-            return time.time() - folder.stat().st_mtime > GRACE_SECONDS
-        except OSError:
-            return False
+        return _old(folder)  # made by an older version, or its maker died before locking it
     except OSError:
         return False
     try:
@@ -83,3 +91,10 @@ def _abandoned(folder: Path) -> bool:
     finally:
         os.close(lock)
     return True
+
+
+def _old(folder: Path) -> bool:
+    try:
+        return time.time() - folder.stat().st_mtime > GRACE_SECONDS
+    except OSError:
+        return False

@@ -89,12 +89,14 @@ def pytest_sessionstart(session):
         config.add_cleanup(config.attnkit_sandbox.close)
 
 
-@pytest.fixture(autouse=True)
-def _one_check(request):
-    """Each test is one check: under --isolate its time limit counts from here (fixture set-up,
-    such as starting the sandbox, is not the learner's time)."""
-    if "impl" in request.fixturenames and request.config.getoption("--isolate"):
-        request.getfixturevalue("impl").backend.start_check()
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    """Each test is one check: under --isolate its time limit counts from here, once its fixtures
+    are set up (starting the sandbox is not the learner's time). A hook rather than an autouse
+    fixture: pytest sets up fixtures that ask for ``request`` afresh for every test."""
+    impl = item.funcargs.get("impl") if hasattr(item, "funcargs") else None
+    if impl is not None and item.config.getoption("--isolate"):
+        impl.backend.start_check()
 
 
 class _MemoBackend:

@@ -607,3 +607,31 @@ def test_a_dead_process_s_folders_are_swept_and_a_live_one_s_are_not(tmp_path):
     child.send_signal(signal.SIGKILL)
     child.wait()
     assert scratch.sweep(tmp_path) == [left] and not left.exists()
+
+
+def test_a_sweep_never_takes_a_folder_being_made(tmp_path, monkeypatch):
+    """Two grading runs side by side (or two run_suite threads): one sweeps while the other makes
+    its folders. Each folder must be locked before a sweep can see it."""
+    import tempfile
+    import threading
+
+    from grader import scratch
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    done, swept = threading.Event(), []
+
+    def sweeping():
+        while not done.is_set():
+            swept.extend(scratch.sweep(tmp_path))
+
+    sweeper = threading.Thread(target=sweeping)
+    sweeper.start()
+    try:
+        folders = [scratch.Folder("race") for _ in range(300)]
+    finally:
+        done.set()
+        sweeper.join()
+    assert swept == [] and all(f.path.is_dir() for f in folders)
+    for folder in folders:
+        folder.remove()
+    assert list(tmp_path.iterdir()) == []
