@@ -36,7 +36,7 @@ from pathlib import Path
 
 from . import TESTS, scratch
 from .sandbox import STAGE_FILE as STAGE_MODULE
-from .sandbox import START_SECONDS, Limits, submission_sources
+from .sandbox import ONE_THREAD, START_SECONDS, Limits, submission_sources
 
 RESULTS_ENV = "ATTNKIT_RESULTS"
 SUITE_ENV = "ATTNKIT_SUITE"  # another tests/ directory (kit development only)
@@ -135,7 +135,7 @@ def run_suite(submission, *, isolate=True, limits: Limits | None = None, python=
         results = work.path / "results.jsonl"
         cmd = [python or sys.executable, "-m", "pytest", *files, "--rootdir", str(tests.parent),
                *grading_options(submission, seed, limits, isolate)]
-        env = dict(os.environ, **{RESULTS_ENV: str(results)})
+        env = dict(os.environ, **ONE_THREAD, **{RESULTS_ENV: str(results)})  # one thread, as in attnkit grade
         env.pop("NBGRADER_EXECUTION", None)
         env.pop("PYTHONSAFEPATH", None)
         start = time.monotonic()

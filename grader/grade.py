@@ -53,7 +53,7 @@ from . import results as R
 from . import scratch
 from .autograde import (TEST_TIMEOUT, GradingError, graded_sources, limits_of, seed_of, submission_fingerprint, suite_dir,
                         suite_timeout)
-from .sandbox import Limits, probe
+from .sandbox import ONE_THREAD, Limits, probe
 
 START_SECONDS = 300  # a worker must be ready (torch, pytest, collection, its sandbox) within this
 GRADEBOOK_SECONDS = 2.0  # results reach the gradebook in one transaction at least this often
@@ -184,8 +184,8 @@ def serve(options: dict) -> int:
     started = time.monotonic()
     import torch
 
-    # One thread per worker (and per sandbox box, which copies this setting): workers share the
-    # cores; pinning them to cores (sched_setaffinity) measured no better, and worse on a busy machine.
+    # One thread per worker, as in the boxes: workers share the cores; pinning them to cores
+    # (sched_setaffinity) measured no better, and worse on a busy machine.
     torch.set_num_threads(1)
     with scratch.Folder("worker") as work:
         suite = SuiteSession(work.path, limits_of(options["test_timeout"], options.get("time_budget")))
@@ -219,7 +219,7 @@ class WorkerProcess:
 
     def start(self):
         self.log = tempfile.TemporaryFile()
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        env = dict(os.environ, **ONE_THREAD)
         env.pop("NBGRADER_EXECUTION", None)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "grader.grade", json.dumps(self.options)], stdin=subprocess.PIPE,

@@ -465,6 +465,13 @@ def test_the_learner_holds_only_its_own_channel(hostile):
     assert set(seen["writable_mounts"]) <= {"/tmp", "/dev/shm", "/proc"} | devices, seen["writable_mounts"]
 
 
+def test_learner_code_computes_with_one_thread(hostile):
+    """Whatever the grading process uses (here torch's default, a thread per core): the limits are
+    CPU seconds, and a pool's idle threads spin."""
+    seen = call(hostile, "world")
+    assert (seen["torch_threads"], seen["omp_threads"]) == (1, "1")
+
+
 def test_each_submission_has_a_world_of_its_own(hostile_root, sandbox, tmp_path):
     """What one submission leaves in /tmp (read-only), /dev/shm, its home, SysV shared memory or a
     setsid daemon that ignores signals is there for itself, and gone for the next one, which also

@@ -240,7 +240,7 @@ def whoami():
 
 def world():
     """What this process sees of the machine: its file descriptors (and what they are), the
-    processes, whether it can be traced."""
+    processes, whether it can be traced, its threads."""
     fds = {}
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -251,7 +251,8 @@ def world():
     dumpable = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
     with open("/proc/self/mountinfo") as mounts:  # mount point and its own options, per line
         writable = sorted(line.split()[4] for line in mounts if "rw" in line.split()[5].split(","))
-    return {"fds": fds, "pids": pids, "dumpable": dumpable, "writable_mounts": writable}
+    return {"fds": fds, "pids": pids, "dumpable": dumpable, "writable_mounts": writable,
+            "torch_threads": torch.get_num_threads(), "omp_threads": os.environ.get("OMP_NUM_THREADS")}
 
 
 # ---------------------------------------------------------------- leaving traces for the next submission
