@@ -126,12 +126,13 @@ GUARANTEES = {  # what keeps one submission from reaching another, by the name a
     "ipc": "a fresh IPC namespace for each submission (no shared SysV or POSIX IPC objects)",
     "uid": "a fresh unprivileged uid for each submission",
     "keyring": "no access to the kernel's keyrings",
-    "cgroup": "a cgroup for each submission (the CPU time of all its processes counted, dead ones included; "
-              "their memory and number bounded together where the controllers allow)",
+    "cgroup": "a cgroup for each submission (the CPU time of all its processes counted, dead ones included)",
+    "cgroup limits": "the memory and number of a submission's processes bounded together (cgroup memory and "
+                     "pids controllers; without them, only each process's own limits)",
 }
-HOLDS = {  # by the confinement's mode; "cgroup" is there wherever this process may create cgroups
-    "namespaces": tuple(g for g in GUARANTEES if g != "cgroup"),
-    "userns": tuple(g for g in GUARANTEES if g not in ("uid", "cgroup")),
+HOLDS = {  # by the confinement's mode; the cgroup guarantees wherever this process may create cgroups
+    "namespaces": tuple(g for g in GUARANTEES if not g.startswith("cgroup")),
+    "userns": tuple(g for g in GUARANTEES if g != "uid" and not g.startswith("cgroup")),
     "plain": ("keyring",),
 }
 
@@ -141,12 +142,13 @@ class Confinement:
     """Which confinement a sandbox runs with, and what it lacks of the strongest."""
 
     mode: str
-    cgroup: bool = False  # a cgroup for each box
+    cgroup: bool = False  # a cgroup for each box, counting its CPU time
+    bounded: bool = False  # ... bounding its memory and number of processes too
     why: str = ""  # why stronger confinements failed, if they did
 
     @property
     def missing(self) -> list[str]:
-        holds = set(HOLDS[self.mode]) | ({"cgroup"} if self.cgroup else set())
+        holds = set(HOLDS[self.mode]) | {g for g, held in (("cgroup", self.cgroup), ("cgroup limits", self.bounded)) if held}
         return [g for g in GUARANTEES if g not in holds]
 
     def summary(self) -> str:
@@ -197,8 +199,6 @@ def _unshare(mode) -> list[str]:
 def probe(confine=None) -> Confinement:
     """The strongest confinement this machine allows, found quickly (no template is started):
     what a grading run announces before it starts."""
-    from .cgroups import BoxGroup
-
     failures = []
     for mode in [confine] if confine else candidate_modes():
         _refuse(mode)
@@ -211,11 +211,19 @@ def probe(confine=None) -> Confinement:
             if run.returncode != 0:
                 failures.append(f"{mode}: {run.stderr.strip() or run.returncode}")
                 continue
-        group = BoxGroup.create(1 << 30, 1)
-        if group is not None:
-            group.remove()
-        return Confinement(mode, group is not None, "; ".join(failures))
+        return Confinement(mode, *_cgroups(), why="; ".join(failures))
     raise SandboxUnavailable("; ".join(failures))
+
+
+def _cgroups() -> tuple[bool, bool]:
+    """Whether this process may give each box a cgroup: (its CPU time counted, its memory and number
+    of processes bounded)."""
+    group = BoxGroup.create(1 << 30, 1)
+    if group is None:
+        return False, False
+    bounded = {"memory", "pids"} <= set(group.folders)
+    group.remove()
+    return True, bounded
 
 
 # ---------------------------------------------------------------- reading the box from outside
@@ -442,10 +450,7 @@ class Sandbox:
                 self.stats["starts"] += 1
                 self.stats["start_seconds"].append(round(time.monotonic() - started, 3))
                 why = "; ".join(failures) or (self.confinement.why if self.confinement else "")
-                group = BoxGroup.create(1 << 30, 1)  # may this process give boxes cgroups?
-                if group is not None:
-                    group.remove()
-                self.confinement = Confinement(mode, group is not None, why)
+                self.confinement = Confinement(mode, *_cgroups(), why=why)
                 if self.confinement.missing:
                     warnings.warn(self.confinement.summary(), SandboxWarning, stacklevel=3)
                 return self.confinement

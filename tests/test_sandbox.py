@@ -19,7 +19,7 @@ import pytest
 grader = pytest.importorskip("grader")  # instructor side only
 from grader import EXERCISES, FIXTURES, KIT, SOLUTIONS  # noqa: E402
 from grader.kit import adapters, reference, stages  # noqa: E402
-from grader.sandbox import IsolatedBackend, Limits, Sandbox, SandboxUnavailable, SandboxWarning, probe  # noqa: E402
+from grader.sandbox import Confinement, IsolatedBackend, Limits, Sandbox, SandboxUnavailable, SandboxWarning, probe  # noqa: E402
 
 pytestmark = pytest.mark.kit
 
@@ -173,6 +173,16 @@ def test_the_machine_confines_as_the_readme_promises(sandbox):
     assert probe().mode == PROMISED
     missing = [] if PROMISED == "namespaces" else ["uid"]
     assert sandbox.confinement.missing == missing, sandbox.confinement.summary()
+    assert probe().missing == missing
+
+
+def test_a_machine_without_cgroup_limits_says_so():
+    """Without the memory and pids controllers a box's processes are bounded one by one only: the
+    run's first line and every record say what is missing."""
+    weaker = Confinement("namespaces", cgroup=True, bounded=False)
+    assert weaker.missing == ["cgroup limits"]
+    assert "WEAKER" in weaker.summary() and "memory and number" in weaker.summary()
+    assert weaker.record() == {"mode": "namespaces", "missing": ["cgroup limits"]}
 
 
 # ---------------------------------------------------------------- the wire format
