@@ -198,7 +198,7 @@ def s06_causal_mask(ref, public, hidden):
     scores = public.add("attn_scores", queries @ keys.T, "queries @ keys.T of SelfAttention_v2 at seed 789 (6, 6)")
     public.add("d_k", np.asarray(2), "key dimension")
     public.add("attn_weights", ref.stage("s02_normalization").softmax_torch(scores / np.sqrt(2)),
-                         "unmasked weights softmax(scores / sqrt(d_k))")
+               "unmasked weights softmax(scores / sqrt(d_k))")
     public.add("masked_weights", s.causal_weights_efficient(scores, 2), "causally masked weights, rows sum to 1")
     r = rng(600)
     scores = hidden.add("attn_scores", r.normal(size=(3, 5, 5)) * 2, "a batch of random scores (3, 5, 5)")

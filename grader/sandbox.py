@@ -130,9 +130,10 @@ GUARANTEES = {  # what keeps one submission from reaching another, by the name a
     "cgroup limits": "the memory and number of a submission's processes bounded together (cgroup memory and "
                      "pids controllers; without them, only each process's own limits)",
 }
-HOLDS = {  # by the confinement's mode; the cgroup guarantees wherever this process may create cgroups
-    "namespaces": tuple(g for g in GUARANTEES if not g.startswith("cgroup")),
-    "userns": tuple(g for g in GUARANTEES if g != "uid" and not g.startswith("cgroup")),
+CGROUP_GUARANTEES = ("cgroup", "cgroup limits")  # held wherever this process may give boxes cgroups
+HOLDS = {  # by the confinement's mode
+    "namespaces": tuple(g for g in GUARANTEES if g not in CGROUP_GUARANTEES),
+    "userns": tuple(g for g in GUARANTEES if g != "uid" and g not in CGROUP_GUARANTEES),
     "plain": ("keyring",),
 }
 
@@ -148,7 +149,8 @@ class Confinement:
 
     @property
     def missing(self) -> list[str]:
-        holds = set(HOLDS[self.mode]) | {g for g, held in (("cgroup", self.cgroup), ("cgroup limits", self.bounded)) if held}
+        cgroups = dict(zip(CGROUP_GUARANTEES, (self.cgroup, self.bounded)))
+        holds = set(HOLDS[self.mode]) | {g for g, held in cgroups.items() if held}
         return [g for g in GUARANTEES if g not in holds]
 
     def summary(self) -> str:

@@ -101,6 +101,12 @@ def attacked(module: str, *names: str, context: dict | None = None) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def armed(base, **payloads: str) -> dict[str, str]:
+    """Stage modules from ``base`` (``stub`` or ``solution``), each with its own payload appended:
+    ``armed(solution, s01_attention_scores="jam_channel")``."""
+    return {stage: attacked(base(stage), name) for stage, name in payloads.items()}
+
+
 def book_causal_attention() -> str:
     """The reference CausalAttention whose forward returns the book's printed output (chapter 3,
     four decimals) whatever the input: the layers, the mask buffer and the dropout are honest work."""
@@ -174,12 +180,9 @@ def corpus() -> list[Tamper]:
         Tamper("patch-libraries", "stubs that patch, at import: torch's comparisons and softmax (s03); NumPy's "
                "comparisons and np.testing (s04); pytest.fail, pytest.approx and _pytest's reports (s05); "
                "AssertionError, NotImplementedError, all and abs in builtins (s06); the adapter through "
-               "sys.modules (s07)", fixed(
-                   s03_context_vectors=attacked(stub("s03_context_vectors"), "patch_torch"),
-                   s04_trainable_projections=attacked(stub("s04_trainable_projections"), "patch_numpy"),
-                   s05_self_attention=attacked(stub("s05_self_attention"), "patch_pytest"),
-                   s06_causal_mask=attacked(stub("s06_causal_mask"), "patch_builtins"),
-                   s07_dropout=attacked(stub("s07_dropout"), "patch_adapter")),
+               "sys.modules (s07)", fixed(**armed(
+                   stub, s03_context_vectors="patch_torch", s04_trainable_projections="patch_numpy",
+                   s05_self_attention="patch_pytest", s06_causal_mask="patch_builtins", s07_dropout="patch_adapter")),
                reason=(STUB, "has shape ()"), expected={m: 0 for m in (
                    "context_vectors", "trainable_projections", "self_attention", "causal_mask", "dropout")}),
         Tamper("patch-wrong", "a wrong s06 (tril for triu) that also patches torch and numpy comparisons",
@@ -210,18 +213,15 @@ def corpus() -> list[Tamper]:
         Tamper("faults", "correct modules that, at import, call sys.exit(0) (s03) or os._exit(0) (s04), loop "
                "forever (s05), dereference NULL (s07); a correct s06 whose functions first allocate until the "
                "address space runs out; an s11 stub that forks 300 sleeping children", fixed(
-                   s03_context_vectors=attacked(solution("s03_context_vectors"), "sys_exit"),
-                   s04_trainable_projections=attacked(solution("s04_trainable_projections"), "os_exit"),
-                   s05_self_attention=attacked(solution("s05_self_attention"), "endless_loop"),
-                   s06_causal_mask=attacked(solution("s06_causal_mask"), "memory_bomb"),
-                   s07_dropout=attacked(solution("s07_dropout"), "segfault"),
-                   s11_other_forms=attacked(stub("s11_other_forms"), "fork_loop")),
+                   **armed(solution, s03_context_vectors="sys_exit", s04_trainable_projections="os_exit",
+                           s05_self_attention="endless_loop", s06_causal_mask="memory_bomb", s07_dropout="segfault"),
+                   **armed(stub, s11_other_forms="fork_loop")),
                reason=("exited with code 0", "time limit", "memory limit", "SIGSEGV", STUB),
                expected={m: 0 for m in ("context_vectors", "trainable_projections", "self_attention",
                                          "causal_mask", "dropout", "other_forms")}),
         Tamper("print-flood", "a correct s01 that prints 1 GiB on stdout and 1 GiB on stderr at import "
                "(honest work: correct, the output is dropped)",
-               fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "print_flood")),
+               fixed(**armed(solution, s01_attention_scores="print_flood")),
                reason="Stage attention_scores: "),
         Tamper("extra-cells", "s05 stub; code cells added to the notebook patch the grader, one with the "
                "metadata of an autograder cell", fixed(s05_self_attention=stub("s05_self_attention")),
@@ -243,41 +243,36 @@ def corpus() -> list[Tamper]:
         Tamper("sandbox-tricks", "the solutions; at the end of stage 1 the worker jams the request pipe (the "
                "grader's next request cannot be written) and answers for the sandbox; s02 spends 6 s of CPU time "
                "at import in children the kernel reaps by itself (SIGCHLD ignored, unseen by /proc); s03 raises "
-               "an 8 MB exception message at import", fixed(
-                   s01_attention_scores=attacked(solution("s01_attention_scores"), "jam_channel"),
-                   s02_normalization=attacked(solution("s02_normalization"), "hidden_cpu"),
-                   s03_context_vectors=attacked(solution("s03_context_vectors"), "huge_message")),
+               "an 8 MB exception message at import", fixed(**armed(
+                   solution, s01_attention_scores="jam_channel", s02_normalization="hidden_cpu",
+                   s03_context_vectors="huge_message")),
                reason=("Stage attention_scores: 9 of 9", "time limit", "failed with RuntimeError: xxxx"),
                expected={"normalization": 0, "context_vectors": 0}),
         # -- aimed at the submissions graded after them (the victims are named LATE + ...) --
         Tamper("hijack-frames", "s01 solution that walks the stack frames up to the sandbox's serving code, "
                "takes its request and reply pipes and leaves a setsid daemon (signals ignored and blocked) that "
                "answers as the sandbox with this submission's modules, then blocks the import",
-               fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "hijack_frames")),
+               fixed(**armed(solution, s01_attention_scores="hijack_frames")),
                reason="Stage attention_scores: "),
         Tamper("hijack-gc", "the same as hijack-frames, the sandbox's objects found through gc.get_objects()",
-               fixed(s01_attention_scores=attacked(solution("s01_attention_scores"), "hijack_gc")),
+               fixed(**armed(solution, s01_attention_scores="hijack_gc")),
                reason="Stage attention_scores: "),
         Tamper("hijack-patch", "s01 solution that rebinds the sandbox's own functions (os._exit, the trace "
                "check, the stage server) so that its worker goes on serving whatever comes next; s02 solution "
-               "that rewrites the submission path in its parent's memory through /proc/<pid>/mem", fixed(
-                   s01_attention_scores=attacked(solution("s01_attention_scores"), "hijack_patch_exit"),
-                   s02_normalization=attacked(solution("s02_normalization"), "zygote_mem_patch")),
+               "that rewrites the submission path in its parent's memory through /proc/<pid>/mem", fixed(**armed(
+                   solution, s01_attention_scores="hijack_patch_exit", s02_normalization="zygote_mem_patch")),
                reason="Stage attention_scores: "),
         Tamper("plant", "the solutions; stage k also plants its own source in channel k: /tmp (read-only "
                "folder), /dev/shm, the home folder, SysV shared memory, a SysV message queue, POSIX shared "
                "memory, a POSIX message queue, an abstract unix socket and a TCP socket (setsid daemons), "
-               "the session and the user keyrings", lambda ctx: {
-                   stage: attacked(solution(stage), channel) for stage, channel in PLANTED.items()},
+               "the session and the user keyrings", fixed(**armed(solution, **PLANTED)),
                reason="Stage other_forms: "),
         Tamper("processes", "the solutions; s08 shrinks its parent's address-space limit to what it uses; s09 "
                "gives its parent the idle scheduling class and nice 19; s10 leaves 1 GiB of SysV shared memory "
                "allocated; s11 leaves a setsid daemon SIGSTOPping, ptracing and SIGKILLing every process it can "
-               "see, for two minutes", fixed(
-                   s08_causal_attention=attacked(solution("s08_causal_attention"), "zygote_prlimit"),
-                   s09_multihead_wrapper=attacked(solution("s09_multihead_wrapper"), "zygote_sched_idle"),
-                   s10_multihead_attention=attacked(solution("s10_multihead_attention"), "hold_sysv_memory"),
-                   s11_other_forms=attacked(solution("s11_other_forms"), "signal_ptrace_daemon")),
+               "see, for two minutes", fixed(**armed(
+                   solution, s08_causal_attention="zygote_prlimit", s09_multihead_wrapper="zygote_sched_idle",
+                   s10_multihead_attention="hold_sysv_memory", s11_other_forms="signal_ptrace_daemon")),
                reason="Stage other_forms: "),
         Tamper(LATE + "stubs", "victim: the stubs, untouched, graded after every attacker",
                lambda ctx: {stage: stub(stage) for stage in stages()},
