@@ -5,7 +5,7 @@
 1. builds a course (`attnkit course build` + `nbgrader generate_assignment`) and N synthetic
    submissions in nbgrader's `submitted/<student>/<assignment>/` layout: a mix of correct ones (the
    reference and the catalogue's correct variants), buggy ones (the catalogue's typical mistakes,
-   tests/catalogue.py) and broken ones (a syntax error; the stubs handed in untouched);
+   kit_tests/catalogue.py) and broken ones (a syntax error; the stubs handed in untouched);
 2. grades a sample of --nbgrader-n of them with nbgrader's own autograde, one after another (what
    nbgrader does: a fresh kernel per notebook), and extrapolates its rate to the class — nbgrader
    takes seconds per submission, so grading all N with it would take long; the sample has the
@@ -37,7 +37,7 @@ from pathlib import Path
 
 KIT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(KIT))
-sys.path.insert(0, str(KIT / "tests"))  # catalogue.py
+sys.path.insert(0, str(KIT / "kit_tests"))  # catalogue.py: the kit's tests' typical mistakes
 TARGET = 20.0  # with sound isolation (the earlier 50x, above what the suites alone allow here, is withdrawn)
 TIMESTAMP = "2026-01-15 12:00:00.000000 UTC"
 
@@ -47,26 +47,13 @@ TIMESTAMP = "2026-01-15 12:00:00.000000 UTC"
 def kinds():
     """[(kind, name, writer)]: writer(dest) puts a submission's stage modules into dest."""
     from catalogue import BUGS, VARIANTS
+    from grader.samples import by_student
 
-    from grader import SOLUTIONS
-    from grader.samples import by_student, write_modules
-
-    def from_catalogue(entry):
-        def write(dest):
-            with tempfile.TemporaryDirectory() as tmp:
-                built = entry.build(SOLUTIONS, Path(tmp) / "s")
-                for module in built.glob("s[0-9][0-9]_*.py"):
-                    shutil.copy(module, dest / module.name)
-        return write
-
-    def from_sample(name):
-        return lambda dest: write_modules(by_student(name), dest)
-
-    correct = [("correct", "reference", from_sample("reference"))]
-    correct += [("correct", v.name, from_catalogue(v)) for v in VARIANTS]
-    buggy = [("buggy", b.name, from_catalogue(b)) for b in BUGS]
-    broken = [("broken", "syntax-error", from_sample("syntax-error")),
-              ("broken", "stubs", from_sample("untouched"))]
+    correct = [("correct", "reference", by_student("reference").write)]
+    correct += [("correct", v.name, v.build) for v in VARIANTS]
+    buggy = [("buggy", b.name, b.build) for b in BUGS]
+    broken = [("broken", "syntax-error", by_student("syntax-error").write),
+              ("broken", "stubs", by_student("untouched").write)]
     return correct, buggy, broken
 
 
@@ -155,7 +142,8 @@ def grade_with_attnkit(root: Path, course, workers: int | None) -> tuple[float, 
         cpu = group.cpu_seconds()
         group.remove()
     if proc.returncode != 0:
-        raise SystemExit(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n"
+                         f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     out = results_dir(root, course.assignment)
     totals = {}
     for path in out.glob("*.json"):
@@ -167,26 +155,26 @@ def grade_with_attnkit(root: Path, course, workers: int | None) -> tuple[float, 
 
 def floor_cpu(root: Path, course, students, k: int) -> float:
     """CPU seconds per submission of the grading suites alone: one warm pytest session in this
-    process, the learner's code imported here, no sandbox and no round trips (what grading must
-    never do: a submission could patch the checks). No grader that runs these suites under pytest
-    can spend less per submission, so it bounds the throughput on this machine's cores."""
+    process (grader.worker.serve, isolate=False), the learner's code imported here, no sandbox and
+    no round trips (what grading must never do: a submission could patch the checks). No grader
+    that runs these suites under pytest can spend less per submission, so it bounds the throughput
+    on this machine's cores. The first submission warms up and is not counted."""
     import torch
 
-    from grader.autograde import limits_of, submission_seed
-    from grader.grade import SuiteSession
-    from grader.sandbox import submission_sources
+    from grader import submission as S
+    from grader.sandbox import Limits
+    from grader.worker import serve
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # learner code runs here: its warnings would litter the table
-    folders = [root / "submitted" / s / course.assignment for s, _, _ in students[:k + 1]]
-    jobs = [(submission_sources(f), submission_seed(f)) for f in folders]
-    with tempfile.TemporaryDirectory() as work:
-        suite = SuiteSession(Path(work), limits_of(), isolate=False)
-        suite.grade(*jobs[0])  # warm
-        start = time.process_time()
-        for job in jobs[1:]:
-            suite.grade(*job)
-        return (time.process_time() - start) / max(1, len(jobs) - 1)
+    jobs = []
+    for student, _, _ in students[:k + 1]:
+        sources = S.sources(root / "submitted" / student / course.assignment)
+        jobs.append({"sources": sources, "seed": S.seed_of(S.fingerprint(sources))})
+    answered = []  # CPU time when each answer came
+    serve(jobs, lambda answer: answered.append(time.process_time()), Limits(), isolate=False)
+    graded = answered[1:]  # the first answer says the session is ready
+    return (graded[-1] - graded[0]) / max(1, len(graded) - 1)
 
 
 def stop(processes):
@@ -202,7 +190,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=100, help="submissions in the class (default: %(default)s)")
     parser.add_argument("--nbgrader-n", type=int, default=6,
-                        help="submissions graded by nbgrader; its rate is extrapolated to the class (default: %(default)s)")
+                        help="submissions graded by nbgrader; its rate is extrapolated to the class "
+                             "(default: %(default)s)")
     parser.add_argument("--workers", type=int, help="passed on to attnkit grade (default: its own)")
     parser.add_argument("--dir", help="course directory to create (default: a temporary one, removed at the end)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary course directory")

@@ -26,7 +26,7 @@ def attention_scores_loop(inputs, query):
     inputs: (num_tokens, d_in)   query: (d_in,)   returns: (num_tokens,)
     """
     # TODO: Score each token on its own: one torch.dot per row of inputs.
-    raise NotImplementedError('s01_attention_scores: attention_scores_loop: Score each token on its own: one torch.dot per row of inputs.')
+    raise NotImplementedError("s01_attention_scores: attention_scores_loop: see its TODO")
 
 
 def attention_scores_matmul(inputs, query):
@@ -35,4 +35,4 @@ def attention_scores_matmul(inputs, query):
     inputs: (num_tokens, d_in)   query: (d_in,)   returns: (num_tokens,)
     """
     # TODO: Score all tokens at once: a matrix-vector product replaces the loop.
-    raise NotImplementedError('s01_attention_scores: attention_scores_matmul: Score all tokens at once: a matrix-vector product replaces the loop.')
+    raise NotImplementedError("s01_attention_scores: attention_scores_matmul: see its TODO")

@@ -13,7 +13,7 @@ def normalize_by_sum(scores):
     scores: (num_tokens,)   returns: (num_tokens,), sums to 1
     """
     # TODO: Divide every score by the total so that the weights add up to 1.
-    raise NotImplementedError('s02_normalization: normalize_by_sum: Divide every score by the total so that the weights add up to 1.')
+    raise NotImplementedError("s02_normalization: normalize_by_sum: see its TODO")
 
 
 def softmax_by_hand(x, dim=-1):
@@ -23,7 +23,7 @@ def softmax_by_hand(x, dim=-1):
     """
     # TODO: Subtract the max along dim before exp: softmax is unchanged by a shift,
     #       and exp can no longer overflow to inf.
-    raise NotImplementedError('s02_normalization: softmax_by_hand: Subtract the max along dim before exp: softmax is unchanged by a shift, and exp can no longer overflow to inf.')
+    raise NotImplementedError("s02_normalization: softmax_by_hand: see its TODO")
 
 
 def softmax_torch(scores):
@@ -32,7 +32,7 @@ def softmax_torch(scores):
     scores: (..., num_tokens)   returns: same shape
     """
     # TODO: Use the library softmax over the last dimension.
-    raise NotImplementedError('s02_normalization: softmax_torch: Use the library softmax over the last dimension.')
+    raise NotImplementedError("s02_normalization: softmax_torch: see its TODO")
 
 
 def all_pairs_scores(inputs):
@@ -41,7 +41,7 @@ def all_pairs_scores(inputs):
     inputs: (num_tokens, d_in)   returns: (num_tokens, num_tokens); row i is token i's query
     """
     # TODO: Compute every dot product in one matrix product: inputs times its transpose.
-    raise NotImplementedError('s02_normalization: all_pairs_scores: Compute every dot product in one matrix product: inputs times its transpose.')
+    raise NotImplementedError("s02_normalization: all_pairs_scores: see its TODO")
 
 
 def all_pairs_weights(inputs):
@@ -50,4 +50,4 @@ def all_pairs_weights(inputs):
     inputs: (num_tokens, d_in)   returns: (num_tokens, num_tokens), every row sums to 1
     """
     # TODO: Normalise each query's row of scores (the last dimension), not each column.
-    raise NotImplementedError("s02_normalization: all_pairs_weights: Normalise each query's row of scores (the last dimension), not each column.")
+    raise NotImplementedError("s02_normalization: all_pairs_weights: see its TODO")

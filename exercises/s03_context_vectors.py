@@ -14,7 +14,7 @@ def context_vector(attn_weights, inputs):
     returns: (d_in,)
     """
     # TODO: Add up each input vector scaled by its weight.
-    raise NotImplementedError('s03_context_vectors: context_vector: Add up each input vector scaled by its weight.')
+    raise NotImplementedError("s03_context_vectors: context_vector: see its TODO")
 
 
 def all_context_vectors(attn_weights, inputs):
@@ -24,4 +24,4 @@ def all_context_vectors(attn_weights, inputs):
     returns: (num_tokens, d_in); row i is token i's context vector
     """
     # TODO: Compute every weighted sum in one product: row i of the weights mixes the inputs for token i.
-    raise NotImplementedError('s03_context_vectors: all_context_vectors: Compute every weighted sum in one product: row i of the weights mixes the inputs for token i.')
+    raise NotImplementedError("s03_context_vectors: all_context_vectors: see its TODO")

@@ -14,7 +14,7 @@ def project(x, W):
     returns: (d_out,) or (num_tokens, d_out)
     """
     # TODO: Multiply by W on the right (x @ W): inputs are row vectors.
-    raise NotImplementedError('s04_trainable_projections: project: Multiply by W on the right (x @ W): inputs are row vectors.')
+    raise NotImplementedError("s04_trainable_projections: project: see its TODO")
 
 
 def scores_for_query(query, keys):
@@ -23,7 +23,7 @@ def scores_for_query(query, keys):
     query: (d_k,)   keys: (num_tokens, d_k)   returns: (num_tokens,)
     """
     # TODO: Take the dot product of the query with every key.
-    raise NotImplementedError('s04_trainable_projections: scores_for_query: Take the dot product of the query with every key.')
+    raise NotImplementedError("s04_trainable_projections: scores_for_query: see its TODO")
 
 
 def scaled_weights(scores, d_k):
@@ -32,7 +32,7 @@ def scaled_weights(scores, d_k):
     scores: (num_tokens,)   d_k: key dimension (int)   returns: (num_tokens,), sums to 1
     """
     # TODO: Divide by the square root of the key dimension, then softmax.
-    raise NotImplementedError('s04_trainable_projections: scaled_weights: Divide by the square root of the key dimension, then softmax.')
+    raise NotImplementedError("s04_trainable_projections: scaled_weights: see its TODO")
 
 
 def context_for_query(attn_weights, values):
@@ -41,4 +41,4 @@ def context_for_query(attn_weights, values):
     attn_weights: (num_tokens,)   values: (num_tokens, d_v)   returns: (d_v,)
     """
     # TODO: Sum the value vectors, weighted by the attention weights (values, not inputs).
-    raise NotImplementedError('s04_trainable_projections: context_for_query: Sum the value vectors, weighted by the attention weights (values, not inputs).')
+    raise NotImplementedError("s04_trainable_projections: context_for_query: see its TODO")

@@ -19,11 +19,11 @@ class SelfAttention_v1(nn.Module):
     def __init__(self, d_in, d_out):
         super().__init__()
         # TODO: Create W_query, W_key, W_value: trainable (d_in, d_out) matrices drawn with torch.rand, in this order.
-        raise NotImplementedError('s05_self_attention: SelfAttention_v1.__init__: Create W_query, W_key, W_value: trainable (d_in, d_out) matrices drawn with torch.rand, in this order.')
+        raise NotImplementedError("s05_self_attention: SelfAttention_v1.__init__: see its TODO")
 
     def forward(self, x):
         # TODO: Project, score every query against every key, scale, softmax, mix the values.
-        raise NotImplementedError('s05_self_attention: SelfAttention_v1.forward: Project, score every query against every key, scale, softmax, mix the values.')
+        raise NotImplementedError("s05_self_attention: SelfAttention_v1.forward: see its TODO")
 
 
 class SelfAttention_v2(nn.Module):
@@ -37,11 +37,11 @@ class SelfAttention_v2(nn.Module):
     def __init__(self, d_in, d_out, qkv_bias=False):
         super().__init__()
         # TODO: Create W_query, W_key, W_value as nn.Linear layers with bias=qkv_bias.
-        raise NotImplementedError('s05_self_attention: SelfAttention_v2.__init__: Create W_query, W_key, W_value as nn.Linear layers with bias=qkv_bias.')
+        raise NotImplementedError("s05_self_attention: SelfAttention_v2.__init__: see its TODO")
 
     def forward(self, x):
         # TODO: Compute what v1 computes, letting the layers do the projections.
-        raise NotImplementedError('s05_self_attention: SelfAttention_v2.forward: Compute what v1 computes, letting the layers do the projections.')
+        raise NotImplementedError("s05_self_attention: SelfAttention_v2.forward: see its TODO")
 
 
 def transfer_weights_v2_to_v1(sa_v2, sa_v1):
@@ -51,4 +51,4 @@ def transfer_weights_v2_to_v1(sa_v2, sa_v1):
     Modifies sa_v1 in place and returns it.
     """
     # TODO: Copy each transposed Linear weight into the matching v1 parameter.
-    raise NotImplementedError('s05_self_attention: transfer_weights_v2_to_v1: Copy each transposed Linear weight into the matching v1 parameter.')
+    raise NotImplementedError("s05_self_attention: transfer_weights_v2_to_v1: see its TODO")

@@ -20,7 +20,7 @@ def causal_weights_simple(attn_weights):
     attn_weights: (..., num_tokens, num_tokens)   returns: same shape
     """
     # TODO: Keep the lower triangle (diagonal included), then make every row sum to 1 again.
-    raise NotImplementedError('s06_causal_mask: causal_weights_simple: Keep the lower triangle (diagonal included), then make every row sum to 1 again.')
+    raise NotImplementedError("s06_causal_mask: causal_weights_simple: see its TODO")
 
 
 def causal_weights_efficient(attn_scores, d_k):
@@ -30,4 +30,4 @@ def causal_weights_efficient(attn_scores, d_k):
     returns: (..., num_tokens, num_tokens)
     """
     # TODO: Fill the strict upper triangle with -inf; softmax over the last dim turns it into 0.
-    raise NotImplementedError('s06_causal_mask: causal_weights_efficient: Fill the strict upper triangle with -inf; softmax over the last dim turns it into 0.')
+    raise NotImplementedError("s06_causal_mask: causal_weights_efficient: see its TODO")

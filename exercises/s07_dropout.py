@@ -15,7 +15,7 @@ def attention_dropout(attn_weights, p, training=True):
     returns: same shape
     """
     # TODO: Build the dropout layer, put it in the requested mode, apply it.
-    raise NotImplementedError('s07_dropout: attention_dropout: Build the dropout layer, put it in the requested mode, apply it.')
+    raise NotImplementedError("s07_dropout: attention_dropout: see its TODO")
 
 
 def dropout_by_hand(x, p):
@@ -26,4 +26,4 @@ def dropout_by_hand(x, p):
     x: any shape   p: drop probability in [0, 1)   returns: same shape
     """
     # TODO: Draw a keep-mask, zero the dropped elements, rescale the kept ones.
-    raise NotImplementedError('s07_dropout: dropout_by_hand: Draw a keep-mask, zero the dropped elements, rescale the kept ones.')
+    raise NotImplementedError("s07_dropout: dropout_by_hand: see its TODO")

@@ -22,9 +22,9 @@ class CausalAttention(nn.Module):
     def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
         super().__init__()
         # TODO: Create the projections (honour qkv_bias), the dropout layer and the causal mask as a registered buffer.
-        raise NotImplementedError('s08_causal_attention: CausalAttention.__init__: Create the projections (honour qkv_bias), the dropout layer and the causal mask as a registered buffer.')
+        raise NotImplementedError("s08_causal_attention: CausalAttention.__init__: see its TODO")
 
     def forward(self, x):
         # TODO: Score every pair in each sequence, mask the future with -inf, take the scaled softmax,
         #       apply dropout to the weights, return the weighted sum of the values.
-        raise NotImplementedError('s08_causal_attention: CausalAttention.forward: Score every pair in each sequence, mask the future with -inf, take the scaled softmax, apply dropout to the weights, return the weighted sum of the values.')
+        raise NotImplementedError("s08_causal_attention: CausalAttention.forward: see its TODO")

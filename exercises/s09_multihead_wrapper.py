@@ -6,7 +6,6 @@ concatenated along the feature dimension.
 """
 import torch
 import torch.nn as nn
-
 from s08_causal_attention import CausalAttention
 
 
@@ -21,8 +20,8 @@ class MultiHeadAttentionWrapper(nn.Module):
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
         # TODO: Build self.heads: an nn.ModuleList of num_heads separate CausalAttention modules (no shared weights).
-        raise NotImplementedError('s09_multihead_wrapper: MultiHeadAttentionWrapper.__init__: Build self.heads: an nn.ModuleList of num_heads separate CausalAttention modules (no shared weights).')
+        raise NotImplementedError("s09_multihead_wrapper: MultiHeadAttentionWrapper.__init__: see its TODO")
 
     def forward(self, x):
         # TODO: Run every head and join the results along the last (feature) dimension.
-        raise NotImplementedError('s09_multihead_wrapper: MultiHeadAttentionWrapper.forward: Run every head and join the results along the last (feature) dimension.')
+        raise NotImplementedError("s09_multihead_wrapper: MultiHeadAttentionWrapper.forward: see its TODO")

@@ -16,7 +16,7 @@ def batched_head_scores(a):
     a: (b, num_heads, num_tokens, head_dim)   returns: (b, num_heads, num_tokens, num_tokens)
     """
     # TODO: Use a single @: it multiplies the last two dimensions and treats the leading ones as a batch.
-    raise NotImplementedError('s10_multihead_attention: batched_head_scores: Use a single @: it multiplies the last two dimensions and treats the leading ones as a batch.')
+    raise NotImplementedError("s10_multihead_attention: batched_head_scores: see its TODO")
 
 
 def per_head_scores_loop(a):
@@ -25,7 +25,7 @@ def per_head_scores_loop(a):
     a: (b, num_heads, num_tokens, head_dim)   returns: (b, num_heads, num_tokens, num_tokens)
     """
     # TODO: Loop over batch and head, multiply each (num_tokens, head_dim) slice by its transpose.
-    raise NotImplementedError('s10_multihead_attention: per_head_scores_loop: Loop over batch and head, multiply each (num_tokens, head_dim) slice by its transpose.')
+    raise NotImplementedError("s10_multihead_attention: per_head_scores_loop: see its TODO")
 
 
 class MultiHeadAttention(nn.Module):
@@ -42,9 +42,9 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
         # TODO: Store d_out, num_heads, head_dim; create the projections, out_proj, dropout and the mask buffer.
-        raise NotImplementedError('s10_multihead_attention: MultiHeadAttention.__init__: Store d_out, num_heads, head_dim; create the projections, out_proj, dropout and the mask buffer.')
+        raise NotImplementedError("s10_multihead_attention: MultiHeadAttention.__init__: see its TODO")
 
     def forward(self, x):
         # TODO: Project, split d_out into (num_heads, head_dim), bring heads forward, attend per
         #       head with the causal mask, then merge the heads back and apply out_proj.
-        raise NotImplementedError('s10_multihead_attention: MultiHeadAttention.forward: Project, split d_out into (num_heads, head_dim), bring heads forward, attend per head with the causal mask, then merge the heads back and apply out_proj.')
+        raise NotImplementedError("s10_multihead_attention: MultiHeadAttention.forward: see its TODO")

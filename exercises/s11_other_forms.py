@@ -27,11 +27,11 @@ class MultiHeadAttentionCombinedQKV(nn.Module):
         super().__init__()
         assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
         # TODO: Create W_qkv (one projection three times as wide), out_proj, dropout and a (1, 1, T, T) mask buffer.
-        raise NotImplementedError('s11_other_forms: MultiHeadAttentionCombinedQKV.__init__: Create W_qkv (one projection three times as wide), out_proj, dropout and a (1, 1, T, T) mask buffer.')
+        raise NotImplementedError("s11_other_forms: MultiHeadAttentionCombinedQKV.__init__: see its TODO")
 
     def forward(self, x):
         # TODO: Project once, split into q, k, v, then attend per head as MultiHeadAttention does.
-        raise NotImplementedError('s11_other_forms: MultiHeadAttentionCombinedQKV.forward: Project once, split into q, k, v, then attend per head as MultiHeadAttention does.')
+        raise NotImplementedError("s11_other_forms: MultiHeadAttentionCombinedQKV.forward: see its TODO")
 
 
 class Head(nn.Module):
@@ -46,11 +46,11 @@ class Head(nn.Module):
     def __init__(self, d_in, head_dim, context_length, dropout, qkv_bias=False):
         super().__init__()
         # TODO: Create this head's projections, dropout and mask buffer, sized from the arguments only.
-        raise NotImplementedError("s11_other_forms: Head.__init__: Create this head's projections, dropout and mask buffer, sized from the arguments only.")
+        raise NotImplementedError("s11_other_forms: Head.__init__: see its TODO")
 
     def forward(self, x):
-        # TODO: Compute scaled, causally masked attention for this head alone.
-        raise NotImplementedError('s11_other_forms: Head.forward: Compute scaled, causally masked attention for this head alone.')
+        # TODO: Compute scaled, causally masked attention for this head alone, as CausalAttention does.
+        raise NotImplementedError("s11_other_forms: Head.forward: see its TODO")
 
 
 class MultiHeadAttentionPerHead(nn.Module):
@@ -65,11 +65,11 @@ class MultiHeadAttentionPerHead(nn.Module):
         super().__init__()
         assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
         # TODO: Build self.heads (num_heads Head modules of width d_out // num_heads) and out_proj.
-        raise NotImplementedError('s11_other_forms: MultiHeadAttentionPerHead.__init__: Build self.heads (num_heads Head modules of width d_out // num_heads) and out_proj.')
+        raise NotImplementedError("s11_other_forms: MultiHeadAttentionPerHead.__init__: see its TODO")
 
     def forward(self, x):
         # TODO: Concatenate the heads along the features, then mix them with out_proj.
-        raise NotImplementedError('s11_other_forms: MultiHeadAttentionPerHead.forward: Concatenate the heads along the features, then mix them with out_proj.')
+        raise NotImplementedError("s11_other_forms: MultiHeadAttentionPerHead.forward: see its TODO")
 
 
 def combined_qkv_state_dict(mha_state_dict):
@@ -80,7 +80,7 @@ def combined_qkv_state_dict(mha_state_dict):
     out_proj is copied. Buffers (mask) are not mapped. Returns a new dict.
     """
     # TODO: Stack the three projections' rows (and biases); keep out_proj as it is.
-    raise NotImplementedError("s11_other_forms: combined_qkv_state_dict: Stack the three projections' rows (and biases); keep out_proj as it is.")
+    raise NotImplementedError("s11_other_forms: combined_qkv_state_dict: see its TODO")
 
 
 def per_head_state_dict(mha_state_dict, num_heads):
@@ -91,4 +91,4 @@ def per_head_state_dict(mha_state_dict, num_heads):
     out_proj is copied. Buffers (mask) are not mapped. Returns a new dict.
     """
     # TODO: Slice each projection's rows into num_heads equal blocks, one per head.
-    raise NotImplementedError("s11_other_forms: per_head_state_dict: Slice each projection's rows into num_heads equal blocks, one per head.")
+    raise NotImplementedError("s11_other_forms: per_head_state_dict: see its TODO")

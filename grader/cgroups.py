@@ -15,8 +15,8 @@ Each controller is taken from whichever hierarchy has it, cgroup v2 (unified) or
 - a fair share of the processors for the box as a whole: being a cgroup of its own (v2 ``cpu``
   or v1 ``cpu``) rather than one scheduling group per session it starts.
 
-Only the CPU time is needed for the time limits to hold (``BoxGroup.counts_cpu``); the others
-are used where this process may create cgroups (root, or a delegated subtree).
+Only the CPU time is needed for the time limits to hold (``BoxGroup.create`` makes no group
+without it); the others are used where this process may create cgroups (root, or a delegated subtree).
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class BoxGroup:
         self._usage = None  # the open CPU-time file (read often: kept open, read with pread)
 
     @classmethod
-    def create(cls, memory_bytes: int, processes: int) -> "BoxGroup | None":
+    def create(cls, memory_bytes: int, processes: int) -> BoxGroup | None:
         name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
         parents = _mounts()
         folders = {}
@@ -89,10 +89,6 @@ class BoxGroup:
         group._write("memory", {"memory.max": memory_bytes, "memory.limit_in_bytes": memory_bytes})
         group._write("pids", {"pids.max": processes})
         return group
-
-    @property
-    def counts_cpu(self) -> bool:
-        return "cpu" in self.folders
 
     def _write(self, role, settings):
         folder = self.folders.get(role)

@@ -12,8 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .autograde import TEST_TIMEOUT
-from .sandbox import BUDGET_CHECKS
+from .sandbox import BUDGET_CHECKS, TEST_TIMEOUT
 
 
 def cmd_stubs(args):
@@ -95,7 +94,9 @@ def cmd_report(args):
 
 
 def cmd_grade(args):
-    from .grade import GradeError, check_notebooks_possible, course_target, folder_target, grade, write_notebooks
+    from .grade import GradeError, check_notebooks_possible, grade, write_notebooks
+    from .gradebook import GradebookError
+    from .targets import TargetError, course_target, folder_target
 
     try:
         if args.submissions:
@@ -120,7 +121,7 @@ def cmd_grade(args):
         outcome = grade(target, students=args.student, force=args.force, executor=args.executor,
                         scheduler=args.scheduler, workers=args.workers, quiet=args.quiet)
         written, failed = write_notebooks(target, args.student, args.quiet) if args.notebooks else ([], {})
-    except GradeError as exc:
+    except (GradeError, GradebookError, TargetError) as exc:
         print(f"attnkit grade: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -144,7 +145,8 @@ def cmd_grade(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="attnkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="attnkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("stubs", help="write exercises/ from solutions/").set_defaults(func=cmd_stubs)
     p = sub.add_parser("fixtures", help="regenerate fixtures/ from solutions/")
@@ -170,7 +172,7 @@ def main(argv=None):
                         "time limit per check of the students' own pytest runs (default: %(default)s)")
     b.add_argument("--time-budget", type=float,
                    help="seconds of CPU time for a whole submission when grading; when it runs out, the checks "
-                        "not yet run fail (default: %d x --test-timeout)" % BUDGET_CHECKS)
+                        f"not yet run fail (default: {BUDGET_CHECKS} x --test-timeout)")
     b.add_argument("--exchange", help="nbgrader Exchange.root (default: DIR/exchange)")
     b.add_argument("--db-url", help="nbgrader gradebook URL (default: sqlite DIR/gradebook.db)")
     b.set_defaults(func=cmd_course_build)
@@ -212,9 +214,9 @@ def main(argv=None):
                    help="where the grading jobs run (default: %(default)s)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="with --executor dask: the scheduler, e.g. tcp://host:8786")
     p.add_argument("--test-timeout", type=float,
-                   help="CPU seconds per check (default: the course's, or %g)" % TEST_TIMEOUT)
+                   help=f"CPU seconds per check (default: the course's, or {TEST_TIMEOUT:g})")
     p.add_argument("--time-budget", type=float,
-                   help="CPU seconds per submission (default: the course's, or %d x --test-timeout)" % BUDGET_CHECKS)
+                   help=f"CPU seconds per submission (default: the course's, or {BUDGET_CHECKS} x --test-timeout)")
     p.add_argument("--notebooks", action="store_true",
                    help="also write autograded/ notebooks from the grades (through nbgrader's autograde, without "
                         "running them), so that the formgrader shows them and `nbgrader generate_feedback` works")

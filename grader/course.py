@@ -7,7 +7,7 @@
         attention.ipynb           stage explanations, demos, one locked autograder cell per stage
         sNN_topic.py              the stubs (from exercises/)
         conftest.py               the kit's root conftest (pytest options)
-        tests/                    public tests only, conftest.py, adapters.py, checks.py
+        tests/                    public tests only, conftest.py and the support modules they import
         fixtures/public/          the published numbers
         pytest.ini                `pytest` there runs the public tests on the student's modules,
                                   each check limited to the course's test_timeout
@@ -29,14 +29,15 @@ import ast
 import json
 import re
 import shutil
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import EXERCISES, FIXTURES, KIT, SOLUTIONS, TESTS
-from .autograde import TEST_TIMEOUT, limits_of, suite_timeout
-from .kit import marker, stages
+import tomllib
+
+from .kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, marker, stage_test_file, stages, suite_files
+from .sandbox import TEST_TIMEOUT, Limits
 from .stubs import BEGIN, END, out_of_sync
+from .worker import READY_SECONDS
 
 MARKER_FILE = "attnkit-course.json"
 ASSIGNMENT = "attention"
@@ -82,7 +83,7 @@ class Course:
         return [f"{s}.py" for s in self.points]
 
     @classmethod
-    def load(cls, root) -> "Course":
+    def load(cls, root) -> Course:
         root = Path(root).resolve()
         path = root / MARKER_FILE
         if not path.is_file():
@@ -114,7 +115,7 @@ def plan_points(total: float | None = 100, overrides: dict[str, float] | None = 
         raise CourseError(f"the stage points given add up to {fixed:g}, which does not fit a total of {total:g}")
     left = total - fixed
     points, given = {}, 0.0
-    for i, s in enumerate(all_stages):
+    for s in all_stages:
         if marker(s) in overrides:
             points[s] = float(overrides[marker(s)])
         elif s == free[-1]:
@@ -246,7 +247,7 @@ def solution_lines() -> set[str]:
     and are long enough to mean something."""
     inside, outside = set(), set()
     for name in SUPPORT_FILES:
-        outside.update(line.strip() for line in (TESTS / name).read_text().splitlines())
+        outside.update(line.strip() for line in (SUITE / name).read_text().splitlines())
     for stage in stages():
         region = False
         for line in (SOLUTIONS / f"{stage}.py").read_text().splitlines():
@@ -290,7 +291,9 @@ def find_leaks(folder: Path, hidden_names, sol_lines=None) -> list[str]:
 
 def nbgrader_config(course: Course) -> str:
     stage_files = ", ".join(repr(f) for f in course.stage_files())
-    execute_timeout = int(suite_timeout(limits_of(course.test_timeout, course.time_budget)) + 60)
+    # The first autograder cell starts a grading worker and grades the whole submission.
+    limits = Limits(check_seconds=course.test_timeout, budget_seconds=course.time_budget)
+    execute_timeout = int(READY_SECONDS + limits.run_wall + 60)
     lines = [
         '"""nbgrader configuration of an attention-kit course (written by `attnkit course build`;',
         'a rebuild overwrites it: change the build options instead of editing this file)."""',
@@ -318,7 +321,8 @@ def nbgrader_config(course: Course) -> str:
     if course.db_url:
         lines.append(f"c.CourseDirectory.db_url = {course.db_url!r}")
     else:
-        lines.append("# The gradebook is HERE/gradebook.db (SQLite); set c.CourseDirectory.db_url for another database.")
+        lines.append("# The gradebook is HERE/gradebook.db (SQLite); "
+                     "set c.CourseDirectory.db_url for another database.")
     exchange = repr(course.exchange_root) if course.exchange_root else 'os.path.join(HERE, "exchange")'
     lines += [
         f"c.Exchange.root = {exchange}",
@@ -376,19 +380,19 @@ def _local_imports(path: Path) -> set[str]:
             names.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module.split(".")[0])
-    return {f"{n}.py" for n in names if (TESTS / f"{n}.py").is_file() and not n.startswith("test_")}
+    return {f"{n}.py" for n in names if (SUITE / f"{n}.py").is_file() and not n.startswith("test_")}
 
 
 def support_files(public_tests_dir: Path) -> list[str]:
     """The support modules students need: SUPPORT_FILES and whatever they or the public tests
     import from tests/ (e.g. cases.py), transitively."""
-    todo = [TESTS / n for n in SUPPORT_FILES] + sorted(Path(public_tests_dir).glob("test_*.py"))
+    todo = [SUITE / n for n in SUPPORT_FILES] + sorted(Path(public_tests_dir).glob("test_*.py"))
     needed = set(SUPPORT_FILES)
     while todo:
         for name in _local_imports(todo.pop()):
             if name not in needed:
                 needed.add(name)
-                todo.append(TESTS / name)
+                todo.append(SUITE / name)
     return sorted(needed)
 
 
@@ -431,7 +435,7 @@ def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, 
         shutil.copyfile(EXERCISES / name, src / name)
     hidden_names = []
     for stage in course.points:
-        path = TESTS / f"test_{stage}.py"
+        path = SUITE / stage_test_file(stage)
         if not path.is_file():
             raise CourseError(f"no test file for stage {stage} ({path})")
         derived = public_tests(path)
@@ -439,8 +443,8 @@ def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, 
         if derived.source:
             (src / "tests" / path.name).write_text(derived.source)
     for name in support_files(src / "tests"):
-        shutil.copyfile(TESTS / name, src / "tests" / name)
-    shutil.copyfile(KIT / "conftest.py", src / "conftest.py")  # the --impl/--isolate options
+        shutil.copyfile(SUITE / name, src / "tests" / name)
+    shutil.copyfile(KIT / "conftest.py", src / "conftest.py")  # the --impl and --seed options
     for npz in sorted((FIXTURES / "public").glob("*.npz")):
         shutil.copyfile(npz, src / "fixtures" / "public" / npz.name)
     (src / "pytest.ini").write_text(pytest_ini(course.test_timeout))
@@ -451,7 +455,7 @@ def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, 
     nbformat.write(build_notebook(course.points, course.test_timeout, course.time_budget), src / f"{NOTEBOOK}.ipynb")
 
     # A hidden name that is also public somewhere (another stage) is not a leak.
-    public_names = {n for p in (TESTS.glob("test_s[0-9][0-9]_*.py")) for n in public_tests(p).public}
+    public_names = {n for p in suite_files() for n in public_tests(p).public}
     leaks = find_leaks(src, set(hidden_names) - public_names)
     if leaks:
         shutil.rmtree(src)
@@ -466,7 +470,7 @@ def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, 
 
 def hidden_test_names() -> set[str]:
     hidden, public = set(), set()
-    for path in TESTS.glob("test_s[0-9][0-9]_*.py"):
+    for path in suite_files():
         derived = public_tests(path)
         hidden.update(derived.hidden)
         public.update(derived.public)

@@ -123,7 +123,8 @@ def _run(root: Path, c: course_mod.Course, start: float, out) -> dict:
         t = time.monotonic()
         check(api.autograde(c.assignment, sample.student, force=True), f"autograde {sample.student}")
         timings[sample.student] = time.monotonic() - t
-        step(f"autograde {i}/{len(SAMPLES)} {sample.student:<18} {timings[sample.student]:5.1f} s  ({sample.description})")
+        step(f"autograde {i}/{len(SAMPLES)} {sample.student:<18} {timings[sample.student]:5.1f} s  "
+             f"({sample.description})")
 
     t = time.monotonic()
     check(api.generate_feedback(c.assignment, force=True), "generate_feedback")
@@ -161,7 +162,10 @@ def table(c: course_mod.Course, scores: dict) -> str:
     for student, row in scores.items():
         sample = samples.get(student)
         lost = {marker(s) for s in stages if (row[s] or 0) < c.points[s] - 1e-9}
-        expected = set(marker(s) for s in stages) if sample and "*" in sample.breaks else set(sample.breaks if sample else ())
+        if sample and "*" in sample.breaks:
+            expected = set(marker(s) for s in stages)
+        else:
+            expected = set(sample.breaks if sample else ())
         verdict = "yes" if lost == expected else f"NO (lost points on: {', '.join(sorted(lost)) or 'nothing'})"
         total = sum(v or 0 for v in row.values())
         lines.append(f"{student:<18}" + "".join(f"{(v or 0):>7g}" for v in row.values()) + f"{total:>8.2f}  {verdict}")

@@ -18,7 +18,8 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Unicode
 
 from . import results as R
-from .autograde import defuse_links, stage_report
+from .scoring import stage_report
+from .submission import defuse_links
 
 
 class RecordedResults(NbGraderPreprocessor):
@@ -72,8 +73,8 @@ def write_notebooks(course_root: Path, assignment: str, students: list[str], out
     config.Autograde.autograde_preprocessors = [
         RecordedResults if isinstance(step, type) and issubclass(step, Execute) else step for step in steps]
     if RecordedResults not in config.Autograde.autograde_preprocessors:
-        raise RuntimeError("the course's nbgrader_config.py has no Execute step in c.Autograde.autograde_preprocessors: "
-                           "rebuild it with `attnkit course build`")
+        raise RuntimeError("the course's nbgrader_config.py has no Execute step "
+                           "in c.Autograde.autograde_preprocessors: rebuild it with `attnkit course build`")
     config.RecordedResults.records = str(out)
     api = NbGraderAPI(config=config)
     api.log.setLevel("ERROR")

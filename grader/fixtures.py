@@ -21,8 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import FIXTURES
-from .kit import reference, stages
+from adapters import Implementation, LocalBackend, load_stage_module
+from cases import mha_shapes, qkv_shapes, random_weights
+
+from .kit import FIXTURES, SOLUTIONS, stages
 
 BOOK_SEED_V1, BOOK_SEED_V2, BOOK_SEED_MODULES = 123, 789, 123
 JOURNEY = np.array(
@@ -66,35 +68,9 @@ def rng(seed):
     return np.random.default_rng(seed)
 
 
-def uniform(r, *shape, scale=1.0):
-    return (r.uniform(-scale, scale, size=shape)).astype(np.float32)
-
-
-def linear_weights(r, name, d_in, d_out, bias):
-    """A nn.Linear(d_in, d_out) state: weight (d_out, d_in), bias (d_out,)."""
-    scale = 1 / np.sqrt(d_in)
-    weights = {f"{name}.weight": uniform(r, d_out, d_in, scale=scale)}
-    if bias:
-        weights[f"{name}.bias"] = uniform(r, d_out, scale=scale)
-    return weights
-
-
-def qkv_weights(r, d_in, d_out, bias, prefix=""):
-    w = {}
-    for name in ("W_query", "W_key", "W_value"):
-        w.update(linear_weights(r, prefix + name, d_in, d_out, bias))
-    return w
-
-
-def mha_weights(r, d_in, d_out, bias):
-    return {**qkv_weights(r, d_in, d_out, bias), **linear_weights(r, "out_proj", d_out, d_out, True)}
-
-
 def book_state(module, cls, seed, *args, **kwargs):
     """The weights the book's code draws: torch.manual_seed(seed), then the reference constructor."""
-    from .kit import adapters
-
-    mod = adapters().load_stage_module(reference().backend.root, module)
+    mod = load_stage_module(SOLUTIONS, module)
     torch.manual_seed(seed)
     model = getattr(mod, cls)(*args, **kwargs)
     return {k: v.numpy().copy() for k, v in model.state_dict().items() if k in dict(model.named_parameters())}
@@ -161,7 +137,8 @@ def s04_trainable_projections(ref, public, hidden):
         keys = out.add(f"{prefix}keys", s.project(inputs, W_k), "keys inputs @ W_key")
         values = out.add(f"{prefix}values", s.project(inputs, W_v), "values inputs @ W_value")
         scores = out.add(f"{prefix}attn_scores", s.scores_for_query(query, keys), "unscaled scores of the query")
-        weights = out.add(f"{prefix}attn_weights", s.scaled_weights(scores, keys.shape[-1]), "softmax(scores / sqrt(d_k))")
+        weights = out.add(f"{prefix}attn_weights", s.scaled_weights(scores, keys.shape[-1]),
+                          "softmax(scores / sqrt(d_k))")
         out.add(f"{prefix}context_vec", s.context_for_query(weights, values), "weighted sum of the values")
 
     public.add("inputs", JOURNEY, "the journey embeddings (6, 3)")
@@ -170,7 +147,8 @@ def s04_trainable_projections(ref, public, hidden):
     case(public, "", JOURNEY, *book, query_index=1)
     r = rng(400)
     x = hidden.add("inputs", r.normal(size=(7, 5)), "random inputs (7, 5)")
-    case(hidden, "", x, *(uniform(r, 5, 4) for _ in range(3)), query_index=4)
+    case(hidden, "", x, *random_weights(r, {n: (5, 4) for n in ("W_q", "W_k", "W_v")}, bound=1.0).values(),
+         query_index=4)
 
 
 def s05_self_attention(ref, public, hidden):
@@ -178,15 +156,19 @@ def s05_self_attention(ref, public, hidden):
     public.add("inputs", JOURNEY, "the journey embeddings (6, 3)")
     v1 = public.add_weights("v1/", book_state("s05_self_attention", "SelfAttention_v1", BOOK_SEED_V1, 3, 2),
                             "SelfAttention_v1(3, 2) after torch.manual_seed(123)")
-    public.add("v1/output", s.forward("SelfAttention_v1", dict(d_in=3, d_out=2), JOURNEY, v1), "SelfAttention_v1 output")
+    public.add("v1/output", s.forward("SelfAttention_v1", dict(d_in=3, d_out=2), JOURNEY, v1),
+               "SelfAttention_v1 output")
     v2 = public.add_weights("v2/", book_state("s05_self_attention", "SelfAttention_v2", BOOK_SEED_V2, 3, 2),
                             "SelfAttention_v2(3, 2) after torch.manual_seed(789)")
-    public.add("v2/output", s.forward("SelfAttention_v2", dict(d_in=3, d_out=2), JOURNEY, v2), "SelfAttention_v2 output")
+    public.add("v2/output", s.forward("SelfAttention_v2", dict(d_in=3, d_out=2), JOURNEY, v2),
+               "SelfAttention_v2 output")
     r = rng(500)
     x = hidden.add("inputs", r.normal(size=(7, 5)), "random inputs (7, 5)")
-    v1 = hidden.add_weights("v1/", {n: uniform(r, 5, 3) for n in ("W_query", "W_key", "W_value")}, "SelfAttention_v1(5, 3)")
+    v1 = hidden.add_weights("v1/", random_weights(r, {n: (5, 3) for n in ("W_query", "W_key", "W_value")}, bound=1.0),
+                            "SelfAttention_v1(5, 3)")
     hidden.add("v1/output", s.forward("SelfAttention_v1", dict(d_in=5, d_out=3), x, v1), "SelfAttention_v1 output")
-    v2 = hidden.add_weights("v2/", qkv_weights(r, 5, 3, bias=True), "SelfAttention_v2(5, 3, qkv_bias=True)")
+    v2 = hidden.add_weights("v2/", random_weights(r, qkv_shapes(5, 3, bias=True)),
+                            "SelfAttention_v2(5, 3, qkv_bias=True)")
     hidden.add("v2/output", s.forward("SelfAttention_v2", dict(d_in=5, d_out=3, qkv_bias=True), x, v2),
                "SelfAttention_v2 output with biases")
 
@@ -223,7 +205,7 @@ def s08_causal_attention(ref, public, hidden):
         r = rng(800 + i)
         init = dict(d_in=d_in, d_out=d_out, context_length=ctx, dropout=0.0, qkv_bias=bias)
         module_case(hidden, f"case{i}/", s, "CausalAttention", init, r.normal(size=(b, t, d_in)),
-                    qkv_weights(r, d_in, d_out, bias), "CausalAttention")
+                    random_weights(r, qkv_shapes(d_in, d_out, bias)), "CausalAttention")
 
 
 def s09_multihead_wrapper(ref, public, hidden):
@@ -233,9 +215,10 @@ def s09_multihead_wrapper(ref, public, hidden):
     module_case(public, "", s, "MultiHeadAttentionWrapper", init, BATCH, book, "wrapper with 2 heads at seed 123")
     r = rng(900)
     init = dict(d_in=5, d_out=2, context_length=8, dropout=0.0, num_heads=3, qkv_bias=True)
-    weights = {}
+    shapes = {}
     for h in range(3):
-        weights.update(qkv_weights(r, 5, 2, True, prefix=f"heads.{h}."))
+        shapes.update(qkv_shapes(5, 2, True, prefix=f"heads.{h}."))
+    weights = random_weights(r, shapes)
     module_case(hidden, "case0/", s, "MultiHeadAttentionWrapper", init, r.normal(size=(2, 5, 5)), weights, "wrapper")
 
 
@@ -249,14 +232,15 @@ def s10_multihead_attention(ref, public, hidden):
     s = ref.stage("s10_multihead_attention")
     init = dict(d_in=3, d_out=2, context_length=6, dropout=0.0, num_heads=2)
     book = book_state("s10_multihead_attention", "MultiHeadAttention", BOOK_SEED_MODULES, **init)
-    module_case(public, "", s, "MultiHeadAttention", init, BATCH, book, "MultiHeadAttention(3, 2, 6, 0.0, 2) at seed 123")
+    module_case(public, "", s, "MultiHeadAttention", init, BATCH, book,
+                "MultiHeadAttention(3, 2, 6, 0.0, 2) at seed 123")
     a = public.add("a", HEADS_EXAMPLE, "example (b, num_heads, num_tokens, head_dim) = (1, 2, 3, 4) tensor")
     public.add("a_scores", s.batched_head_scores(a), "a @ a.transpose(2, 3)")
     for i, (b, t, d_in, d_out, ctx, heads, bias) in enumerate(MHA_HIDDEN):
         r = rng(1000 + i)
         init = dict(d_in=d_in, d_out=d_out, context_length=ctx, dropout=0.0, num_heads=heads, qkv_bias=bias)
         module_case(hidden, f"case{i}/", s, "MultiHeadAttention", init, r.normal(size=(b, t, d_in)),
-                    mha_weights(r, d_in, d_out, bias), "MultiHeadAttention")
+                    random_weights(r, mha_shapes(d_in, d_out, bias)), "MultiHeadAttention")
     a = hidden.add("a", r.normal(size=(2, 3, 5, 4)), "random (2, 3, 5, 4) heads tensor")
     hidden.add("a_scores", s.batched_head_scores(a), "a @ a.transpose(2, 3)")
 
@@ -275,11 +259,12 @@ def s11_other_forms(ref, public, hidden):
                         "MultiHeadAttentionPerHead")
 
     init = dict(d_in=3, d_out=2, context_length=6, dropout=0.0, num_heads=2)
-    case(public, "", init, BATCH, book_state("s10_multihead_attention", "MultiHeadAttention", BOOK_SEED_MODULES, **init))
+    book = book_state("s10_multihead_attention", "MultiHeadAttention", BOOK_SEED_MODULES, **init)
+    case(public, "", init, BATCH, book)
     for i, (b, t, d_in, d_out, ctx, heads, bias) in enumerate(MHA_HIDDEN):
         r = rng(1100 + i)
         init = dict(d_in=d_in, d_out=d_out, context_length=ctx, dropout=0.0, num_heads=heads, qkv_bias=bias)
-        case(hidden, f"case{i}/", init, r.normal(size=(b, t, d_in)), mha_weights(r, d_in, d_out, bias))
+        case(hidden, f"case{i}/", init, r.normal(size=(b, t, d_in)), random_weights(r, mha_shapes(d_in, d_out, bias)))
 
 
 GENERATORS = {f.__name__: f for f in (
@@ -293,7 +278,7 @@ NO_FIXTURE = {"s07_dropout": "dropout is tested by its properties; stored masks 
 def generate(out_dir: Path = FIXTURES) -> dict:
     """Write every fixture file and manifest.json into out_dir; return the manifest."""
     out_dir = Path(out_dir)
-    ref = reference()
+    ref = Implementation(LocalBackend(SOLUTIONS))
     manifest = {
         "generator": "grader.fixtures.generate (attnkit fixtures), from solutions/",
         "torch": torch.__version__,

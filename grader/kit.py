@@ -1,41 +1,25 @@
-"""Access to the kit's own files: the stage list and the tests' adapter module."""
+"""The kit's files, and its stages in teaching order."""
 from __future__ import annotations
 
-import importlib.util
-import re
-import sys
-from functools import cache
+from pathlib import Path
 
-from . import SOLUTIONS, TESTS
+from stage_names import marker, module_files, stage_of, stage_test_file
 
-STAGE = re.compile(r"^(s\d\d)_(\w+)\.py$")
+KIT = Path(__file__).resolve().parent.parent
+SOLUTIONS = KIT / "solutions"  # the reference implementation
+EXERCISES = KIT / "exercises"  # the stubs learners start from (attnkit stubs writes them)
+FIXTURES = KIT / "fixtures"  # stored arrays: public/ ships to students, hidden/ never does
+SUITE = KIT / "tests"  # the graded suite: stage tests and their support modules
+
+__all__ = ["KIT", "SOLUTIONS", "EXERCISES", "FIXTURES", "SUITE", "marker", "stage_of", "stages", "suite_files",
+           "stage_test_file"]
 
 
 def stages() -> list[str]:
     """Stage module names in teaching order (s01_attention_scores, ...), from solutions/."""
-    return sorted(p.stem for p in SOLUTIONS.glob("s[0-9][0-9]_*.py"))
+    return [path.stem for path in module_files(SOLUTIONS)]
 
 
-def marker(stage: str) -> str:
-    """The pytest marker of a stage: its name without the sNN_ prefix."""
-    return stage.split("_", 1)[1]
-
-
-@cache
-def adapters():
-    """tests/adapters.py, the single door from tests to an implementation."""
-    path = TESTS / "adapters.py"
-    loaded = sys.modules.get("adapters")
-    if loaded is not None and getattr(loaded, "__file__", None) == str(path):
-        return loaded  # already imported by the tests' conftest: share its classes
-    spec = importlib.util.spec_from_file_location("adapters", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("adapters", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def reference():
-    """The reference solutions, reached through the adapter like any implementation."""
-    a = adapters()
-    return a.Implementation(a.LocalBackend(SOLUTIONS))
+def suite_files() -> list[Path]:
+    """The graded suite's test files, one per stage, in teaching order."""
+    return [SUITE / stage_test_file(stage) for stage in stages()]

@@ -13,13 +13,15 @@ with a backstop on the whole run.
 Every code cell is locked (nbgrader restores it from the source at grading
 time). Demo and check cells do nothing when nbgrader executes the notebook
 (it sets NBGRADER_EXECUTION), so grading never imports learner code into the
-kernel; the autograder cells hand the submission folder to
-``grader.autograde.grade_stage``, which runs the suite in a child process.
+kernel; the autograder cells grade the submission folder through
+``grader.cells.Grading``, which runs the suite in a grading worker process.
 """
 from __future__ import annotations
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from stage_names import MODULE
 
 from .kit import marker
 
@@ -68,7 +70,7 @@ TIME_LIMIT = __TIME_LIMIT__  # seconds: a demo, or one check, still running then
 # A backstop for check(), in case a check's own limit cannot fire: pytest's start, the stage's checks
 # and one that runs out of time fit well within this.
 CHECKS_TIME_LIMIT = 60 + 3 * TIME_LIMIT
-STAGE_MODULE = re.compile(r"s\\d\\d_\\w+")
+STAGE_MODULE = re.compile(__STAGE_MODULE__)
 if not GRADING:
     sys.path.insert(0, os.getcwd())  # import the stage modules from this folder
 
@@ -420,23 +422,27 @@ def _meta(grade_id, *, grade=False, points=None):
 
 
 def grade_source(stage: str, number: int, points: float, test_timeout: float, time_budget: float | None = None) -> str:
+    """An autograder cell. The first grades the submission (grader.cells.Grading); each reports its stage."""
     m = marker(stage)
     budget = f", time_budget={time_budget!r}" if time_budget is not None else ""
+    grading = f"from grader.cells import Grading\ngrading = Grading(test_timeout={test_timeout!r}{budget})\n"
     return (
         f"# Autograder cell: stage {number}, {m} ({points:g} points).\n"
         f"# Graded with the public and hidden tests when you submit; the verdicts appear here in\n"
         f"# your feedback. To check your work now, run check({m!r}) or `pytest -m {m}`.\n"
         "### BEGIN HIDDEN TESTS\n"
-        "from grader.autograde import grade_stage\n"
-        f"grade_stage({m!r}, points={points!r}, test_timeout={test_timeout!r}{budget})\n"
+        f"{grading if number == 1 else ''}"
+        f"grading.stage({m!r}, points={points!r})\n"
         "### END HIDDEN TESTS"
     )
 
 
-def build_notebook(points: dict[str, float], test_timeout: float, time_budget: float | None = None) -> nbformat.NotebookNode:
+def build_notebook(points: dict[str, float], test_timeout: float,
+                   time_budget: float | None = None) -> nbformat.NotebookNode:
     """The source notebook; ``points`` maps each stage module name to its points (teaching order);
     ``test_timeout`` and ``time_budget`` are the course's time limits (see grader.sandbox.Limits)."""
-    setup = SETUP.replace("__TIME_LIMIT__", repr(float(test_timeout)))
+    setup = (SETUP.replace("__TIME_LIMIT__", repr(float(test_timeout)))
+             .replace("__STAGE_MODULE__", f'r"{MODULE.pattern}"'))
     cells = [new_markdown_cell(INTRO), new_code_cell(setup, metadata=_meta("setup"))]
     for number, (stage, stage_points) in enumerate(points.items(), start=1):
         m = marker(stage)

@@ -189,15 +189,6 @@ def summarize(results: list[dict], gradebook: dict | None = None, assignment: st
                        {k: stages[k] for k in order}, students, limits, mismatches)
 
 
-def limit_table(report: ClassReport) -> list[tuple[str, list[tuple[str, str]]]]:
-    """Students who hit limits: [(student, [(stage, kind), ...])], one (stage, kind) per stage and kind."""
-    seen = defaultdict(list)
-    for lim in report.limits:
-        if (lim.stage, lim.kind) not in seen[lim.student]:
-            seen[lim.student].append((lim.stage, lim.kind))
-    return sorted(seen.items())
-
-
 # ---------------------------------------------------------------- plots
 
 def _pyplot():
@@ -348,7 +339,8 @@ def render_html(report: ClassReport, images: dict) -> str:
     parts.append("<h2 id=scores>Scores per stage</h2>")
     if images.get("scores"):
         parts.append(f"<img src='{_e(images['scores'])}' alt='histograms of the score per stage'>")
-    rows = [[s.stage, f"{s.max_points:g}", f"{s.mean:.2f}", f"{(s.mean / s.max_points * 100) if s.max_points else 0:.0f} %",
+    rows = [[s.stage, f"{s.max_points:g}", f"{s.mean:.2f}",
+             f"{(s.mean / s.max_points * 100) if s.max_points else 0:.0f} %",
              f"{s.median:g}", s.full_marks, s.zero, sum(s.mistakes.values())] for s in report.stages.values()]
     parts.append(_table(["stage", "max", "mean", "mean %", "median", "full marks", "zero", "mistakes named"],
                         rows, numeric={1, 2, 3, 4, 5, 6, 7}))

@@ -6,7 +6,7 @@ One JSON file per student, ``<out>/<student>.json`` (``<out>`` is
     {"schema": 1,
      "student": "alice", "assignment": "attention",
      "submission": "/abs/path/of/the/submission/folder",
-     "fingerprint": "<sha256 hex of the stage modules' names and contents>",
+     "fingerprint": "<sha256 hex of the graded modules' names and contents>",   # grader.submission
      "seed": 123,              # the seed of the randomized hidden cases (from the fingerprint)
      "graded_at": "2026-01-31T12:00:00+00:00",   # ISO 8601, UTC
      "seconds": 0.41,          # grading time of this submission in its worker
@@ -41,25 +41,16 @@ import csv
 import io
 import json
 import os
-import re
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .autograde import TIME_LIMIT, seed_of, stage_score, submission_fingerprint
 from .kit import marker
+from .scoring import limit_of, mistakes, stage_score
+from .submission import seed_of
 
 SCHEMA = 1
 GRADES_DIR = "attnkit-grades"  # in an nbgrader course: GRADES_DIR/<assignment>/<student>.json
-MISTAKE = re.compile(r"Likely mistake:\s*(.*?)(?=\nLikely mistake:|\Z)", re.S)
-LIMITS = [  # (limit, what its message says), checked in this order
-    ("budget", re.compile(r"time budget of this submission ran out")),
-    ("memory", re.compile(r"memory limit of")),
-    ("time", TIME_LIMIT),
-    ("crash", re.compile(r"died with signal|sandbox process died unexpectedly")),
-    ("exit", re.compile(r"exited with code \S+ before answering")),
-    ("output", re.compile(r"answer could not be read: a result of")),
-]
 
 
 def results_dir(course_root, assignment: str) -> Path:
@@ -67,24 +58,12 @@ def results_dir(course_root, assignment: str) -> Path:
     return Path(course_root) / GRADES_DIR / assignment
 
 
-def mistakes(message: str) -> list[str]:
-    return [m.strip() for m in MISTAKE.findall(message or "") if m.strip()]
-
-
-def limit_of(message: str, output_capped: bool = False) -> str | None:
-    for name, pattern in LIMITS:
-        if pattern.search(message or ""):
-            return name
-    return "output" if output_capped else None
-
-
-def build(*, student, assignment, submission, tests, points, seconds, output_capped=(), seed=None,
+def build(*, student, assignment, submission, fingerprint, tests, points, seconds, output_capped=(),
           confinement=None) -> dict:
-    """The record of one graded submission. ``tests`` are run_suite's test entries (nodeid, stage,
-    marker, label, outcome, message); ``points`` maps stage modules to their points, in order;
-    ``output_capped``: nodeids during which the learner's output was truncated."""
+    """The record of one graded submission. ``tests`` are its checks' verdicts (grader.scoring);
+    ``points`` maps stage modules to their points, in order; ``output_capped``: nodeids during which
+    the learner's output was truncated."""
     submission = Path(submission).resolve()
-    fingerprint = submission_fingerprint(submission)
     capped = set(output_capped)
     stages = []
     for stage, max_points in points.items():
@@ -103,7 +82,7 @@ def build(*, student, assignment, submission, tests, points, seconds, output_cap
     return {
         "schema": SCHEMA, "student": student, "assignment": assignment, "submission": str(submission),
         "fingerprint": fingerprint,
-        "seed": seed_of(fingerprint) if seed is None else seed,
+        "seed": seed_of(fingerprint),
         "graded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(seconds, 3),
         "confinement": confinement,

@@ -1,8 +1,10 @@
-"""Sample submissions for ``attnkit demo`` and the nbgrader end-to-end test.
+"""Submissions made from the kit's own modules: the demo's samples, and the one way to make them.
 
-Each sample is the reference solutions (or the untouched stubs) with a few small source edits,
-the way real mistakes look. ``breaks`` names the stages the sample should lose points on; every
-other stage must get full marks.
+A made-up submission is the reference solutions (or the untouched stubs) with a few small source
+edits, the way real mistakes look (``edited``), written out as a folder of stage modules
+(``write_modules``). The samples below are graded by ``attnkit demo`` and the kit's tests; the
+kit's tests also build their catalogue of mistakes and their tamper corpus this way.
+``breaks`` names the stages a sample should lose points on; every other stage must get full marks.
 """
 from __future__ import annotations
 
@@ -10,8 +12,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import EXERCISES, SOLUTIONS
-from .kit import stages
+from .kit import EXERCISES, SOLUTIONS, stages
 
 
 @dataclass(frozen=True)
@@ -19,8 +20,21 @@ class Sample:
     student: str  # an nbgrader student id (no underscores: zip_collect splits on the first one)
     description: str
     base: str = "solutions"  # or "exercises"
-    edits: dict = field(default_factory=dict)  # stage module -> [(old, new), ...], each old must occur
+    edits: dict = field(default_factory=dict)  # stage module -> [(old, new), ...] (see ``edited``)
     breaks: tuple = ()  # markers of the stages this sample should lose points on ("*": all)
+
+    @property
+    def base_folder(self) -> Path:
+        return SOLUTIONS if self.base == "solutions" else EXERCISES
+
+    def modules(self) -> dict[str, str]:
+        """The sample's edited modules (stage module -> source); the others are its base's."""
+        return {stage: edited((self.base_folder / f"{stage}.py").read_text(), edits, f"{self.student}/{stage}")
+                for stage, edits in self.edits.items()}
+
+    def write(self, dest: Path) -> Path:
+        """The sample's stage modules in folder ``dest`` (created if needed)."""
+        return write_modules(dest, self.base_folder, self.modules())
 
 
 SAMPLES = [
@@ -35,7 +49,9 @@ SAMPLES = [
     ),
     Sample(
         "no-scaling", "forgot to divide the scores by sqrt(d_k)",
-        edits={"s04_trainable_projections": [("torch.softmax(scores / d_k**0.5, dim=-1)", "torch.softmax(scores, dim=-1)")]},
+        edits={"s04_trainable_projections": [
+            ("torch.softmax(scores / d_k**0.5, dim=-1)", "torch.softmax(scores, dim=-1)"),
+        ]},
         breaks=("trainable_projections",),
     ),
     Sample(
@@ -51,7 +67,7 @@ SAMPLES = [
         edits={"s10_multihead_attention": [(
             ".view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)",
             ".view(b, self.num_heads, num_tokens, self.head_dim)",
-        )] * 3},
+        )]},
         breaks=("multihead_attention",),
     ),
     Sample(
@@ -92,23 +108,27 @@ def by_student(student: str) -> Sample:
     raise KeyError(student)
 
 
-def apply_edits(text: str, edits, where: str) -> str:
+def edited(text: str, edits, where: str) -> str:
+    """``text`` with every occurrence of each ``old`` replaced by its ``new``, edit after edit. An edit
+    whose ``old`` does not occur is an error: the module it was written for has changed."""
     for old, new in edits:
         if old not in text:
-            raise ValueError(f"sample edit for {where} no longer applies (the solution changed): {old!r}")
-        text = text.replace(old, new, 1)
+            raise ValueError(f"an edit for {where} no longer applies (the module changed): {old!r}")
+        text = text.replace(old, new)
     return text
 
 
-def write_modules(sample: Sample, dest: Path) -> Path:
-    """Write the sample's stage modules into ``dest`` (created if needed)."""
+def write_modules(dest: Path, base: Path = SOLUTIONS, replaced: dict | None = None) -> Path:
+    """Every stage module of ``base`` into folder ``dest`` (created if needed), those named in
+    ``replaced`` (stage module -> source) replaced by theirs."""
+    replaced = dict(replaced or {})
+    unknown = set(replaced) - set(stages())
+    if unknown:
+        raise ValueError(f"not stage modules: {sorted(unknown)}")
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    base = SOLUTIONS if sample.base == "solutions" else EXERCISES
     for stage in stages():
-        text = (base / f"{stage}.py").read_text()
-        if stage in sample.edits:
-            text = apply_edits(text, sample.edits[stage], f"{sample.student}/{stage}")
+        text = replaced[stage] if stage in replaced else (base / f"{stage}.py").read_text()
         (dest / f"{stage}.py").write_text(text)
     return dest
 
@@ -119,4 +139,4 @@ def write_submission(sample: Sample, release: Path, dest: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(release, dest)
-    return write_modules(sample, dest)
+    return sample.write(dest)

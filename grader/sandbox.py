@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
-import re
 import secrets
 import select
 import shutil
@@ -60,14 +60,19 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from . import FIXTURES, KIT, SOLUTIONS, TESTS, cgroups, scratch
+from stage_names import is_stage_module
+
+from . import cgroups, scratch
 from .cgroups import BoxGroup
-from .kit import adapters
+from .kit import FIXTURES, KIT, SOLUTIONS, SUITE
 from .sandbox_child import CONTROL_BYTES, LENGTH, ProtocolError, decode, encode, pack
+from .submission import sources
 
 CHILD_SCRIPT = Path(__file__).with_name("sandbox_child.py")
-STAGE_FILE = re.compile(r"^s\d\d_\w+\.py$")
-MAX_MODULE_BYTES = 1 << 20  # a stage module larger than this is not copied
+# What a box imports besides the standard library, NumPy and torch: the adapter, and the stage
+# names it reads. Found, not imported: the adapter imports torch, which this process need not.
+RUNTIME_MODULES = [Path(importlib.util.find_spec(name).origin) for name in ("adapters", "stage_names")]
+TEST_TIMEOUT = 10.0  # CPU seconds one check may use, unless a course or a run says otherwise
 MAX_HEADER_BYTES = 1 << 20  # an answer's JSON (arrays travel as blobs beside it)
 MESSAGE_CHARS = 4000  # of an error message or traceback from a box, kept
 UID_RANGE = (1_500_000_000, 2_100_000_000)  # fresh uids for boxes (no real user lives there)
@@ -91,7 +96,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 class Limits:
     """What one submission may use. Times are CPU seconds of the learner's processes."""
 
-    check_seconds: float = 10.0  # one check (one test)
+    check_seconds: float = TEST_TIMEOUT  # one check (one test)
     budget_seconds: float | None = None  # the whole submission; None: BUDGET_CHECKS x check_seconds
     memory_bytes: int = 4 << 30  # address space of each process
     output_bytes: int = 1 << 20  # kept of what the learner prints (the rest is counted and dropped)
@@ -110,6 +115,12 @@ class Limits:
     @property
     def budget_wall(self) -> float:
         return WALL_FACTOR * self.budget
+
+    @property
+    def run_wall(self) -> float:
+        """Wall-clock limit of grading one whole submission, a backstop: the learner's time is bounded
+        by the budget; add a restart of the sandbox and the trusted side's own work."""
+        return self.budget_wall + START_SECONDS + 120
 
     def for_box(self, mode) -> dict:
         # RLIMIT_NPROC counts the processes of a uid (in its user namespace): without a box of
@@ -344,17 +355,6 @@ class _Capture:
 
 # ---------------------------------------------------------------- the template
 
-def submission_sources(root) -> dict[str, bytes]:
-    """The stage modules of folder ``root`` a box may see: regular files named sNN_topic.py of
-    at most MAX_MODULE_BYTES. Symlinks are not followed (one could point at the solutions)."""
-    sources = {}
-    for path in sorted(Path(root).iterdir()):
-        if STAGE_FILE.match(path.name) and path.is_file() and not path.is_symlink():
-            if path.stat().st_size <= MAX_MODULE_BYTES:
-                sources[path.name] = path.read_bytes()
-    return sources
-
-
 @dataclass
 class _Box:
     """This process's side of one box."""
@@ -468,7 +468,8 @@ class Sandbox:
         for name in ("runtime", "incoming", "newroot", "tmp"):
             (root / name).mkdir()
         shutil.copyfile(CHILD_SCRIPT, root / "runtime" / "sandbox_child.py")
-        shutil.copyfile(TESTS / "adapters.py", root / "runtime" / "adapters.py")  # (not imported here: torch)
+        for module in RUNTIME_MODULES:
+            shutil.copyfile(module, root / "runtime" / module.name)
         for path in [root, *root.rglob("*")]:
             if path.name != scratch.LOCK:  # the boxes' uids may pass through, read the runtime, list nothing
                 path.chmod((0o711 if path.name in (root.name, "incoming") else 0o755) if path.is_dir() else 0o644)
@@ -479,7 +480,7 @@ class Sandbox:
             "runtime_host": str(root / "runtime"),
             "incoming_host": str(root / "incoming"),
             "runtime": "/sandbox/runtime" if confined else str(root / "runtime"),
-            "secrets": [str(p) for p in (KIT, SOLUTIONS, TESTS, FIXTURES)],
+            "secrets": [str(p) for p in (KIT, SOLUTIONS, SUITE, FIXTURES)],
             "drop": {"namespaces": "uid", "userns": "userns"}.get(mode),
         }
         command = [*_unshare(mode), sys.executable, "-I", str(root / "runtime" / "sandbox_child.py"),
@@ -556,7 +557,9 @@ class Sandbox:
         with self._lock:
             confinement = self.start()
             token = secrets.token_hex(8)
-            uid = secrets.randbelow(UID_RANGE[1] - UID_RANGE[0]) + UID_RANGE[0] if confinement.mode == "namespaces" else None
+            uid = None
+            if confinement.mode == "namespaces":
+                uid = secrets.randbelow(UID_RANGE[1] - UID_RANGE[0]) + UID_RANGE[0]
             incoming = self._folder.path / "incoming" / token
             incoming.mkdir(mode=0o700)
             for name, data in sources.items():
@@ -767,10 +770,12 @@ class IsolatedBackend:
     def __init__(self, root, limits: Limits | None = None, *, sandbox: Sandbox | None = None, confine=None):
         self.root = Path(root).resolve()
         self.limits = limits or Limits()
-        self.sources = submission_sources(self.root)
+        self.sources = sources(self.root)
         self.sandbox = sandbox or Sandbox(confine=confine)
         self._own_sandbox = sandbox is None
-        self.adapters = adapters()
+        import adapters  # (torch: imported where a backend is made, not where the sandbox is merely named)
+
+        self.adapters = adapters
         self.stats = {"boxes": 0, "workers": 0, "stages": 0, "leaving": {}, "dropped_output": {},
                       "cpu_seconds": 0.0, "wall_seconds": 0.0}
         self.last_output = {"stdout": "", "stderr": ""}
@@ -863,7 +868,7 @@ class IsolatedBackend:
         a = self.adapters
         if op not in a.OPS:
             raise KeyError(op)
-        if not a.STAGE_MODULE.match(module):
+        if not is_stage_module(module):
             raise ValueError(f"{module!r} is not a stage module name (sNN_topic)")
         blobs = []
         value = encode(kwargs, blobs)

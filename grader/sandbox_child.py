@@ -404,7 +404,7 @@ def main():
             lib.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.chdir("/")
-        import numpy.random  # noqa: F401  (imported once here, shared by every box)
+        import numpy.random
         import torch
 
         torch.set_num_threads(1)  # (the environment says so too: see ONE_THREAD in grader/sandbox.py)
@@ -520,7 +520,9 @@ def warm_up(torch, np):
                     torch.cat([out, out], dim=-1)
                     model(x).detach().cpu().float().numpy()
             model.to(device="cpu", dtype=torch.bfloat16)(x.to(torch.bfloat16)).detach().float().numpy()
-            list(model.named_parameters(remove_duplicate=False)), list(model.named_buffers()), list(model.named_modules())
+            list(model.named_parameters(remove_duplicate=False))
+            list(model.named_buffers())
+            list(model.named_modules())
     except Exception:
         pass  # only a head start: the workers do the same work anyway
     finally:

@@ -65,7 +65,8 @@ def sweep(root: Path | None = None) -> list[Path]:
     root = Path(root or tempfile.gettempdir())
     removed = []
     try:
-        entries = [p for p in root.iterdir() if p.name.startswith((PREFIX, STAGING)) and p.is_dir() and not p.is_symlink()]
+        entries = [p for p in root.iterdir()
+                   if p.name.startswith((PREFIX, STAGING)) and p.is_dir() and not p.is_symlink()]
     except OSError:
         return removed
     for folder in entries:

@@ -8,18 +8,19 @@ comment lines right above each region say what the region does:
         ...
         ### END SOLUTION
 
-In the stub, that comment becomes the TODO and the region becomes a raise:
+In the stub, that comment becomes the TODO and the region a raise that points at it:
 
         # TODO: Project, score every query against every key, scale, softmax, mix the values.
-        raise NotImplementedError("s05_self_attention: SelfAttention_v1.forward: Project, ...")
+        raise NotImplementedError("s05_self_attention: SelfAttention_v1.forward: see its TODO")
 """
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from . import EXERCISES, SOLUTIONS
-from .kit import stages
+from stage_names import module_files
+
+from .kit import EXERCISES, SOLUTIONS, stages
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
@@ -71,8 +72,7 @@ def make_stub(source: str, stage: str) -> str:
         where = qualnames.get(i + 1, "module")
         out.append(f"{indent}# TODO: {task[0]}")
         out.extend(f"{indent}#       {more}" for more in task[1:])
-        message = f"{stage}: {where}: {' '.join(task)}"
-        out.append(f"{indent}raise NotImplementedError({message!r})")
+        out.append(f'{indent}raise NotImplementedError("{stage}: {where}: see its TODO")')
         i = end + 1
     return "\n".join(out) + "\n"
 
@@ -95,6 +95,7 @@ def write_exercises(dest: Path = EXERCISES) -> list[Path]:
 def out_of_sync(dest: Path = EXERCISES) -> list[str]:
     """Names of exercise files that differ from what solutions/ implies (or are missing/extra)."""
     expected = expected_exercises()
-    present = {p.name for p in Path(dest).glob("s[0-9][0-9]_*.py")}
-    stale = [n for n, text in expected.items() if not (Path(dest) / n).is_file() or (Path(dest) / n).read_text() != text]
+    present = {p.name for p in module_files(dest)}
+    stale = [n for n, text in expected.items()
+             if not (Path(dest) / n).is_file() or (Path(dest) / n).read_text() != text]
     return sorted(stale + sorted(present - set(expected)))

@@ -6,7 +6,6 @@ concatenated along the feature dimension.
 """
 import torch
 import torch.nn as nn
-
 from s08_causal_attention import CausalAttention
 
 

@@ -45,16 +45,20 @@ class MultiHeadAttentionCombinedQKV(nn.Module):
         qkv = self.W_qkv(x)  # (b, num_tokens, 3 * d_out)
         queries, keys, values = qkv.split(self.d_out, dim=2)  # each (b, num_tokens, d_out)
 
-        # (b, num_tokens, d_out) -> (b, num_heads, num_tokens, head_dim)
+        # (b, num_tokens, d_out) -> (b, num_tokens, num_heads, head_dim) -> (b, num_heads, num_tokens, head_dim)
         queries = queries.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
         keys = keys.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
         values = values.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
 
-        attn_scores = queries @ keys.transpose(-2, -1) / self.head_dim**0.5
-        attn_scores = attn_scores.masked_fill(self.mask[:, :, :num_tokens, :num_tokens].bool(), -torch.inf)
-        attn_weights = self.dropout(torch.softmax(attn_scores, dim=-1))
+        attn_scores = queries @ keys.transpose(2, 3)  # (b, num_heads, num_tokens, num_tokens)
+        # The (1, 1, T, T) buffer broadcasts over batch and heads; cut it to this batch's length.
+        mask_bool = self.mask.bool()[:, :, :num_tokens, :num_tokens]
+        attn_scores = attn_scores.masked_fill(mask_bool, -torch.inf)
+        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
+        attn_weights = self.dropout(attn_weights)
 
-        context_vec = (attn_weights @ values).transpose(1, 2).reshape(b, num_tokens, self.d_out)
+        context_vec = (attn_weights @ values).transpose(1, 2)  # (b, num_tokens, num_heads, head_dim)
+        context_vec = context_vec.contiguous().view(b, num_tokens, self.d_out)
         return self.out_proj(context_vec)
         ### END SOLUTION
 
@@ -82,14 +86,18 @@ class Head(nn.Module):
         ### END SOLUTION
 
     def forward(self, x):
-        # Compute scaled, causally masked attention for this head alone.
+        # Compute scaled, causally masked attention for this head alone, as CausalAttention does.
         ### BEGIN SOLUTION
-        num_tokens = x.shape[1]
-        queries, keys, values = self.W_query(x), self.W_key(x), self.W_value(x)
-        # Multiplying by head_dim ** -0.5 is the same scaling as dividing by sqrt(head_dim).
-        attn_scores = queries @ keys.transpose(-2, -1) * keys.shape[-1] ** -0.5
-        attn_scores = attn_scores.masked_fill(self.mask[:num_tokens, :num_tokens].bool(), -torch.inf)
-        attn_weights = self.dropout(torch.softmax(attn_scores, dim=-1))
+        b, num_tokens, d_in = x.shape
+        queries = self.W_query(x)  # (b, num_tokens, head_dim)
+        keys = self.W_key(x)
+        values = self.W_value(x)
+
+        attn_scores = queries @ keys.transpose(1, 2)  # (b, num_tokens, num_tokens)
+        mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
+        attn_scores = attn_scores.masked_fill(mask_bool, -torch.inf)
+        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
+        attn_weights = self.dropout(attn_weights)
         return attn_weights @ values  # (b, num_tokens, head_dim)
         ### END SOLUTION
 

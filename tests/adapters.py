@@ -19,14 +19,13 @@ likes as long as it uses the documented names and shapes.
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-STAGE_MODULE = re.compile(r"^s\d\d_\w+$")
+from stage_names import is_stage_module
 
 
 class SubmissionError(Exception):
@@ -69,7 +68,7 @@ def to_plain(value, what):
 
 def load_stage_module(root: Path, name: str):
     """Import ``root/name.py`` afresh, with its sibling stage modules taken from ``root`` too."""
-    if not STAGE_MODULE.match(name):
+    if not is_stage_module(name):
         raise ValueError(f"{name!r} is not a stage module name (sNN_topic)")
     path = Path(root) / f"{name}.py"
     if not path.is_file():
@@ -108,7 +107,7 @@ def load_stage_module(root: Path, name: str):
 
 
 def _stage_modules_loaded():
-    return [m for m in list(sys.modules) if m[:1] == "s" and STAGE_MODULE.match(m)]
+    return [m for m in list(sys.modules) if is_stage_module(m)]
 
 
 def lookup(module, attr):

@@ -1,7 +1,9 @@
-"""Randomized cases for the hidden suites: fresh sizes, inputs and weights at every run.
+"""Random inputs and weights: the hidden suites' fresh cases, and the stored fixtures' other shapes.
 
-Expected values come from the reference solutions, run in the trusted process at
-test time, so memorised or hard-coded outputs earn nothing here.
+Randomized cases draw new sizes, inputs and weights at every run; their expected values come
+from the reference solutions, run in the trusted process at test time, so memorised or
+hard-coded outputs earn nothing. ``random_weights`` is also how ``attnkit fixtures`` draws the
+weights it stores.
 """
 import numpy as np
 
@@ -10,18 +12,48 @@ def normal(rng, *shape, scale=1.0):
     return (rng.normal(size=shape) * scale).astype(np.float32)
 
 
-def draw_weights(rng, reference_stage, cls, init):
-    """Random weights for every parameter the reference ``cls(**init)`` has, by documented name.
+def linear_shapes(name, d_in, d_out, bias=True):
+    """The parameter shapes of ``name = nn.Linear(d_in, d_out, bias)``, by their state_dict names."""
+    shapes = {f"{name}.weight": (d_out, d_in)}
+    if bias:
+        shapes[f"{name}.bias"] = (d_out,)
+    return shapes
 
-    Each tensor is uniform in +-1/sqrt(fan_in), like PyTorch's own initialisation.
+
+def qkv_shapes(d_in, d_out, bias, prefix=""):
+    """W_query, W_key and W_value = nn.Linear(d_in, d_out, bias), their names behind ``prefix``."""
+    shapes = {}
+    for projection in ("W_query", "W_key", "W_value"):
+        shapes.update(linear_shapes(prefix + projection, d_in, d_out, bias))
+    return shapes
+
+
+def mha_shapes(d_in, d_out, bias):
+    """MultiHeadAttention's parameters: the three projections (bias: qkv_bias) and out_proj."""
+    return {**qkv_shapes(d_in, d_out, bias), **linear_shapes("out_proj", d_out, d_out)}
+
+
+def random_weights(rng, shapes, bound=None):
+    """Float32 weights of the given shapes ({state_dict name: shape}), drawn in the order given.
+
+    Each tensor is uniform in +-1/sqrt(fan_in), PyTorch's own initialisation of nn.Linear: a
+    weight's fan_in is its last size, a bias takes the fan_in of the weight beside it.
+    ``bound`` draws every tensor uniform in +-bound instead.
     """
-    shapes = reference_stage.inspect(cls, init)["parameters"]
     weights = {}
     for name, shape in shapes.items():
-        fan_in = shape[-1] if len(shape) > 1 else shapes.get(name.replace(".bias", ".weight"), [1, 1])[-1]
-        bound = 1 / np.sqrt(fan_in)
-        weights[name] = rng.uniform(-bound, bound, size=shape).astype(np.float32)
+        if bound is None:
+            weight = shapes.get(name.removesuffix(".bias") + ".weight", shape)
+            limit = 1 / np.sqrt(weight[-1])
+        else:
+            limit = bound
+        weights[name] = rng.uniform(-limit, limit, size=shape).astype(np.float32)
     return weights
+
+
+def draw_weights(rng, reference_stage, cls, init):
+    """Random weights for every parameter the reference ``cls(**init)`` has, by documented name."""
+    return random_weights(rng, reference_stage.inspect(cls, init)["parameters"])
 
 
 def module_case(rng, reference_stage, cls, *, heads=False, head_dim=False, batch=(1, 4), tokens=(1, 9)):

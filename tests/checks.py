@@ -10,8 +10,6 @@ import re
 
 import numpy as np
 
-F32 = dict(rtol=1e-4, atol=1e-6)  # float32 default tolerance
-
 
 def _fmt(a):
     return np.array2string(np.asarray(a), precision=4, suppress_small=True, separator=", ", max_line_width=100)

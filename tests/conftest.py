@@ -1,9 +1,14 @@
-"""pytest wiring: which implementation the tests reach, fixtures, devices, the stage summary.
+"""pytest wiring of the graded suite: which implementation the tests reach, fixtures, devices, the
+stage summary.
 
     pytest                      # the reference solutions (the kit's default)
     pytest --impl exercises     # the stubs: everything fails, the summary says where to start
     pytest --impl PATH          # a folder laid out like exercises/ (same module file names)
     pytest -m causal_attention  # one stage
+
+The tests reach the implementation only through the ``impl`` fixture (``adapters.Implementation``).
+It runs the stage modules in this process, unless a plugin answers ``pytest_attnkit_backend``
+with a backend of its own: the grader's plugin (``grader.plugin``) runs them in its sandbox.
 """
 from __future__ import annotations
 
@@ -19,84 +24,37 @@ import torch
 
 from adapters import Implementation, LocalBackend
 from checks import explain_error
+from stage_names import stage_of
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent  # the kit, or a student's release folder
+ROOT = Path(__file__).resolve().parent.parent  # the kit, or a student's release folder
 FIXTURES = ROOT / "fixtures"
-STAGE_FILE = re.compile(r"test_(s\d\d_\w+)\.py$")
 
 
-def pytest_ignore_collect(collection_path, config):
-    """Do not even import the kit's own test files when the run cannot select their tests.
+class BackendSpec:
+    """The hook through which a grader runs the implementation somewhere else."""
 
-    They hold only ``kit`` tests (instructor side, some importing nbgrader): a student's run on
-    another implementation, or a positive marker selection such as ``-m public``, never runs them,
-    and importing them would double the student's test loop.
-    """
-    name = collection_path.name
-    if not (name.startswith("test_") and name.endswith(".py")) or STAGE_FILE.search(name):
-        return None
-    if config.impl_root != (ROOT / "solutions").resolve():
-        return True
-    expression = config.getoption("markexpr") or ""
-    if expression and not re.search(r"\b(kit|slow|not)\b", expression):
-        return True
-    return None
+    @pytest.hookspec(firstresult=True)
+    def pytest_attnkit_backend(self, config, root):
+        """A backend for the stage modules in folder ``root`` (``adapters.LocalBackend``'s ``run``), as a
+        context manager that is closed once the session's tests are done; None: run them in this process."""
 
 
-def pytest_collection_modifyitems(config, items):
-    """The kit's self-checks (marker ``kit``) concern the reference; skip them for other impls."""
-    if config.impl_root == (ROOT / "solutions").resolve():
-        return
-    kit = [item for item in items if item.get_closest_marker("kit")]
-    if kit:
-        config.hook.pytest_deselected(items=kit)
-        items[:] = [item for item in items if not item.get_closest_marker("kit")]
+def pytest_addhooks(pluginmanager):
+    pluginmanager.add_hookspecs(BackendSpec)
 
 
 # ---------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="session")
-def impl(request):
-    """The implementation under test (see --impl and --isolate)."""
-    config = request.config
-    root = config.impl_root
-    if not config.getoption("--isolate"):
+def impl(pytestconfig):
+    """The implementation under test (see --impl)."""
+    root = Path(pytestconfig.getoption("impl"))
+    backend = pytestconfig.hook.pytest_attnkit_backend(config=pytestconfig, root=root)
+    if backend is None:
         yield Implementation(LocalBackend(root))
         return
-    from grader.sandbox import IsolatedBackend, Limits
-
-    given = {"check_seconds": config.getoption("--time-limit"), "budget_seconds": config.getoption("--time-budget")}
-    limits = Limits(**{name: value for name, value in given.items() if value is not None})
-    # The session's sandbox (a grading worker's serves all its submissions): this submission
-    # gets boxes of its own from it.
-    with IsolatedBackend(root, limits, sandbox=config.attnkit_sandbox) as backend:
+    with backend:
         yield Implementation(backend)
-    if backend.confinement is not None:
-        config.attnkit_confinement = backend.confinement.record()  # for the grading record
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session):
-    """Under --isolate, start the sandbox now: its torch import overlaps pytest's own collection. (A
-    grading worker brings a sandbox of its own, kept for all its submissions.)"""
-    config = session.config
-    if config.getoption("--isolate") and getattr(config, "attnkit_sandbox", None) is None:
-        from grader.sandbox import Sandbox
-
-        config.attnkit_sandbox = Sandbox()
-        config.attnkit_sandbox.start_soon()
-        config.add_cleanup(config.attnkit_sandbox.close)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_call(item):
-    """Each test is one check: under --isolate its time limit counts from here, once its fixtures
-    are set up (starting the sandbox is not the learner's time). A hook rather than an autouse
-    fixture: pytest sets up fixtures that ask for ``request`` afresh for every test."""
-    impl = item.funcargs.get("impl") if hasattr(item, "funcargs") else None
-    if impl is not None and item.config.getoption("--isolate"):
-        impl.backend.start_check()
 
 
 class _MemoBackend:
@@ -178,19 +136,18 @@ def _copy(value):
     return value  # numbers, strings, NumPy scalars (immutable)
 
 
-_reference_backends = {}  # solutions folder -> _MemoBackend, for every session of this process
+REFERENCE = pytest.StashKey[Implementation]()  # kept for the whole run: a grading worker grades many
 
 
 @pytest.fixture(scope="session")
-def reference():
+def reference(pytestconfig):
     """The reference solutions, for hidden tests that compute expectations at test time."""
-    solutions = ROOT / "solutions"
-    if not solutions.is_dir():
-        pytest.fail("this test needs the reference solutions (instructor side only)", pytrace=False)
-    backend = _reference_backends.get(solutions)
-    if backend is None:
-        backend = _reference_backends[solutions] = _MemoBackend(solutions)
-    return Implementation(backend)
+    if REFERENCE not in pytestconfig.stash:
+        solutions = ROOT / "solutions"
+        if not solutions.is_dir():
+            pytest.fail("this test needs the reference solutions (instructor side only)", pytrace=False)
+        pytestconfig.stash[REFERENCE] = Implementation(_MemoBackend(solutions))
+    return pytestconfig.stash[REFERENCE]
 
 
 class Fixture:
@@ -217,20 +174,20 @@ class Fixture:
         return {k: v.item() for k, v in self.sub(prefix + "init/").items()}
 
 
-_fixture_cache = {}  # path -> ((mtime_ns, size), arrays): a grading worker reads each file once
+ARRAYS = pytest.StashKey[dict]()  # path -> ((mtime_ns, size), arrays): each file is read once per run
 
 
-def load_fixture(visibility, stage):
+def load_fixture(config, visibility, stage):
     path = FIXTURES / visibility / f"{stage}.npz"
     if not path.is_file():
         pytest.fail(f"fixture file {path} is missing (regenerate with `attnkit fixtures`)", pytrace=False)
     stat = path.stat()
     version = (stat.st_mtime_ns, stat.st_size)
-    cached = _fixture_cache.get(path)
-    if cached is None or cached[0] != version:
+    cache = config.stash.setdefault(ARRAYS, {})
+    if path not in cache or cache[path][0] != version:
         with np.load(path, allow_pickle=False) as data:
-            cached = _fixture_cache[path] = (version, {k: data[k] for k in data.files})
-    return Fixture({k: v.copy() for k, v in cached[1].items()})  # a test may change its arrays
+            cache[path] = (version, {k: data[k] for k in data.files})
+    return Fixture({k: v.copy() for k, v in cache[path][1].items()})  # a test may change its arrays
 
 
 @pytest.fixture(scope="module")
@@ -242,24 +199,19 @@ def stage(impl, request):
 @pytest.fixture(scope="module")
 def public_fx(request):
     """The public fixture of the stage this test file covers (the book's running example)."""
-    return load_fixture("public", stage_of(request.node.nodeid))
+    return load_fixture(request.config, "public", stage_of(request.node.nodeid))
 
 
 @pytest.fixture(scope="module")
 def hidden_fx(request):
     """The hidden (instructor-only) fixture of this test file's stage."""
-    return load_fixture("hidden", stage_of(request.node.nodeid))
-
-
-def stage_of(nodeid) -> str | None:
-    match = STAGE_FILE.search(str(nodeid).split("::")[0])
-    return match.group(1) if match else None
+    return load_fixture(request.config, "hidden", stage_of(request.node.nodeid))
 
 
 @pytest.fixture
 def rng(request):
     """A NumPy generator for randomized cases: fresh each run (--seed), distinct per test."""
-    return np.random.default_rng([request.config.case_seed, zlib.crc32(request.node.nodeid.encode())])
+    return np.random.default_rng([request.config.getoption("seed"), zlib.crc32(request.node.nodeid.encode())])
 
 
 GPU_SKIP = pytest.mark.skipif(
@@ -390,7 +342,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     tr = terminalreporter
     tr.section("attention-kit stages")
-    tr.write_line(f"implementation: {config.impl_root}")
+    tr.write_line(f"implementation: {config.getoption('impl')}")
     todo = None
     for stage in sorted(counts):
         passed, total = counts[stage]

@@ -20,7 +20,8 @@ def test_journey_scores_every_token_against_the_query(stage, public_fx, form):
     assert_close(
         "attn_scores_2", scores, public_fx.attn_scores_2,
         mistakes={
-            "the scores of every pair of tokens; one query needs one score per token": public_fx.inputs @ public_fx.inputs.T,
+            "the scores of every pair of tokens; one query needs one score per token":
+                public_fx.inputs @ public_fx.inputs.T,
         },
         hint="attn_scores_2[i] is the dot product of inputs[i] with the query inputs[1].",
     )

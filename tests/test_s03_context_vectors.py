@@ -3,9 +3,8 @@
 Spec: a query's context vector is sum_i weights[i] * inputs[i]; all context
 vectors at once are attn_weights @ inputs, row i for token i.
 """
-import pytest
-
 import numpy as np
+import pytest
 
 from cases import normal
 from checks import assert_close

@@ -76,7 +76,8 @@ def test_future_is_exactly_zero_and_rows_sum_to_one(stage, hidden_fx, form):
         out = stage.causal_weights_efficient(hidden_fx.attn_scores, int(hidden_fx.d_k))
     t = out.shape[-1]
     future = out[..., np.triu(np.ones((t, t), bool), 1)]
-    assert np.all(future == 0), f"weights above the diagonal must be exactly 0 (future tokens); got max {future.max():.4g}"
+    assert np.all(future == 0), (
+        f"weights above the diagonal must be exactly 0 (future tokens); got max {future.max():.4g}")
     assert_close("row sums", out.sum(axis=-1), np.ones(out.shape[:-1], np.float32))
 
 

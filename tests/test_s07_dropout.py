@@ -26,7 +26,8 @@ def check_dropout_properties(out, x, p, name):
     ratio = out[kept] / x[kept]
     assert_close(f"{name}: kept values / input", ratio, np.full(ratio.shape, 1 / (1 - p), np.float32),
                  mistakes={"the kept values were not rescaled by 1 / (1 - p)": np.ones(ratio.shape, np.float32),
-                           "the kept values were multiplied by (1 - p) instead of divided": np.full(ratio.shape, 1 - p, np.float32)})
+                           "the kept values were multiplied by (1 - p) instead of divided":
+                               np.full(ratio.shape, 1 - p, np.float32)})
 
 
 @pytest.mark.public
@@ -66,7 +67,8 @@ def test_dropout_by_hand_follows_torch_manual_seed(stage):
     first = stage.dropout_by_hand(ONES[:20, :20], 0.5, seed=5)
     again = stage.dropout_by_hand(ONES[:20, :20], 0.5, seed=5)
     other = stage.dropout_by_hand(ONES[:20, :20], 0.5, seed=6)
-    assert np.array_equal(first, again), "the same torch.manual_seed must give the same mask: draw with torch's generator"
+    assert np.array_equal(first, again), (
+        "the same torch.manual_seed must give the same mask: draw with torch's generator")
     assert not np.array_equal(first, other), "different seeds gave the same mask: the mask must be random"
 
 

@@ -7,24 +7,23 @@ the mask is a registered buffer named mask (saved in the state_dict, moved by
 .to()); qkv_bias adds biases to W_query/W_key/W_value; dropout acts on the
 attention weights in training mode only.
 """
+from functools import partial
+
 import numpy as np
 import pytest
 
-from cases import module_case
+from cases import module_case, qkv_shapes, random_weights
 from checks import assert_close, check_causal_mask, multihead_mistakes, parameter_count
 
 pytestmark = pytest.mark.causal_attention
 STAGE = "s08_causal_attention"
 CLS = "CausalAttention"
-NAMES = ("W_query", "W_key", "W_value")
 
 
-def random_case(seed, b, t, d_in, d_out, context_length, qkv_bias=False):
+def random_case(seed, b, t, d_in, d_out, context_length):
     r = np.random.default_rng(seed)
-    init = dict(d_in=d_in, d_out=d_out, context_length=context_length, dropout=0.0, qkv_bias=qkv_bias)
-    weights = {f"{n}.weight": r.uniform(-0.5, 0.5, (d_out, d_in)).astype(np.float32) for n in NAMES}
-    if qkv_bias:
-        weights.update({f"{n}.bias": r.uniform(-0.5, 0.5, d_out).astype(np.float32) for n in NAMES})
+    init = dict(d_in=d_in, d_out=d_out, context_length=context_length, dropout=0.0)
+    weights = random_weights(r, qkv_shapes(d_in, d_out, bias=False))
     return init, r.normal(size=(b, t, d_in)).astype(np.float32), weights
 
 
@@ -120,4 +119,4 @@ def test_random_cases(stage, reference, rng):
         init, x, weights = module_case(rng, reference.stage(STAGE), CLS)
         assert_close(f"CausalAttention({init}) on x {x.shape}", stage.forward(CLS, init, x, weights),
                      reference.stage(STAGE).forward(CLS, init, x, weights),
-                     mistakes=lambda: multihead_mistakes(x, weights, 1, out_proj=False))
+                     mistakes=partial(multihead_mistakes, x, weights, 1, out_proj=False))

@@ -7,7 +7,7 @@ along the last dimension: (b, num_tokens, num_heads * d_out).
 import numpy as np
 import pytest
 
-from cases import module_case
+from cases import module_case, qkv_shapes, random_weights
 from checks import assert_close
 
 pytestmark = pytest.mark.multihead_wrapper
@@ -16,14 +16,10 @@ CLS = "MultiHeadAttentionWrapper"
 
 
 def head_weights(seed, num_heads, d_in, d_out, qkv_bias):
-    r = np.random.default_rng(seed)
-    w = {}
+    shapes = {}
     for h in range(num_heads):
-        for n in ("W_query", "W_key", "W_value"):
-            w[f"heads.{h}.{n}.weight"] = r.uniform(-0.5, 0.5, (d_out, d_in)).astype(np.float32)
-            if qkv_bias:
-                w[f"heads.{h}.{n}.bias"] = r.uniform(-0.5, 0.5, d_out).astype(np.float32)
-    return w
+        shapes.update(qkv_shapes(d_in, d_out, qkv_bias, prefix=f"heads.{h}."))
+    return random_weights(np.random.default_rng(seed), shapes)
 
 
 @pytest.mark.public

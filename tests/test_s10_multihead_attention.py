@@ -8,10 +8,12 @@ heads go through out_proj (nn.Linear(d_out, d_out) with bias).
 batched_head_scores(a) = a @ a.transpose(2, 3) for a (b, num_heads, num_tokens, head_dim),
 equal to per_head_scores_loop(a).
 """
+from functools import partial
+
 import numpy as np
 import pytest
 
-from cases import module_case, normal
+from cases import mha_shapes, module_case, normal, random_weights
 from checks import assert_close, check_causal_mask, multihead_mistakes, parameter_count
 
 pytestmark = pytest.mark.multihead_attention
@@ -21,13 +23,7 @@ CLS = "MultiHeadAttention"
 
 def mha_case(seed, b, t, d_in, d_out, context_length, num_heads, qkv_bias):
     r = np.random.default_rng(seed)
-    w = {}
-    for name, fan_in, fan_out, bias in [("W_query", d_in, d_out, qkv_bias), ("W_key", d_in, d_out, qkv_bias),
-                                        ("W_value", d_in, d_out, qkv_bias), ("out_proj", d_out, d_out, True)]:
-        bound = 1 / np.sqrt(fan_in)
-        w[f"{name}.weight"] = r.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32)
-        if bias:
-            w[f"{name}.bias"] = r.uniform(-bound, bound, fan_out).astype(np.float32)
+    w = random_weights(r, mha_shapes(d_in, d_out, qkv_bias))
     init = dict(d_in=d_in, d_out=d_out, context_length=context_length, dropout=0.0, num_heads=num_heads,
                 qkv_bias=qkv_bias)
     return init, r.normal(size=(b, t, d_in)).astype(np.float32), w
@@ -130,7 +126,7 @@ def test_random_cases(stage, reference, rng, device):
         init, x, weights = module_case(rng, reference.stage(STAGE), CLS, heads=True, head_dim=True)
         assert_close(f"MultiHeadAttention({init}) on x {x.shape}", stage.forward(CLS, init, x, weights, device=device),
                      reference.stage(STAGE).forward(CLS, init, x, weights),
-                     mistakes=lambda: multihead_mistakes(x, weights, init["num_heads"]))
+                     mistakes=partial(multihead_mistakes, x, weights, init["num_heads"]))
     a = normal(rng, rng.integers(1, 3), rng.integers(1, 5), rng.integers(1, 7), rng.integers(1, 6))
     assert_close(f"batched_head_scores(a {a.shape})", stage.batched_head_scores(a),
                  reference.stage(STAGE).batched_head_scores(a))

@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 import pytest
 
-from cases import module_case
+from cases import module_case, qkv_shapes, random_weights
 from checks import assert_close, multihead_mistakes
 
 pytestmark = pytest.mark.other_forms
@@ -102,10 +102,7 @@ def test_own_mapping_and_own_class_reproduce_multihead_attention(stage, hidden_f
 def test_head_takes_its_sizes_from_its_arguments(stage, reference):
     r = np.random.default_rng(11)
     init = dict(d_in=5, head_dim=3, context_length=7, dropout=0.0, qkv_bias=True)
-    weights = {}
-    for n in ("W_query", "W_key", "W_value"):
-        weights[f"{n}.weight"] = r.uniform(-0.5, 0.5, (3, 5)).astype(np.float32)
-        weights[f"{n}.bias"] = r.uniform(-0.5, 0.5, 3).astype(np.float32)
+    weights = random_weights(r, qkv_shapes(5, 3, bias=True))
     x = r.normal(size=(2, 4, 5)).astype(np.float32)
     assert_close("Head(5, 3, 7, 0.0, True)(x)", stage.forward("Head", init, x, weights),
                  reference.stage(STAGE).forward("Head", init, x, weights),

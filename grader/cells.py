@@ -1,0 +1,85 @@
+"""The side of grading that nbgrader's autograder cells run, in the notebook's kernel.
+
+The course notebook's first autograder cell grades the submission, and every autograder cell
+reports one stage of it:
+
+    from grader.cells import Grading
+    grading = Grading(test_timeout=10.0)          # the first autograder cell only
+    grading.stage("causal_attention", points=12)
+
+``Grading`` grades the folder nbgrader runs the notebook in (the autograded copy of the
+submission) once, through a grading worker (``grader.worker``): the same suite, sandbox and seed as
+``attnkit grade``. The kernel never imports learner code. Each ``stage`` call prints the stage's
+verdicts and failure messages (never test code) and returns its score, which nbgrader takes as
+partial credit. Nothing here writes to stderr: nbgrader zeroes a grade cell with stderr output,
+so a correct submission that emits a warning would lose its points.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import warnings
+from pathlib import Path
+
+from . import submission as S
+from .sandbox import TEST_TIMEOUT, Limits
+from .scoring import stage_report, stage_score
+from .worker import WorkerError, WorkerProcess
+
+RECORD_FILE = "attnkit-grading.json"  # the submission's record, beside it, for the instructor (never read back)
+
+
+class Grading:
+    """The grades of the submission in ``folder`` (default: the working folder, where nbgrader runs
+    the notebook). ``test_timeout``: CPU seconds per check; ``time_budget``: for the whole submission."""
+
+    def __init__(self, test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None, folder=None):
+        self.folder = Path(folder or os.getcwd()).resolve()
+        self.error: WorkerError | None = None
+        with _no_stderr():
+            with contextlib.suppress(OSError):
+                S.defuse_links(self.folder)  # before any feedback is made from this folder
+            try:
+                self.graded = grade_folder(self.folder, Limits(check_seconds=test_timeout, budget_seconds=time_budget))
+            except WorkerError as exc:
+                self.error = exc  # every stage's cell fails the same way, without grading again
+            else:
+                with contextlib.suppress(OSError):
+                    (self.folder / RECORD_FILE).write_text(json.dumps(self.graded, indent=1))
+
+    def stage(self, marker: str, points: float) -> float:
+        """Print this stage's verdicts and return its score (the autograder cell's partial credit)."""
+        if self.error is not None:
+            raise self.error
+        with _no_stderr():
+            tests = [t for t in self.graded["tests"] if t["marker"] == marker]
+            if not tests:
+                raise WorkerError(f"the suite has no graded tests for stage {marker!r}")
+            report, score = stage_report(marker, points, tests), stage_score(tests, points)
+        print(report)
+        return score
+
+
+def grade_folder(folder: Path, limits: Limits) -> dict:
+    """The verdicts of the submission in nbgrader's autograded copy ``folder``, graded by a worker of
+    its own: {"fingerprint", "seed", "tests", "output_capped", "confinement", "seconds"}."""
+    sources = S.autograded_sources(folder)
+    fingerprint = S.fingerprint(sources)
+    job = {"sources": sources, "seed": S.seed_of(fingerprint)}
+    worker = WorkerProcess(limits)
+    try:
+        return {"fingerprint": fingerprint, "seed": job["seed"], **worker.grade(job)}
+    finally:
+        worker.close()
+
+
+@contextlib.contextmanager
+def _no_stderr():
+    """Keep anything this process would write to stderr out of the cell's outputs."""
+    sink = io.StringIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with contextlib.redirect_stderr(sink):
+            yield sink

@@ -1,0 +1,72 @@
+"""Where the jobs of ``attnkit grade`` run: warm grading workers on this machine's cores (here), or on
+a Dask cluster (``grader.on_dask``). Either way a job ({"student", "sources", "seed", ...}) meets a
+``WorkerProcess`` (grader.worker) that grades one submission at a time, and its result comes back as
+
+    {"student", "tests", "output_capped", "confinement", "seconds", "error"}
+
+with ``error`` None, or saying why the submission could not be graded (it then gets no record and
+is tried again by the next run). A failed worker is replaced and the job tried once more first.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+from .sandbox import Limits
+from .worker import WorkerError, WorkerProcess
+
+
+class Workers:
+    """``count`` grading worker processes (each started on first use), lent to one job at a time."""
+
+    def __init__(self, limits: Limits, count: int):
+        self.handles = [WorkerProcess(limits) for _ in range(count)]
+        self.free = queue.SimpleQueue()
+        for handle in self.handles:
+            self.free.put(handle)
+        self.stopped = threading.Event()  # set by close(): no worker is started any more
+
+    def grade(self, job: dict) -> dict:
+        handle = self.free.get()
+        try:
+            error = "the run was interrupted"
+            for _ in range(2):
+                if self.stopped.is_set():
+                    break
+                try:
+                    answer = handle.grade(job)
+                    return {"student": job["student"], "tests": answer["tests"],
+                            "output_capped": answer["output_capped"], "confinement": answer.get("confinement"),
+                            "seconds": answer["seconds"], "error": None}
+                except (WorkerError, KeyError) as exc:  # KeyError: an answer without its parts
+                    handle.close()
+                    error = f"{type(exc).__name__}: {exc}"
+            return {"student": job["student"], "tests": [], "output_capped": [], "confinement": None,
+                    "seconds": 0.0, "error": error}
+        finally:
+            self.free.put(handle)
+
+    def close(self):
+        """Stop every worker process now (a job waiting on one gets an error)."""
+        self.stopped.set()
+        for handle in self.handles:
+            handle.close()
+
+
+class LocalResults:
+    """(job, result) as they complete, on ``workers`` local threads, each with a worker process. The
+    workers start at once (torch, pytest, the sandbox: a second or so) while the caller goes on."""
+
+    def __init__(self, jobs, limits: Limits, workers: int):
+        self.workers = Workers(limits, workers)
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnkit-grade")
+        self.futures = {self.pool.submit(self.workers.grade, job): job for job in jobs}
+
+    def __iter__(self):
+        for future in as_completed(self.futures):
+            yield self.futures[future], future.result()
+
+    def close(self):
+        self.workers.close()  # also unblocks threads still waiting on a worker (interrupted run)
+        self.pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,114 @@
+"""The pytest plugin that makes a run of the graded suite a grading run.
+
+One ``GradingPlugin`` object is handed to ``pytest.main`` by a grading worker (``grader.worker``).
+It answers the suite's ``pytest_attnkit_backend`` hook with an ``IsolatedBackend``: the learner's
+modules run in boxes of the worker's sandbox, never in this process. It starts each check's
+time limit once the check's fixtures are set up, and it records a verdict per check: the
+outcome, and the failure (or skip) message a student may read. Verdicts, like every other
+conclusion, are drawn here, in the trusted process.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .sandbox import IsolatedBackend, Limits, Sandbox
+from .scoring import check_entry
+
+RECORDED_CHARS = 8000  # of one failure message, kept in the record (a learner's exception can be huge)
+NOT_RUN = "not run: the grading run stopped before this test"
+
+
+class GradingPlugin:
+    """Runs the suite's implementation in ``sandbox`` (None: in this process, for measurements only)
+    within ``limits``, and records what each check of the current submission gave."""
+
+    def __init__(self, limits: Limits, sandbox: Sandbox | None):
+        self.limits, self.sandbox = limits, sandbox
+        self.checks: list[dict] = []  # every collected check of a stage, in order
+        self.collection_errors: list[str] = []
+        self.begin()
+
+    def begin(self):
+        """A new submission: nothing recorded yet."""
+        self.backend: IsolatedBackend | None = None
+        self.implementations = 0  # how often the suite asked for the implementation (once per submission)
+        self.outcomes: dict[str, dict] = {}
+        self.output_capped: list[str] = []  # checks during which the learner's output was cut
+        self.infrastructure: str | None = None  # why the sandbox could not grade, if it could not
+        self._dropped = 0
+
+    def verdicts(self) -> list[dict]:
+        """Every check with its verdict; a check that did not run has failed."""
+        missing = {"outcome": "failed", "message": NOT_RUN}
+        return [{**check, **self.outcomes.get(check["nodeid"], missing)} for check in self.checks]
+
+    @property
+    def confinement(self) -> dict | None:
+        """How the learner's code is kept apart (``grader.sandbox.Confinement.record()``)."""
+        return self.sandbox.start().record() if self.sandbox is not None else None
+
+    # -- the suite's hook
+
+    @pytest.hookimpl
+    def pytest_attnkit_backend(self, config, root):
+        self.implementations += 1
+        if self.sandbox is None:
+            return None
+        self.backend = IsolatedBackend(root, self.limits, sandbox=self.sandbox)
+        return self.backend
+
+    # -- pytest's hooks
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.collection_errors.append(f"{report.nodeid}: {report.longrepr}")
+
+    def pytest_collection_finish(self, session):
+        self.checks = [entry for entry in map(check_entry, (item.nodeid for item in session.items)) if entry]
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self._dropped = self.sandbox.dropped_output if self.sandbox is not None else 0
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item):
+        """Each test is one check: its time limit counts from here, once its fixtures are set up
+        (starting a box is not the learner's time)."""
+        if self.backend is not None and "impl" in item.fixturenames:
+            self.backend.start_check()
+
+    def pytest_runtest_makereport(self, item, call):
+        """A sandbox that cannot start is no failure of the learner's: record it and stop, so that the
+        submission is not graded at all rather than failed check by check."""
+        if call.excinfo is not None and call.excinfo.typename == "SandboxUnavailable" and not self.infrastructure:
+            self.infrastructure = str(call.excinfo.value)
+            item.session.shouldstop = "the sandbox failed"
+
+    def pytest_runtest_logreport(self, report):
+        state = self.outcomes.setdefault(report.nodeid, {"outcome": "passed", "message": ""})
+        if report.failed and state["outcome"] != "failed":
+            state.update(outcome="failed", message=_message(report))
+        elif report.skipped and state["outcome"] == "passed":
+            state.update(outcome="skipped", message=_message(report))
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        if self.sandbox is not None and self.sandbox.dropped_output > self._dropped:
+            self.output_capped.append(nodeid)
+
+
+def _message(report) -> str:
+    message = _full_message(report)
+    return message if len(message) <= RECORDED_CHARS else message[:RECORDED_CHARS] + " [...]"
+
+
+def _full_message(report) -> str:
+    longrepr = report.longrepr
+    if longrepr is None:
+        return ""
+    if isinstance(longrepr, tuple):  # skips: (path, line, reason)
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None and crash.message:
+        return re.sub(r"^(AssertionError|Failed|adapters\.SubmissionError|grader\.\w+\.\w+Error): ", "", crash.message)
+    return str(longrepr).strip().splitlines()[-1] if str(longrepr).strip() else ""

@@ -1,0 +1,281 @@
+"""A grading worker: one pytest session of the graded suite that grades submission after submission.
+
+    trusted side (WorkerProcess)             worker process (python -m grader.worker)
+    ----------------------------             ----------------------------------------
+    start the process                  -->   import torch and pytest, start the sandbox,
+                                             collect the suite once
+                                       <--   {"ready", "confinement"}
+    job: {"sources", "seed"}           -->   write the sources into its staging folder, run
+                                             every collected check again (GradingPlugin)
+                                       <--   {"tests": verdicts, "output_capped", ...}
+    (another job, or close)
+
+Both ``attnkit grade`` (many jobs per worker, grader.dispatch) and nbgrader's autograder cells (one
+job, grader.cells) grade through it, so a submission is graded the same way wherever it is graded.
+The learner's code runs only in the worker's sandbox: one template per worker, a box of its own
+for every submission, killed with it (grader.sandbox).
+
+The session is an ordinary ``pytest.main`` run; ``JobLoop`` replaces its test loop through the
+public ``pytest_runtestloop`` hook and runs the collected items once per job through
+``pytest_runtest_protocol``, as pytest's own loop does. After a job's last check (``nextitem``
+None) pytest tears the session's fixtures down, so the next job sets up its own implementation.
+A job in which that did not happen exactly once is answered with an error instead of grades.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from . import scratch
+from .kit import KIT, suite_files
+from .plugin import GradingPlugin
+from .sandbox import ONE_THREAD, Limits, Sandbox
+
+READY_SECONDS = 300  # a worker must be ready (torch, pytest, collection, its sandbox) within this
+ANSWER_BYTES = 256 << 20  # a worker's answer for one submission is far smaller
+# pytest plugins a grading run goes without. The learner's code runs in the sandbox, so nothing it
+# does reaches this process's warnings, logs, threads or unraisable exceptions; nobody reads this
+# session's terminal (the verdicts travel as data); the sandbox limits the learner's time, and the
+# trusted side bounds the whole run (``Limits.run_wall``). Each of these plugins wraps every test
+# in hooks of its own.
+UNUSED_PLUGINS = ("terminal", "timeout", "cacheprovider", "logging", "warnings", "threadexception",
+                  "unraisableexception", "faulthandler", "unittest", "setuponly", "setupplan", "doctest",
+                  "junitxml", "pastebin", "stepwise", "anyio")
+
+
+class WorkerError(RuntimeError):
+    """A grading worker died, stopped answering or could not grade (never the learner's doing: their
+    code is boxed). The submission gets no record and is tried again by the next run."""
+
+
+def pytest_args(staging: Path) -> list[str]:
+    """The arguments of a grading session whose implementation is the folder ``staging``."""
+    return [
+        *map(str, suite_files()), "--rootdir", str(KIT),
+        # --impl=PATH as one word: pytest must not take PATH for a test path (it would load a
+        # conftest.py from the submission into this trusted process).
+        f"--impl={staging}", "--seed=0", "-m", "not book", "--assert=plain",
+        "-o", "addopts=",  # the ini's options are for a person at a terminal
+        *[arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")],
+    ]
+
+
+# ---------------------------------------------------------------- the worker's side
+
+class JobLoop:
+    """The test loop of a grading session: every job from ``jobs`` graded in turn, its answer given
+    to ``answer``; the first answer says the worker is ready (or why it cannot grade)."""
+
+    def __init__(self, grading: GradingPlugin, staging: Path, jobs, answer, started: float):
+        self.grading, self.staging, self.jobs, self.answer, self.started = grading, staging, jobs, answer, started
+        self.status = 0
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session):
+        if self.grading.collection_errors or not self.grading.checks:
+            why = "\n".join(self.grading.collection_errors)[-3000:] or "no checks were collected"
+            return self._stop(f"the graded suite cannot be collected: {why}")
+        self.answer({"ready": True, "seconds": round(time.monotonic() - self.started, 3),
+                     "confinement": self.grading.confinement})
+        for job in self.jobs:
+            try:
+                answer = self.grade(session, job)
+            except Exception:
+                return self._stop("the grading worker failed:\n" + traceback.format_exc()[-3000:])
+            if "error" in answer:
+                return self._stop(answer["error"])  # a fresh worker (and sandbox) for whatever comes next
+            self.answer(answer)
+        return True
+
+    def grade(self, session, job: dict) -> dict:
+        for old in self.staging.iterdir():
+            old.unlink()
+        for name, data in job["sources"].items():
+            (self.staging / name).write_bytes(data)
+        session.config.option.seed = job["seed"]
+        grading = self.grading
+        grading.begin()
+        started = time.monotonic()
+        items = session.items
+        for index, item in enumerate(items):
+            following = items[index + 1] if index + 1 < len(items) else None
+            # nextitem=None after the last item tears the session's fixtures down: this submission's
+            # backend closes (its boxes are killed); the sandbox stays for the next one.
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=following)
+            if grading.infrastructure:
+                return {"error": f"the sandbox failed, so the submission was not graded: {grading.infrastructure}"}
+        if grading.implementations != 1:
+            return {"error": f"pytest {pytest.__version__} set up the implementation {grading.implementations} "
+                             "times for one submission instead of once: grading stopped rather than give "
+                             "grades it cannot vouch for (see grader/worker.py)"}
+        return {"tests": grading.verdicts(), "output_capped": grading.output_capped,
+                "confinement": grading.confinement, "seconds": round(time.monotonic() - started, 3)}
+
+    def _stop(self, why: str):
+        self.answer({"error": why})
+        self.status = 1
+        return True
+
+
+def serve(jobs, answer, limits: Limits, *, isolate: bool = True, started: float | None = None) -> int:
+    """Grade ``jobs`` ({"sources": {file name: bytes}, "seed"}) in one pytest session in this process,
+    passing each answer to ``answer``. ``isolate=False`` runs the learner's code in this process
+    itself: for measurements (benchmarks/bench_grading.py's floor), never for grading."""
+    started = time.monotonic() if started is None else started
+    with scratch.Folder("worker") as work, (Sandbox() if isolate else contextlib.nullcontext()) as sandbox:
+        if sandbox is not None:
+            sandbox.start_soon()  # its template imports torch while pytest starts here
+        staging = work.path / "submission"  # the trusted copy the sandbox copies from
+        staging.mkdir()
+        grading = GradingPlugin(limits, sandbox)
+        loop = JobLoop(grading, staging, jobs, answer, started)
+        pytest.main(pytest_args(staging), plugins=[grading, loop])
+    return loop.status
+
+
+def main(argv=None) -> int:
+    """``python -m grader.worker SETTINGS``: one JSON job per line on stdin, one JSON answer per line out."""
+    started = time.monotonic()
+    _die_with_parent()
+    settings = json.loads((argv or sys.argv[1:])[0])
+    # Private copies of the job pipes: whatever pytest, torch or the sandbox print goes to the log.
+    jobs = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+    os.dup2(2, 1)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    import torch
+
+    # One thread per worker, as in the boxes: workers share the cores; pinning them to cores
+    # (sched_setaffinity) measured no better, and worse on a busy machine.
+    torch.set_num_threads(1)
+    decoded = ({"seed": job["seed"], "sources": {name: base64.b64decode(data) for name, data in job["sources"].items()}}
+               for job in map(json.loads, jobs))
+    return serve(decoded, lambda answer: answers.write(json.dumps(answer) + "\n"), Limits(**settings["limits"]),
+                 isolate=settings["isolate"], started=started)
+
+
+def _die_with_parent():
+    """Linux: SIGKILL this process when the process (thread) that started it dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+# ---------------------------------------------------------------- the trusted side
+
+class WorkerProcess:
+    """The trusted side's handle on one grading worker process: started on first use, a job at a time,
+    restarted after a failure."""
+
+    def __init__(self, limits: Limits, isolate: bool = True):
+        self.limits, self.isolate = limits, isolate
+        self.proc = None
+        self.log = None
+        self.start_seconds = None  # how long the last start took (torch, pytest, collection, sandbox)
+        self.confinement = None  # what its sandbox confines (grader.sandbox.Confinement.record())
+        self._buffer = bytearray()
+
+    def start(self):
+        self.log = tempfile.TemporaryFile()
+        env = dict(os.environ, **ONE_THREAD, PYTHONSAFEPATH="1")  # no module from the working folder
+        env.pop("NBGRADER_EXECUTION", None)
+        settings = {"limits": asdict(self.limits), "isolate": self.isolate}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "grader.worker", json.dumps(settings)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self.log, cwd=tempfile.gettempdir(), env=env,
+        )
+        self._buffer = bytearray()
+        answer = self._answer(time.monotonic() + READY_SECONDS)
+        if "error" in answer:
+            raise self._failed(answer["error"])
+        self.start_seconds, self.confinement = answer.get("seconds"), answer.get("confinement")
+
+    def grade(self, job: dict) -> dict:
+        """Grade ``job`` ({"sources": {file name: bytes}, "seed"}): {"tests", "output_capped",
+        "confinement", "seconds"}. Raises WorkerError if the worker could not grade it."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.close()
+            self.start()
+        line = json.dumps({"seed": job["seed"], "sources": {
+            name: base64.b64encode(data).decode() for name, data in job["sources"].items()}})
+        try:
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError:
+            raise self._failed("the grading worker stopped reading") from None
+        answer = self._answer(time.monotonic() + self.limits.run_wall)
+        if "error" in answer:
+            raise self._failed(answer["error"])
+        return answer
+
+    def _answer(self, deadline) -> dict:
+        """The worker's next answer: one JSON line (read in linear time; the messages in it are capped
+        where they come from, so a line beyond ANSWER_BYTES means a broken worker)."""
+        fd = self.proc.stdout.fileno()
+        searched = 0
+        while (end := self._buffer.find(b"\n", searched)) < 0:
+            searched = len(self._buffer)
+            if searched > ANSWER_BYTES:
+                raise self._failed(f"the grading worker's answer exceeds {ANSWER_BYTES >> 20} MiB")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._failed("the grading worker did not answer in time")
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if ready:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    raise self._failed("the grading worker died")
+                self._buffer += chunk
+        line = bytes(self._buffer[:end])
+        del self._buffer[:end + 1]
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise self._failed("the grading worker's answer does not parse") from None
+
+    def _failed(self, what) -> WorkerError:
+        tail = ""
+        if self.log is not None:
+            self.log.seek(0, os.SEEK_END)
+            self.log.seek(max(0, self.log.tell() - 3000))
+            tail = self.log.read().decode("utf-8", "replace").strip()
+        self.close()
+        return WorkerError(what + (f"; its log ends with:\n{tail}" if tail else ""))
+
+    def close(self):
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                try:
+                    self.proc.kill()  # its sandbox's processes follow (parent-death signal)
+                except ProcessLookupError:
+                    pass
+            self.proc.wait()
+            for stream in (self.proc.stdin, self.proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+            self.proc = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""A catalogue of realistic submissions: typical mistakes and correct-but-different solutions.
+
+Each entry is a small edit of one reference module. ``BUGS`` must lose points on
+their stage (stages that import it may lose points too) and nowhere else, and
+their feedback should name the mistake (``diagnosis``: words the feedback must
+contain; None where no test can tell the cause). ``VARIANTS`` are correct and
+must get full marks. Several bugs were found in published notes on chapter 3 of
+the book; ``source`` says where.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from grader.kit import SOLUTIONS
+from grader.samples import edited, write_modules
+
+
+@dataclass(frozen=True)
+class Submission:
+    name: str
+    stage: str  # the module the edits apply to
+    edits: tuple  # (old, new) pairs (grader.samples.edited)
+    why: str
+    diagnosis: str | None = None
+    source: str = "typical learner mistake"
+
+    def modules(self) -> dict[str, str]:
+        """The edited module (stage module -> source); the others are the reference's."""
+        return {self.stage: edited((SOLUTIONS / f"{self.stage}.py").read_text(), self.edits, self.name)}
+
+    def build(self, dest: Path) -> Path:
+        """The submission folder: the reference with the edits applied."""
+        return write_modules(dest, replaced=self.modules())
+
+
+# Stages that import another stage's module lose points with it.
+DEPENDENTS = {"s08_causal_attention": {"s09_multihead_wrapper"}}
+
+S01, S02, S03, S04 = "s01_attention_scores", "s02_normalization", "s03_context_vectors", "s04_trainable_projections"
+S05, S06, S07, S08 = "s05_self_attention", "s06_causal_mask", "s07_dropout", "s08_causal_attention"
+S09, S10, S11 = "s09_multihead_wrapper", "s10_multihead_attention", "s11_other_forms"
+
+BUGS = [
+    Submission("scores_against_journey_always", S01,
+               (("scores[i] = torch.dot(x_i, query)", "scores[i] = torch.dot(x_i, inputs[1])"),),
+               "the loop scores against inputs[1] instead of the given query", "instead of the given query"),
+    Submission("scores_of_all_pairs", S01, (("return inputs @ query", "return inputs @ inputs.T"),),
+               "the matmul form computes every pair's score", "every pair of tokens"),
+    Submission("softmax_over_columns", S02,
+               (("torch.softmax(all_pairs_scores(inputs), dim=-1)",
+                 "torch.softmax(all_pairs_scores(inputs), dim=0)"),),
+               "all-pairs weights normalised over dim 0", "softmax over dim 0"),
+    Submission("unstable_softmax", S02,
+               (("shifted = x - x.max(dim=dim, keepdim=True).values", "shifted = x"),),
+               "softmax by hand without subtracting the max: exp overflows on large scores",
+               "Subtract each row's max"),
+    Submission("softmax_sums_everything", S02,
+               (("return exp / exp.sum(dim=dim, keepdim=True)", "return exp / exp.sum()"),),
+               "softmax by hand divides by the sum over the whole tensor", "sum over the whole tensor"),
+    Submission("sum_normalisation_is_softmax", S02,
+               (("return scores / scores.sum()", "return torch.softmax(scores, dim=0)"),),
+               "normalize_by_sum uses softmax", "softmax instead of dividing by the sum"),
+    Submission("context_with_transposed_weights", S03,
+               (("return attn_weights @ inputs", "return attn_weights.T @ inputs"),),
+               "all context vectors with the weights transposed", "the weights were transposed"),
+    Submission("context_without_weights", S03, (("context += weight * x_i", "context += x_i"),),
+               "the context vector sums the inputs without weights", "without their weights"),
+    Submission("no_scaling", S04,
+               (("torch.softmax(scores / d_k**0.5, dim=-1)", "torch.softmax(scores, dim=-1)"),),
+               "scores not scaled before softmax", "not scaled"),
+    Submission("scaling_by_d_k", S04,
+               (("torch.softmax(scores / d_k**0.5, dim=-1)", "torch.softmax(scores / d_k, dim=-1)"),),
+               "scores divided by d_k instead of sqrt(d_k)", "divided by d_k"),
+    Submission("multiplying_by_sqrt_d_k", S04,
+               (("torch.softmax(scores / d_k**0.5, dim=-1)", "torch.softmax(scores * d_k**0.5, dim=-1)"),),
+               "scores multiplied by sqrt(d_k)", "multiplied by sqrt(d_k)",
+               source="published notes on section 3.5 (a SingleHeadCausalSelfAttention module)"),
+    Submission("projection_written_as_W_times_x", S04, (("    return x @ W\n", "    return W.T @ x.T\n"),),
+               "W^T x from the maths notation: right for one token, transposed for a matrix of tokens",
+               "transpose missing or extra"),
+    Submission("transposed_scores", S05,
+               (("attn_scores = queries @ keys.transpose(-2, -1)  # (num_tokens, num_tokens)",
+                 "attn_scores = keys @ queries.transpose(-2, -1)  # (num_tokens, num_tokens)"),),
+               "keys @ queries.T: each row holds one key's scores", "scores are transposed",
+               source="published notes on section 3.5.1 (the causal mask)"),
+    Submission("v2_ignores_qkv_bias", S05,
+               (("nn.Linear(d_in, d_out, bias=qkv_bias)", "nn.Linear(d_in, d_out, bias=False)"),),
+               "SelfAttention_v2 never creates biases", "bias=qkv_bias"),
+    Submission("tril_instead_of_triu", S06,
+               (("torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=1)",
+                 "torch.tril(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=-1)"),),
+               "the efficient mask hides the past", "hides the past instead of the future"),
+    Submission("mask_with_zero", S06, (("masked_fill(mask, -torch.inf)", "masked_fill(mask, 0.0)"),),
+               "masked scores set to 0 instead of -inf", "masked with 0 instead of -inf"),
+    Submission("mask_without_renormalising", S06,
+               (("return masked_simple / masked_simple.sum(dim=-1, keepdim=True)", "return masked_simple"),),
+               "the simple mask zeroes the future but does not renormalise", "renormalis"),
+    Submission("softmax_over_dim_1", S06,
+               (("torch.softmax(masked / d_k**0.5, dim=-1)", "torch.softmax(masked / d_k**0.5, dim=1)"),),
+               "softmax over dim=1, right for one table, wrong for a batch", "softmax over the wrong dimension",
+               source="published notes on section 3.5.1 (the efficient causal mask)"),
+    Submission("dropout_in_eval_mode", S07, (("dropout.train(training)", "dropout.train(True)"),),
+               "dropout stays active in eval mode", "eval mode"),
+    Submission("dropout_not_rescaled", S07, (("return x * keep / (1 - p)", "return x * keep"),),
+               "kept values not rescaled by 1/(1-p)", "not rescaled"),
+    Submission("dropout_keeps_p", S07, (("keep = torch.rand_like(x) >= p", "keep = torch.rand_like(x) < p"),),
+               "p taken as the probability of keeping", "probability of DROPPING"),
+    Submission("causal_attention_ignores_qkv_bias", S08,
+               (("nn.Linear(d_in, d_out, bias=qkv_bias)", "nn.Linear(d_in, d_out, bias=False)"),),
+               "CausalAttention never creates biases", "bias=qkv_bias",
+               source="published notes on section 3.5.3 (CausalAttention)"),
+    Submission("mask_not_truncated", S08,
+               (("mask_bool = self.mask.bool()[:num_tokens, :num_tokens]", "mask_bool = self.mask.bool()"),),
+               "the full context_length mask is used for shorter sequences", "cut it to the sequence"),
+    Submission("mask_not_a_buffer", S08,
+               (('self.register_buffer(\n'
+                 '            "mask", torch.triu(torch.ones(context_length, context_length), diagonal=1)\n'
+                 '        )',
+                 "self.mask = torch.triu(torch.ones(context_length, context_length), diagonal=1)"),),
+               "the mask is a plain attribute, not a registered buffer", "register_buffer"),
+    Submission("dropout_never_applied", S08,
+               (("        attn_weights = self.dropout(attn_weights)\n", ""),),
+               "self.dropout is created but never applied", "apply self.dropout",
+               source="published notes on section 3.5.3 (CausalAttention)"),
+    Submission("sequence_length_hard_coded", S08,
+               (("self.mask.bool()[:num_tokens, :num_tokens]", "self.mask.bool()[:6, :6]"),),
+               "the mask is cut to the book's 6 tokens", "never hard-code the sequence length"),
+    Submission("heads_share_weights", S09,
+               (("[CausalAttention(d_in, d_out, context_length, dropout, qkv_bias) for _ in range(num_heads)]",
+                 "[CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)] * num_heads"),),
+               "one CausalAttention repeated: all heads share weights", "new CausalAttention for every head"),
+    Submission("heads_concatenated_on_tokens", S09,
+               (("torch.cat([head(x) for head in self.heads], dim=-1)",
+                 "torch.cat([head(x) for head in self.heads], dim=1)"),),
+               "heads concatenated along the token axis", "last dimension"),
+    Submission("split_without_transpose", S10,
+               ((".view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)",
+                 ".view(b, self.num_heads, num_tokens, self.head_dim)"),),
+               "heads split with view alone", "split with view alone"),
+    Submission("scaled_by_model_width", S10,
+               (("torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)",
+                 "torch.softmax(attn_scores / self.d_out ** 0.5, dim=-1)"),),
+               "scores scaled by sqrt(d_out) instead of sqrt(head_dim)", "scaled by sqrt(d_out)"),
+    Submission("missing_out_proj", S10, (("return self.out_proj(context_vec)", "return context_vec"),),
+               "out_proj never applied", "out_proj was not applied"),
+    Submission("view_without_contiguous", S10,
+               (("context_vec.contiguous().view(b, num_tokens, self.d_out)",
+                 "context_vec.view(b, num_tokens, self.d_out)"),),
+               "view after transpose without contiguous()", "contiguous"),
+    Submission("values_are_inputs", S10, (("values = self.W_value(x)", "values = x"),),
+               "the values are the raw inputs", "the values were the inputs"),
+    Submission("num_heads_never_stored", S10, (("        self.num_heads = num_heads\n", ""),),
+               "self.num_heads is used but never set", "self.num_heads is used but never set",
+               source="published notes on section 3.6.2 (a copy of MultiHeadAttention)"),
+    Submission("batch_size_hard_coded", S10,
+               (("b, num_tokens, d_in = x.shape", "b, num_tokens, d_in = 2, x.shape[1], x.shape[2]"),),
+               "the batch size is fixed to the book's 2", "hard-coding"),
+    Submission("qkv_stacked_in_wrong_order", S11,
+               (('[sd["W_query.weight"], sd["W_key.weight"], sd["W_value.weight"]]',
+                 '[sd["W_key.weight"], sd["W_query.weight"], sd["W_value.weight"]]'),),
+               "W_qkv stacks key rows before query rows", "query, key, value"),
+    Submission("head_reads_a_global_size", S11,
+               (("import torch.nn as nn\n", "import torch.nn as nn\n\nC = 3  # the embedding size of the example\n"),
+                ("nn.Linear(d_in, head_dim, bias=qkv_bias)", "nn.Linear(C, head_dim, bias=qkv_bias)")),
+               "Head takes its input size from a global instead of d_in", "never from globals",
+               source="published notes on per-head attention modules (Head)"),
+]
+
+
+VARIANTS = [
+    Submission("keys_created_first", S05,
+               (("        self.W_query = nn.Parameter(torch.rand(d_in, d_out))\n"
+                 "        self.W_key = nn.Parameter(torch.rand(d_in, d_out))\n",
+                 "        self.W_key = nn.Parameter(torch.rand(d_in, d_out))\n"
+                 "        self.W_query = nn.Parameter(torch.rand(d_in, d_out))\n"),
+                ("        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+                 "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n",
+                 "        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+                 "        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)\n")),
+               "parameters created in another order (W_key before W_query)", source="published notes on section 3.4.2"),
+    Submission("einsum_scores", S10,
+               (("attn_scores = queries @ keys.transpose(2, 3)",
+                 'attn_scores = torch.einsum("bhqd,bhkd->bhqk", queries, keys)'),),
+               "scores with einsum"),
+    Submission("reshape_instead_of_view", S10,
+               ((".view(", ".reshape("), (".contiguous()", "")),
+               "reshape everywhere instead of contiguous + view"),
+    Submission("sdpa_inside", S10,
+               (("""        attn_scores = queries @ keys.transpose(2, 3)  # (b, num_heads, num_tokens, num_tokens)
+        mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
+        attn_scores = attn_scores.masked_fill(mask_bool, -torch.inf)
+        # Scale by the width of one head, the d_k of each head's dot products.
+        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
+        attn_weights = self.dropout(attn_weights)
+
+        context_vec = (attn_weights @ values).transpose(1, 2)""",
+                 """        allowed = ~self.mask.bool()[:num_tokens, :num_tokens]
+        context_vec = torch.nn.functional.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=allowed, dropout_p=self.dropout.p if self.training else 0.0
+        ).transpose(1, 2)"""),),
+               "F.scaled_dot_product_attention with the registered mask"),
+    Submission("large_negative_instead_of_inf", S08,
+               (("masked_fill(mask_bool, -torch.inf)", "masked_fill(mask_bool, -1e9)"),),
+               "masking with -1e9 instead of -inf"),
+    Submission("scaling_before_masking", S08,
+               (("""        attn_scores = queries @ keys.transpose(1, 2)  # (b, num_tokens, num_tokens)""",
+                 """        attn_scores = queries @ keys.transpose(1, 2) / keys.shape[-1] ** 0.5"""),
+                ("torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)", "torch.softmax(attn_scores, dim=-1)")),
+               "scaling the scores before masking them"),
+    Submission("fused_qkv_with_state_dict_hook", S10,
+               (("""        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+""", """        self.W_qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)
+        # Accept state_dicts with the documented names: stack W_query/W_key/W_value into W_qkv.
+        self._register_load_state_dict_pre_hook(self._fuse_qkv)
+"""),
+                ("""        queries = self.W_query(x)  # (b, num_tokens, d_out)
+        keys = self.W_key(x)
+        values = self.W_value(x)
+""", """        queries, keys, values = self.W_qkv(x).split(self.d_out, dim=-1)
+"""),
+                ("""    def forward(self, x):
+        # Project, split""", """    @staticmethod
+    def _fuse_qkv(state_dict, prefix, *args):
+        for kind in ("weight", "bias"):
+            names = [f"{prefix}{n}.{kind}" for n in ("W_query", "W_key", "W_value")]
+            if all(n in state_dict for n in names):
+                state_dict[f"{prefix}W_qkv.{kind}"] = torch.cat([state_dict.pop(n) for n in names])
+
+    def forward(self, x):
+        # Project, split""")),
+               "one fused projection that loads the documented state_dict through a pre-hook"),
+    Submission("logsumexp_softmax", S02,
+               (("""    shifted = x - x.max(dim=dim, keepdim=True).values
+    exp = torch.exp(shifted)
+    return exp / exp.sum(dim=dim, keepdim=True)""",
+                 """    return torch.exp(x - torch.logsumexp(x, dim=dim, keepdim=True))"""),),
+               "stable softmax through logsumexp"),
+    Submission("stacked_heads", S09,
+               (("torch.cat([head(x) for head in self.heads], dim=-1)",
+                 "torch.stack([head(x) for head in self.heads], dim=-2).flatten(-2)"),),
+               "stack the heads and flatten instead of cat"),
+    Submission("bernoulli_dropout", S07,
+               (("    keep = torch.rand_like(x) >= p\n    return x * keep / (1 - p)",
+                 "    keep = torch.bernoulli(torch.full_like(x, 1 - p))\n    return x * keep / (1 - p)"),),
+               "dropout mask drawn with torch.bernoulli"),
+    Submission("where_instead_of_masked_fill", S06,
+               (("masked = attn_scores.masked_fill(mask, -torch.inf)",
+                 "masked = torch.where(mask, torch.full_like(attn_scores, float('-inf')), attn_scores)"),),
+               "torch.where instead of masked_fill"),
+    Submission("multiply_by_inverse_sqrt", S04,
+               (("torch.softmax(scores / d_k**0.5, dim=-1)", "torch.softmax(scores * d_k**-0.5, dim=-1)"),),
+               "multiplying by d_k ** -0.5"),
+    Submission("chunk_and_bool_mask", S11,
+               (("queries, keys, values = qkv.split(self.d_out, dim=2)",
+                 "queries, keys, values = qkv.chunk(3, dim=-1)"),
+                ('self.register_buffer("mask", mask.view(1, 1, context_length, context_length))',
+                 'self.register_buffer("mask", mask.bool().view(1, 1, context_length, context_length), '
+                 'persistent=False)')),
+               "chunk instead of split, a boolean non-persistent mask"),
+]

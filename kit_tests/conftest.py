@@ -1,0 +1,18 @@
+"""The kit's own tests: the reference passes, the stubs fail, fixtures reproduce, grading holds.
+
+    pytest kit_tests                 # all of them (about ten minutes on two cores)
+    pytest kit_tests -m "not slow"   # without the runs that grade whole classes or drive nbgrader
+
+They test the grading engine (grader/) and the graded suite (tests/) from outside: through
+``attnkit``, nbgrader's own commands, and the suite's adapter.
+"""
+import pytest
+
+from adapters import Implementation, LocalBackend
+from grader.kit import SOLUTIONS
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """The reference solutions, in this process, through the suite's adapter."""
+    return Implementation(LocalBackend(SOLUTIONS))

@@ -1,0 +1,328 @@
+"""The tamper and fault corpus: submissions that try to cheat or to break the grading run.
+
+Each entry is the reference solutions with one or more stage modules replaced (and, for the
+notebook attacks, an edited notebook). Each says which grade its honest work deserves, stage by
+stage, and which words its feedback must contain. ``kit_tests/test_tamper_nbgrader.py`` grades the
+whole corpus with nbgrader's own ``autograde`` next to honest "bystander" submissions and checks
+that every entry gets exactly that grade, that the run completes and that nothing else changes.
+
+The honest work of an entry is what is left once the attack is taken away: usually the stub of
+the attacked stage (0 points there, full points everywhere else), sometimes a correct module
+(full points: e.g. printing a lot is not a mistake) or a wrong one (the points its checks give).
+
+Expected grades are fractions of a stage's points (passed checks / counted checks); a stage not
+named gets full points. They were decided by running each honest version through the suite.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import nbformat
+import numpy as np
+
+from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, marker, stages
+from grader.samples import write_modules
+
+PAYLOADS = Path(__file__).with_name("tamper_payloads")
+STUB = "this part is still a stub"  # the feedback line under every failure of an untouched stub
+BYSTANDERS = ("reference", "tril-for-triu")  # honest samples (grader/samples.py): full marks; one real mistake
+LATE = "zz-"  # students are graded in the order of their names: this prefix puts one after every attacker
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where the attacks aim: the course being graded and the bystanders' submissions."""
+
+    course: Path  # the nbgrader course root (gradebook.db, submitted/, autograded/ ...)
+    assignment: str
+    bystanders: tuple  # student ids of honest submissions graded in the same run
+
+    def target_files(self) -> list[Path]:
+        """Files an attack tries to create or overwrite (none may exist or change afterwards)."""
+        out = [self.course / "gradebook.db", self.course / "pwned.txt", KIT / "pwned.txt",
+               SOLUTIONS / "pwned.txt"]
+        for student in self.bystanders:
+            for top in ("submitted", "autograded"):
+                folder = self.course / top / student / self.assignment
+                out += [folder / "s01_attention_scores.py", folder / "pwned.txt"]
+        return out
+
+
+@dataclass(frozen=True)
+class Tamper:
+    name: str  # also the nbgrader student id (letters, digits and '-': zip_collect-safe)
+    description: str
+    modules: Callable[[Context], dict]  # stage module -> source; the others are the solutions
+    reason: str | tuple  # words the feedback must contain (each of them)
+    expected: dict = field(default_factory=dict)  # marker -> Fraction of the points; others: 1
+    notebook: Callable | None = None  # edits the submitted notebook (nbformat node) in place
+    extra_files: Callable[[Context], dict] | None = None  # more files in the submission folder
+    links: dict = field(default_factory=dict)  # file name -> the path it is a symbolic link to
+
+    @property
+    def reasons(self) -> tuple:
+        return self.reason if isinstance(self.reason, tuple) else (self.reason,)
+
+    def fraction(self, marker: str) -> Fraction:
+        return Fraction(self.expected.get(marker, 1))
+
+
+# ---------------------------------------------------------------- building blocks
+
+def solution(stage: str) -> str:
+    return (SOLUTIONS / f"{stage}.py").read_text()
+
+
+def stub(stage: str) -> str:
+    return (EXERCISES / f"{stage}.py").read_text()
+
+
+def fixed(**modules):
+    """A ``modules`` function that does not depend on the context."""
+    return lambda ctx: dict(modules)
+
+
+def payload(name: str) -> str:
+    """The text of kit_tests/tamper_payloads/<name>.py: each attack is a real file that linters read."""
+    return (PAYLOADS / f"{name}.py").read_text()
+
+
+# Payloads that call functions another payload file defines (a "prelude": it does nothing by itself)
+# -> those preludes, in the order they are appended before the payload, so that a piece of logic
+# several attacks share is written once. Each payload's docstring names the preludes it needs.
+PRELUDES = {
+    **dict.fromkeys(("plant_tmp", "plant_devshm", "plant_home", "plant_sysv_shm", "plant_sysv_msg",
+                     "plant_posix_shm", "plant_posix_mq", "plant_keyring_session", "plant_keyring_user"),
+                    ("plant_common",)),
+    **dict.fromkeys(("plant_abstract_socket", "plant_tcp"), ("daemon_common", "plant_common")),
+    **dict.fromkeys(("hijack_frames", "hijack_gc"), ("daemon_common", "hijack_common")),
+    **dict.fromkeys(("hijack_patch_exit", "zygote_mem_patch"), ("hijack_common",)),
+    "signal_ptrace_daemon": ("daemon_common",),
+}
+
+
+def attacked(module: str, *names: str, context: dict | None = None) -> str:
+    """``module`` with the payloads ``names`` appended (they run when it is imported), each after the
+    preludes it needs (PRELUDES; a prelude two payloads share is appended once). ``context`` becomes
+    ``ATTACK``, which payloads that aim at real paths read (the course, the kit)."""
+    parts = [module.rstrip(), ""]
+    if context is not None:
+        parts.append(f"ATTACK = {context!r}")
+    files = dict.fromkeys(part for name in names for part in (*PRELUDES.get(name, ()), name))
+    parts += [payload(name) for name in files]
+    return "\n\n".join(parts) + "\n"
+
+
+def armed(base, **payloads: str) -> dict[str, str]:
+    """Stage modules from ``base`` (``stub`` or ``solution``), each with its own payload appended:
+    ``armed(solution, s01_attention_scores="jam_channel")``."""
+    return {stage: attacked(base(stage), name) for stage, name in payloads.items()}
+
+
+def book_causal_attention() -> str:
+    """The reference CausalAttention whose forward returns the book's printed output (chapter 3,
+    four decimals) whatever the input: the layers, the mask buffer and the dropout are honest work."""
+    with np.load(FIXTURES / "public" / "s08_causal_attention.npz") as data:
+        printed = np.round(data["output"].astype(float), 4).tolist()
+    module = solution("s08_causal_attention")
+    start = module.index("    def forward(self, x):")
+    return module[:start] + f"    def forward(self, x):\n        return torch.tensor({printed!r})\n"
+
+
+SHADOW_NAMES = ["sitecustomize.py", "usercustomize.py", "pytest.py", "numpy.py", "torch.py", "json.py",
+                "adapters.py", "stage_names.py", "checks.py", "grader/__init__.py",
+                "tests/conftest.py"]  # (nbgrader restores the released tests/conftest.py)
+MARK = "[attnkit-tamper]"  # in the docstring of every payload: none may survive into a graded notebook
+
+
+def shadow_files() -> dict:
+    """Files next to the notebook that would replace what the kernel or the grader imports, if the
+    submission folder were ever on sys.path. Each shouts by writing a marker file."""
+    return {**{name: payload("shadow") for name in SHADOW_NAMES}, "grader/cells.py": payload("shadow_grading")}
+
+
+# ---------------------------------------------------------------- notebook attacks
+
+def code_cell(name: str, metadata=None):
+    """A notebook code cell whose source is the payload ``name``."""
+    return nbformat.v4.new_code_cell(payload(name), metadata=metadata or {})
+
+
+def add_cells(nb):
+    """Code cells a student adds: they patch the grader and print fake verdicts. One borrows the
+    metadata of an autograder cell and sits before it, hoping to take its place."""
+    grade_cells = [i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade")]
+    first = grade_cells[0]
+    impostor = code_cell("cell_fake_verdict", metadata=json.loads(json.dumps(nb.cells[first].metadata)))
+    impostor.metadata["nbgrader"]["locked"] = False
+    nb.cells.insert(first, impostor)
+    nb.cells.insert(1, code_cell("cell_patch_grader"))
+    nb.cells.append(code_cell("cell_write_gradebook"))
+
+
+def edit_locked_cells(nb):
+    """Rewrite every autograder cell to return its points, unlock it, raise its points; make the setup
+    cell a 50-point grade cell that patches the grader; turn a markdown cell into code."""
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade"):
+            cell.source = payload("cell_claim_points")
+            meta["locked"] = False
+            meta["points"] = 1000
+            cell.metadata["editable"] = True
+        elif cell.cell_type == "code" and "GRADING" in cell.source:  # the setup cell, made a grade cell
+            cell.source = payload("cell_patch_grader")
+            meta.update(grade=True, points=50, locked=False)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            nb.cells[i] = code_cell("cell_patch_grader", metadata=cell.metadata)
+            break
+
+
+# ---------------------------------------------------------------- the corpus
+
+def corpus() -> list[Tamper]:
+    """The entries, one student each. Attacks that cannot get in each other's way share a student, one
+    stage each (the per-stage grade and reason tell which did what): fewer students, the same ground."""
+    return [
+        Tamper("patch-libraries", "stubs that patch, at import: torch's comparisons and softmax (s03); NumPy's "
+               "comparisons and np.testing (s04); pytest.fail, pytest.approx and _pytest's reports (s05); "
+               "AssertionError, NotImplementedError, all and abs in builtins (s06); the adapter through "
+               "sys.modules (s07)", fixed(**armed(
+                   stub, s03_context_vectors="patch_torch", s04_trainable_projections="patch_numpy",
+                   s05_self_attention="patch_pytest", s06_causal_mask="patch_builtins", s07_dropout="patch_adapter")),
+               reason=(STUB, "has shape ()"), expected={m: 0 for m in (
+                   "context_vectors", "trainable_projections", "self_attention", "causal_mask", "dropout")}),
+        Tamper("patch-wrong", "a wrong s06 (tril for triu) that also patches torch and numpy comparisons",
+               fixed(s06_causal_mask=attacked(solution("s06_causal_mask").replace(
+                   "torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=1)",
+                   "torch.tril(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=-1)"),
+                   "patch_torch", "patch_numpy")),
+               reason="FAIL", expected={"causal_mask": Fraction(3, 9)}),
+        Tamper("hardcoded-book", "CausalAttention returns the book's printed tensor whatever the input",
+               fixed(s08_causal_attention=book_causal_attention()),
+               # Passing: the mask buffer, qkv_bias (x2) and dropout-rate checks (the honest __init__).
+               # s09's wrapper is correct; its checks that concatenate whatever the heads return pass.
+               reason="FAIL", expected={"causal_attention": Fraction(4, 13), "multihead_wrapper": Fraction(4, 8)}),
+        Tamper("reach-outside", "stubs that load the hidden fixtures and answer from them (s01); write into the "
+               "gradebook (SQL and appends, relative and absolute paths), other students' submitted/ and "
+               "autograded/ folders and the kit (s02); look for the solutions (the grader's path, "
+               "grader.__file__, an editable install's finder, relative paths) and run them (s10)",
+               lambda ctx: {
+                   "s01_attention_scores": attacked(stub("s01_attention_scores"), "read_hidden_fixtures",
+                                                    context={"fixtures": str(FIXTURES)}),
+                   "s02_normalization": attacked(stub("s02_normalization"), "write_everywhere", context={
+                       "targets": [str(p) for p in ctx.target_files()],
+                       "folders": [str(ctx.course / top / s / ctx.assignment)
+                                   for top in ("submitted", "autograded") for s in ctx.bystanders]}),
+                   "s10_multihead_attention": attacked(stub("s10_multihead_attention"), "read_solutions",
+                                                       context={"solutions": str(SOLUTIONS)})},
+               reason=STUB, expected={"attention_scores": 0, "normalization": 0, "multihead_attention": 0}),
+        Tamper("faults", "correct modules that, at import, call sys.exit(0) (s03) or os._exit(0) (s04), loop "
+               "forever (s05), dereference NULL (s07); a correct s06 whose functions first allocate until the "
+               "address space runs out; an s11 stub that forks 300 sleeping children", fixed(
+                   **armed(solution, s03_context_vectors="sys_exit", s04_trainable_projections="os_exit",
+                           s05_self_attention="endless_loop", s06_causal_mask="memory_bomb", s07_dropout="segfault"),
+                   **armed(stub, s11_other_forms="fork_loop")),
+               reason=("exited with code 0", "time limit", "memory limit", "SIGSEGV", STUB),
+               expected={m: 0 for m in ("context_vectors", "trainable_projections", "self_attention",
+                                         "causal_mask", "dropout", "other_forms")}),
+        Tamper("print-flood", "a correct s01 that prints 1 GiB on stdout and 1 GiB on stderr at import "
+               "(honest work: correct, the output is dropped)",
+               fixed(**armed(solution, s01_attention_scores="print_flood")),
+               reason="Stage attention_scores: "),
+        Tamper("extra-cells", "s05 stub; code cells added to the notebook patch the grader, one with the "
+               "metadata of an autograder cell", fixed(s05_self_attention=stub("s05_self_attention")),
+               reason=STUB, expected={"self_attention": 0}, notebook=add_cells),
+        Tamper("edit-locked", "s09 stub; every autograder cell rewritten to return its points, unlocked, "
+               "points raised; the setup cell made a 50-point grade cell that patches the grader; a markdown cell "
+               "turned into code",
+               fixed(s09_multihead_wrapper=stub("s09_multihead_wrapper")),
+               reason=STUB, expected={"multihead_wrapper": 0}, notebook=edit_locked_cells),
+        Tamper("stray-files", "s07 and s11 stubs, next to the notebook sitecustomize.py, torch.py, numpy.py, "
+               "pytest.py, json.py, adapters.py, a grader/ package, and a folder named like a stage module",
+               fixed(s07_dropout=stub("s07_dropout"), s11_other_forms=stub("s11_other_forms")),
+               reason=STUB, expected={"dropout": 0, "other_forms": 0},
+               extra_files=lambda ctx: {**shadow_files(), "s12_notes.py/readme.txt": "not a module\n"}),
+        Tamper("symlink-solutions", "s08 submitted as a symbolic link to the reference solution "
+               "(nbgrader's copy into autograded/ follows links)",
+               fixed(), links={"s08_causal_attention.py": SOLUTIONS / "s08_causal_attention.py"},
+               reason="submitted as a symbolic link", expected={"causal_attention": 0, "multihead_wrapper": 0}),
+        Tamper("sandbox-tricks", "the solutions; at the end of stage 1 the worker jams the request pipe (the "
+               "grader's next request cannot be written) and answers for the sandbox; s02 spends 6 s of CPU time "
+               "at import in children the kernel reaps by itself (SIGCHLD ignored, unseen by /proc); s03 raises "
+               "an 8 MB exception message at import", fixed(**armed(
+                   solution, s01_attention_scores="jam_channel", s02_normalization="hidden_cpu",
+                   s03_context_vectors="huge_message")),
+               reason=("Stage attention_scores: 9 of 9", "time limit", "failed with RuntimeError: xxxx"),
+               expected={"normalization": 0, "context_vectors": 0}),
+        # -- aimed at the submissions graded after them (the victims are named LATE + ...) --
+        Tamper("hijack-frames", "s01 solution that walks the stack frames up to the sandbox's serving code, "
+               "takes its request and reply pipes and leaves a setsid daemon (signals ignored and blocked) that "
+               "answers as the sandbox with this submission's modules, then blocks the import",
+               fixed(**armed(solution, s01_attention_scores="hijack_frames")),
+               reason="Stage attention_scores: "),
+        Tamper("hijack-gc", "the same as hijack-frames, the sandbox's objects found through gc.get_objects()",
+               fixed(**armed(solution, s01_attention_scores="hijack_gc")),
+               reason="Stage attention_scores: "),
+        Tamper("hijack-patch", "s01 solution that rebinds the sandbox's own functions (os._exit, the trace "
+               "check, the stage server) so that its worker goes on serving whatever comes next; s02 solution "
+               "that rewrites the submission path in its parent's memory through /proc/<pid>/mem", fixed(**armed(
+                   solution, s01_attention_scores="hijack_patch_exit", s02_normalization="zygote_mem_patch")),
+               reason="Stage attention_scores: "),
+        Tamper("plant", "the solutions; stage k also plants its own source in channel k: /tmp (read-only "
+               "folder), /dev/shm, the home folder, SysV shared memory, a SysV message queue, POSIX shared "
+               "memory, a POSIX message queue, an abstract unix socket and a TCP socket (setsid daemons), "
+               "the session and the user keyrings", fixed(**armed(solution, **PLANTED)),
+               reason="Stage other_forms: "),
+        Tamper("processes", "the solutions; s08 shrinks its parent's address-space limit to what it uses; s09 "
+               "gives its parent the idle scheduling class and nice 19; s10 leaves 1 GiB of SysV shared memory "
+               "allocated; s11 leaves a setsid daemon SIGSTOPping, ptracing and SIGKILLing every process it can "
+               "see, for two minutes", fixed(**armed(
+                   solution, s08_causal_attention="zygote_prlimit", s09_multihead_wrapper="zygote_sched_idle",
+                   s10_multihead_attention="hold_sysv_memory", s11_other_forms="signal_ptrace_daemon")),
+               reason="Stage other_forms: "),
+        Tamper(LATE + "stubs", "victim: the stubs, untouched, graded after every attacker",
+               lambda ctx: {stage: stub(stage) for stage in stages()},
+               reason=STUB, expected={marker(stage): 0 for stage in stages()}),
+        Tamper(LATE + "scavenge", "victim: the stubs, each of which looks in every channel for the source "
+               "planted for it and runs it",
+               lambda ctx: {stage: attacked(stub(stage), "scavenge") for stage in stages()},
+               reason=STUB, expected={marker(stage): 0 for stage in stages()}),
+    ]
+
+
+PLANTED = {  # the persistence channel each stage of the "plant" entry uses (its payload)
+    "s01_attention_scores": "plant_tmp", "s02_normalization": "plant_devshm", "s03_context_vectors": "plant_home",
+    "s04_trainable_projections": "plant_sysv_shm", "s05_self_attention": "plant_sysv_msg",
+    "s06_causal_mask": "plant_posix_shm", "s07_dropout": "plant_posix_mq",
+    "s08_causal_attention": "plant_abstract_socket",
+    "s09_multihead_wrapper": "plant_tcp", "s10_multihead_attention": "plant_keyring_session",
+    "s11_other_forms": "plant_keyring_user",
+}
+
+
+def write_entry(entry: Tamper, ctx: Context, release: Path, dest: Path) -> Path:
+    """The entry's submission folder: the released assignment, the solutions, the entry's modules,
+    files and notebook edits."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(release, dest)
+    write_modules(dest, replaced=entry.modules(ctx))
+    for name, text in (entry.extra_files(ctx) if entry.extra_files else {}).items():
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        (dest / name).write_text(text)
+    for name, target in entry.links.items():
+        (dest / name).unlink(missing_ok=True)
+        (dest / name).symlink_to(target)
+    if entry.notebook:
+        path = dest / f"{ctx.assignment}.ipynb"
+        nb = nbformat.read(path, as_version=4)
+        entry.notebook(nb)
+        nbformat.write(nb, path)
+    return dest

@@ -1,0 +1,410 @@
+"""``attnkit grade``: a class graded by warm workers gets nbgrader's cells' verdicts, lands in the nbgrader
+gradebook and the JSON records, survives kill -9, gives the same grades on a Dask cluster and on a
+loaded machine, keeps every submission within its time budget and leaves nothing in TMPDIR.
+
+The command runs as a real subprocess (``attnkit grade``), on an nbgrader course built and generated
+here, and on a plain folder of submissions, each run with a TMPDIR of its own.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from grader import results as R
+from grader import scoring
+from grader import submission as S
+from grader.cells import grade_folder
+from grader.course import build
+from grader.grade import grade
+from grader.kit import SOLUTIONS, stages
+from grader.samples import by_student, write_submission
+from grader.sandbox import Limits
+from grader.targets import folder_target
+from load import cpu_hogs
+
+pytestmark = [pytest.mark.timeout(600)]
+
+ASSIGNMENT = "attention"
+PROMISED = "namespaces" if os.geteuid() == 0 else "userns"  # the confinement the README promises here
+STUDENTS = ("reference", "softmax-dim0", "tril-for-triu", "endless-loop")
+ATTNKIT = [sys.executable, "-m", "grader.cli"]
+
+
+def attnkit(*args, cwd=None, tmpdir=None):
+    env = dict(os.environ, TMPDIR=str(tmpdir)) if tmpdir else None
+    run = subprocess.run([*ATTNKIT, *args], cwd=cwd, capture_output=True, text=True, env=env)
+    assert run.returncode == 0, f"attnkit {' '.join(args)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    return run.stdout
+
+
+def records(out: Path) -> dict[str, dict]:
+    return R.read_records(out)
+
+
+def outcomes(record: dict) -> dict[str, str]:
+    return {t["nodeid"]: t["outcome"] for s in record["stages"] for t in s["tests"]}
+
+
+# ---------------------------------------------------------------- the record format (fast)
+
+def test_mistakes_and_limits_are_read_from_messages():
+    message = "weights differ\nLikely mistake: softmax over dim 0\nLikely mistake: no scaling\n  by sqrt(d_k)"
+    assert scoring.mistakes(message) == ["softmax over dim 0", "no scaling\n  by sqrt(d_k)"]
+    assert scoring.mistakes("plain failure") == []
+    assert scoring.limit_of("s03_context_vectors: time limit of 20 s exceeded — an infinite loop?") == "time"
+    assert scoring.limit_of("not run: an earlier check of this stage hit the time limit") == "time"
+    assert scoring.limit_of("s02: memory limit of 4 GiB exceeded (MemoryError: )") == "memory"
+    assert scoring.limit_of("s02: the child process died with signal SIGSEGV (a crash)") == "crash"
+    assert scoring.limit_of("s02: the child process exited with code 0 before answering (sys.exit?)") == "exit"
+    assert scoring.limit_of("wrong numbers", output_capped=True) == "output"
+    assert scoring.limit_of("wrong numbers") is None
+
+
+def test_a_folder_or_link_named_like_a_module_neither_crashes_nor_counts(tmp_path):
+    """What is graded of a submission (and what its fingerprint and seed stand for) is its regular
+    module files: a folder named like a module is no module, and a link is graded as a module that
+    fails, saying so, without being read. One odd submission must not stop the grading of a class."""
+    clean, odd = tmp_path / "clean", tmp_path / "odd"
+    for folder in (clean, odd):
+        by_student("reference").write(folder)
+    (odd / "s05_self_attention.py").unlink()
+    (odd / "s05_self_attention.py").mkdir()  # a folder named like a module
+    (odd / "s06_causal_mask.py").unlink()
+    (odd / "s06_causal_mask.py").symlink_to("/dev/zero")  # a link that would never stop reading
+    (clean / "s05_self_attention.py").unlink()
+    graded = S.sources(odd)
+    assert "s05_self_attention.py" not in graded
+    assert b"submitted as a symbolic link" in graded["s06_causal_mask.py"]
+    assert {k: v for k, v in graded.items() if k != "s06_causal_mask.py"} == \
+        {k: v for k, v in S.sources(clean).items() if k != "s06_causal_mask.py"}
+
+
+def test_records_are_written_whole_and_summarised(tmp_path):
+    tests = [
+        {"nodeid": "tests/test_s01_attention_scores.py::test_a", "stage": "s01_attention_scores",
+         "marker": "attention_scores", "label": "a", "outcome": "passed", "message": ""},
+        {"nodeid": "tests/test_s01_attention_scores.py::test_b", "stage": "s01_attention_scores",
+         "marker": "attention_scores", "label": "b", "outcome": "failed", "message": "x\nLikely mistake: y"},
+        {"nodeid": "tests/test_s01_attention_scores.py::test_c[cuda]", "stage": "s01_attention_scores",
+         "marker": "attention_scores", "label": "c / cuda", "outcome": "skipped", "message": "no CUDA"},
+    ]
+    fingerprint = S.fingerprint(S.sources(SOLUTIONS))
+    record = R.build(student="ada", assignment="a1", submission=SOLUTIONS, fingerprint=fingerprint, tests=tests,
+                     points={"s01_attention_scores": 4.0}, seconds=0.5)
+    assert (record["fingerprint"], record["seed"]) == (fingerprint, S.seed_of(fingerprint))
+    (stage,) = record["stages"]
+    assert (stage["points"], stage["passed"], stage["counted"]) == (2.0, 1, 2)
+    assert stage["tests"][1]["mistakes"] == ["y"] and stage["tests"][2]["limit"] is None
+    R.write_record(tmp_path, record)
+    assert R.read_records(tmp_path) == {"ada": record}
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+    csv_path, json_path = R.write_summary(tmp_path, "a1", [record])
+    assert list(csv.DictReader(csv_path.open()))[0]["attention_scores"] == "2.0"
+    assert json.loads(json_path.read_text())["students"][0]["total"] == 2.0
+
+
+# ---------------------------------------------------------------- an nbgrader course
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grade") / "course"
+    build(root)
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for student in STUDENTS:
+        folder = write_submission(by_student(student), root / "release" / ASSIGNMENT,
+                                  root / "submitted" / student / ASSIGNMENT)
+        (folder / "timestamp.txt").write_text("2026-01-15 10:00:00.000000 UTC")
+    tmpdir = tmp_path_factory.mktemp("tmpdir")  # to see what the run leaves there
+    start = time.monotonic()
+    with cpu_hogs():  # a loaded machine: the grades below are those of an idle one
+        stdout = attnkit("grade", "--course", str(root), "--quiet", tmpdir=tmpdir)
+    return root, stdout, time.monotonic() - start, tmpdir
+
+
+@pytest.mark.slow
+def test_every_student_is_graded_and_the_bad_one_costs_only_its_limit(course):
+    root, stdout, seconds, tmpdir = course
+    assert f"graded {len(STUDENTS)}, already graded 0, errors 0" in stdout
+    found = records(root / "attnkit-grades" / ASSIGNMENT)
+    assert sorted(found) == sorted(STUDENTS)
+    for student, record in found.items():
+        breaks = set(by_student(student).breaks)
+        lost = {s["marker"] for s in record["stages"] if s["points"] < s["max_points"]}
+        assert lost == breaks, f"{student}: lost points on {lost}, expected {breaks}"
+    loop = {s["marker"]: s for s in found["endless-loop"]["stages"]}["context_vectors"]
+    assert {t["limit"] for t in loop["tests"]} == {"time"}
+    assert R.limits_hit(found["endless-loop"]) == ["context_vectors"]
+    # The endless loop held up its own worker for its time limit (10 s of CPU time); the others went on.
+    others = max(found[s]["seconds"] for s in STUDENTS if s != "endless-loop")
+    assert others < 15, f"a correct submission took {others:.1f} s"
+    assert found["endless-loop"]["seconds"] < 60
+    for record in found.values():
+        assert record["confinement"] == {"mode": PROMISED, "missing": [] if PROMISED == "namespaces" else ["uid"]}
+    assert list(tmpdir.iterdir()) == [], "the run left files in TMPDIR"
+
+
+@pytest.mark.slow
+def test_verdicts_are_those_of_nbgrader_s_cells(course):
+    """Same checks, same seed, same verdicts as nbgrader's autograder cells give the same submission."""
+    root = course[0]
+    found = records(root / "attnkit-grades" / ASSIGNMENT)
+    compared = ("reference", "softmax-dim0")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        cells = dict(zip(compared, pool.map(
+            lambda s: grade_folder(root / "submitted" / s / ASSIGNMENT, Limits()), compared)))
+    for student in compared:
+        assert outcomes(found[student]) == {t["nodeid"]: t["outcome"] for t in cells[student]["tests"]}, student
+        assert (found[student]["fingerprint"], found[student]["seed"]) == \
+            (cells[student]["fingerprint"], cells[student]["seed"])
+
+
+@pytest.mark.slow
+def assert_gradebook_holds(root: Path, found: dict[str, dict]):
+    """Every stage's score in the gradebook is the record's, for every student."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        for student, record in found.items():
+            for stage in record["stages"]:
+                grade = gb.find_grade(f"grade_{stage['stage']}", "attention", ASSIGNMENT, student)
+                assert grade.score == pytest.approx(stage["points"]), (student, stage["stage"])
+                assert grade.max_score == pytest.approx(stage["max_points"])
+            assert gb.find_submission(ASSIGNMENT, student).timestamp.year == 2026
+
+
+def test_the_gradebook_and_nbgrader_export_show_the_records(course, tmp_path):
+    root = course[0]
+    found = records(root / "attnkit-grades" / ASSIGNMENT)
+    assert_gradebook_holds(root, found)
+    export = tmp_path / "grades.csv"
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "export", "--to", str(export)], cwd=root,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {r["student_id"]: r for r in csv.DictReader(export.open()) if r["assignment"] == ASSIGNMENT}
+    assert sorted(rows) == sorted(found)
+    for student, record in found.items():
+        assert float(rows[student]["score"]) == pytest.approx(record["total"], abs=0.02), student
+    summary = {r["student"]: r for r in csv.DictReader((root / "attnkit-grades" / ASSIGNMENT / "grades.csv").open())}
+    assert {s: float(r["total"]) for s, r in summary.items()} == {s: r["total"] for s, r in found.items()}
+
+
+@pytest.mark.slow
+def test_student_and_force_regrade_only_whom_they_name(course):
+    root = course[0]
+    out = root / "attnkit-grades" / ASSIGNMENT
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.json") if p.name != "grades.json"}
+    assert "graded 0, already graded 1, errors 0" in attnkit("grade", "--course", str(root), "--quiet",
+                                                             "--student", "reference")
+    stdout = attnkit("grade", "--course", str(root), "--quiet", "--student", "reference",
+                     "--student", "softmax-dim0", "--force")
+    assert "graded 2, already graded 0, errors 0" in stdout
+    after = {p.name: p.stat().st_mtime_ns for p in out.glob("*.json") if p.name != "grades.json"}
+    changed = {name for name in before if after[name] != before[name]}
+    assert changed == {"reference.json", "softmax-dim0.json"}
+
+
+@pytest.mark.slow
+def test_notebooks_give_nbgrader_feedback_with_the_same_grades(course):
+    root = course[0]
+    # nbgrader's copy follows links: what a link points at must not reach autograded/ (nor the feedback).
+    (root / "submitted" / "reference" / ASSIGNMENT / "notes.txt").symlink_to(SOLUTIONS / "s08_causal_attention.py")
+    stdout = attnkit("grade", "--course", str(root), "--quiet", "--notebooks")
+    assert f"autograded notebooks: {len(STUDENTS)} written, 0 failed" in stdout
+    assert (root / "autograded" / "reference" / ASSIGNMENT / "notes.txt").read_text() == S.LINK_NOTE
+    found = records(root / "attnkit-grades" / ASSIGNMENT)
+    # nbgrader's own autograde read the scores back from the notebooks' outputs: the records' scores.
+    assert_gradebook_holds(root, found)
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_feedback", ASSIGNMENT], cwd=root,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for student, record in found.items():
+        html = (root / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+        for stage in record["stages"]:
+            assert f"Stage {stage['marker']}: {stage['passed']} of {stage['counted']} checks pass" in html, student
+    assert "Likely mistake" in (root / "feedback" / "tril-for-triu" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+    # Up to date now: nothing to write again.
+    assert "autograded notebooks: 0 written, 0 failed" in attnkit("grade", "--course", str(root), "--quiet",
+                                                                  "--notebooks")
+
+
+def test_an_assignment_not_generated_is_refused(tmp_path):
+    root = tmp_path / "course"
+    build(root)
+    (root / "submitted" / "ada" / ASSIGNMENT).mkdir(parents=True)
+    run = subprocess.run([*ATTNKIT, "grade", "--course", str(root), "--quiet"], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert "nbgrader generate_assignment attention" in run.stderr
+
+
+# ---------------------------------------------------------------- a folder of submissions
+
+CLASS = 8
+
+
+@pytest.fixture(scope="module")
+def submissions(tmp_path_factory):
+    """Eight submissions with distinct fingerprints: the reference with a comment, one softmax bug."""
+    root = tmp_path_factory.mktemp("class") / "submissions"
+    for number in range(CLASS):
+        folder = root / f"student{number:02d}"
+        folder.mkdir(parents=True)
+        for stage in stages():
+            text = (SOLUTIONS / f"{stage}.py").read_text()
+            if stage == "s01_attention_scores":
+                text += f"\n# submission {number}\n"
+            if stage == "s02_normalization" and number == 3:
+                text = text.replace("torch.softmax(all_pairs_scores(inputs), dim=-1)",
+                                    "torch.softmax(all_pairs_scores(inputs), dim=0)")
+            (folder / f"{stage}.py").write_text(text)
+    return root
+
+
+def descendants(pid: int) -> set[int]:
+    found = set()
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                for child in map(int, handle.read().split()):
+                    found |= {child} | descendants(child)
+    except OSError:
+        pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def local_grades(submissions, tmp_path_factory):
+    """Graded by a run killed with SIGKILL after its first records, then by a second run."""
+    out = tmp_path_factory.mktemp("local") / "grades"
+    env = dict(os.environ, TMPDIR=str(tmp_path_factory.mktemp("tmpdir")))
+    cmd = [*ATTNKIT, "grade", "--submissions", str(submissions), "--out", str(out), "--quiet", "--workers", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env)
+    deadline = time.monotonic() + 240
+    while len(list(out.glob("student*.json"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = descendants(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = {p.stem: p.stat().st_mtime_ns for p in out.glob("student*.json")}
+    # The killed run's grading processes (and their sandboxes) die with it.
+    for _ in range(100):
+        if not any(os.path.exists(f"/proc/{pid}") and not _zombie(pid) for pid in workers):
+            break
+        time.sleep(0.1)
+    leftover = {pid for pid in workers if os.path.exists(f"/proc/{pid}") and not _zombie(pid)}
+    left_in_tmpdir = sorted(p.name.rsplit("-", 1)[0] for p in Path(env["TMPDIR"]).iterdir())
+    run = subprocess.run(cmd[:-2], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out, first, run.stdout, leftover, left_in_tmpdir, sorted(Path(env["TMPDIR"]).iterdir())
+
+
+def _zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_without_loss_or_duplication(local_grades):
+    out, first, stdout, leftover, _, _ = local_grades
+    assert 2 <= len(first) < CLASS, f"the run was not cut midway ({len(first)} records)"
+    assert not leftover, f"processes of the killed run survive: {leftover}"
+    assert f"graded {CLASS - len(first)}, already graded {len(first)}, errors 0" in stdout
+    found = records(out)
+    assert sorted(found) == [f"student{n:02d}" for n in range(CLASS)]
+    for student, mtime in first.items():
+        assert (out / f"{student}.json").stat().st_mtime_ns == mtime, f"{student} was graded twice"
+    rows = list(csv.DictReader((out / "grades.csv").open()))
+    assert sorted(r["student"] for r in rows) == sorted(found)
+    assert {s for s, r in found.items() if r["total"] < r["max_total"]} == {"student03"}
+    assert not list(out.glob(".*.tmp"))
+
+
+@pytest.mark.slow
+def test_the_next_run_removes_what_a_killed_run_left_in_tmpdir(local_grades):
+    """kill -9 leaves the dead workers' folders (their copy of a submission, their sandbox's); the next
+    run removes them, and its own."""
+    *_, left_after_kill, left_after_rerun = local_grades
+    assert {"attnkit-worker", "attnkit-sandbox"} <= set(left_after_kill)
+    assert left_after_rerun == []
+
+
+@pytest.mark.slow
+def test_a_slow_submission_gets_a_record_within_its_budget(tmp_path):
+    """Correct but slow: every check within its limit, the whole far over the budget. The run records
+    what was graded, fails the rest saying the budget ran out, and a rerun does not try again. The
+    tight limits cost the correct submission nothing: they count the learner's CPU time only."""
+    submissions = tmp_path / "submissions"
+    for student in ("reference", "slow"):
+        by_student("reference").write(submissions / student)
+    s01 = submissions / "slow" / "s01_attention_scores.py"
+    s01.write_text(s01.read_text() + SLOW)
+    out, tmpdir = tmp_path / "grades", tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    args = ["grade", "--submissions", str(submissions), "--out", str(out), "--workers", "1",
+            "--test-timeout", "0.5", "--time-budget", "2"]
+    env = dict(os.environ, TMPDIR=str(tmpdir))
+    run = subprocess.run([*ATTNKIT, *args], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"sandbox: {PROMISED}" in run.stderr  # announced before grading
+    found = records(out)
+    assert found["reference"]["total"] == found["reference"]["max_total"]
+    slow = {s["stage"]: s for s in found["slow"]["stages"]}
+    first = [t for t in slow["s01_attention_scores"]["tests"] if t["outcome"] != "skipped"]
+    assert first[0]["outcome"] == "passed"  # graded until the budget ran out...
+    assert first[-1]["limit"] == "budget" and "time budget of this submission ran out" in first[-1]["message"]
+    for stage in list(slow)[1:]:  # ...and nothing after it was run
+        assert {t["limit"] for t in slow[stage]["tests"] if t["outcome"] != "skipped"} == {"budget"}, stage
+    assert found["slow"]["seconds"] < 2 * 5 + 10  # the budget's wall clock (5 x 2 s), and some slack
+    assert list(tmpdir.iterdir()) == []
+    again = subprocess.run([*ATTNKIT, *args], capture_output=True, text=True, env=env)
+    assert "graded 0, already graded 2" in again.stdout
+
+
+SLOW = """
+
+def _slowly(function):
+    def slow(*args, **kwargs):
+        import time
+        end = time.process_time() + 0.3  # well within the 0.5 s per check...
+        while time.process_time() < end:
+            pass
+        return function(*args, **kwargs)
+    return slow
+
+
+attention_scores_loop = _slowly(attention_scores_loop)  # ...but 2 s run out after a few checks
+attention_scores_matmul = _slowly(attention_scores_matmul)
+"""
+
+
+@pytest.mark.slow
+def test_dask_gives_the_local_pools_grades(submissions, local_grades, tmp_path):
+    import distributed
+
+    out = tmp_path / "dask"
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        outcome = grade(folder_target(submissions, out), executor="dask",
+                        scheduler=cluster.scheduler_address, quiet=True)
+    assert not outcome.errors and len(outcome.graded) == CLASS
+    local, remote = records(local_grades[0]), records(out)
+    assert sorted(local) == sorted(remote)
+    for student in local:
+        assert outcomes(remote[student]) == outcomes(local[student]), student
+        assert [(s["stage"], s["points"]) for s in remote[student]["stages"]] == \
+            [(s["stage"], s["points"]) for s in local[student]["stages"]]
+        assert (remote[student]["fingerprint"], remote[student]["seed"]) == \
+            (local[student]["fingerprint"], local[student]["seed"])

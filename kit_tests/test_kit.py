@@ -1,0 +1,123 @@
+"""The kit checks itself: stubs in sync with solutions, fixtures reproducible, suites well formed."""
+import ast
+import json
+import re
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from grader.fixtures import generate
+from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, marker, stage_test_file, stages
+from grader.stubs import BEGIN, out_of_sync
+
+# How close regenerated fixtures must come to the committed ones. The same float32 computation does
+# not give the same bits on every machine: the BLAS library picks its kernels by CPU (vector width,
+# fused multiply-add, blocking), so sums are added up in another order. A result that is a small
+# difference of large terms can then move by a few float32 steps of those terms (seen: 1.6e-7 on a
+# value of -0.0142 made from terms near 3). Learners are graded against these files at
+# checks.assert_close's default tolerance (rtol 1e-4, atol 1e-6), so whatever the stored values
+# are off by comes out of the learner's tolerance. A tenth of the rtol (about 80 float32 steps,
+# eps = 1.2e-7) and half of the atol absorb any machine's rounding while a fixture that passes
+# still leaves the learner 90 % of the relative and 50 % of the absolute tolerance. A real change
+# (another seed, shape or formula) moves values by far more than this.
+REGENERATED = dict(rtol=1e-5, atol=5e-7)
+
+
+def test_exercises_are_generated_from_the_solutions():
+    stale = out_of_sync()
+    assert not stale, f"exercises/ is out of sync with solutions/ for {stale}: run `attnkit stubs` and commit"
+
+
+@pytest.mark.parametrize("stage", stages())
+def test_stub_keeps_no_solution_and_raises_with_its_stage_name(stage):
+    text = (EXERCISES / f"{stage}.py").read_text()
+    assert BEGIN not in text
+    compile(text, f"{stage}.py", "exec")
+    raises = [node.exc.args[0].value for node in ast.walk(ast.parse(text))
+              if isinstance(node, ast.Raise) and getattr(node.exc, "func", None)
+              and getattr(node.exc.func, "id", "") == "NotImplementedError"]
+    assert raises and all(r.startswith(f"{stage}: ") for r in raises)
+    assert len(raises) == (SOLUTIONS / f"{stage}.py").read_text().count(BEGIN)
+
+
+def test_fixtures_regenerate_to_the_committed_values(tmp_path):
+    manifest = generate(tmp_path)
+    committed = json.loads((FIXTURES / "manifest.json").read_text())
+    assert manifest["files"] == committed["files"], (
+        "fixture names, shapes or descriptions changed: run `attnkit fixtures`")
+    for name in manifest["files"]:
+        with np.load(FIXTURES / name, allow_pickle=False) as old, np.load(tmp_path / name, allow_pickle=False) as new:
+            assert sorted(old.files) == sorted(new.files), name
+            for key in old.files:
+                assert old[key].dtype == new[key].dtype, f"{name}:{key}"
+                np.testing.assert_allclose(new[key], old[key], **REGENERATED, err_msg=f"{name}:{key}")
+
+
+def test_manifest_describes_every_stored_array():
+    manifest = json.loads((FIXTURES / "manifest.json").read_text())
+    stored = sorted(str(p.relative_to(FIXTURES)) for p in FIXTURES.rglob("*.npz"))
+    assert stored == sorted(manifest["files"])
+    for name, arrays in manifest["files"].items():
+        with np.load(FIXTURES / name, allow_pickle=False) as data:
+            assert sorted(data.files) == sorted(arrays)
+            for key, meta in arrays.items():
+                assert list(data[key].shape) == meta["shape"] and str(data[key].dtype) == meta["dtype"]
+                assert meta["description"]
+    assert manifest["torch"] and manifest["generator"]
+
+
+@pytest.mark.parametrize("stage", stages())
+def test_each_stage_has_one_test_file_marked_with_its_stage(stage):
+    path = SUITE / stage_test_file(stage)
+    assert path.is_file(), f"missing {path.name}"
+    tree = ast.parse(path.read_text())
+    marks = [ast.unparse(node.value) for node in tree.body
+             if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)]
+    assert marks == [f"pytest.mark.{marker(stage)}"], f"{path.name} should set pytestmark = pytest.mark.{marker(stage)}"
+    markers = (KIT / "pyproject.toml").read_text()
+    assert f'"{marker(stage)}: ' in markers, f"register the marker {marker(stage)} in pyproject.toml"
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    readme = (KIT / "README.md").read_text()
+    commands = re.findall(r"^```(?:bash|sh)\n(.*?)\n```", readme, flags=re.S | re.M)
+    assert len(commands) >= 2, "the README opens with two commands: setup + demo, setup + tests"
+    test_command = commands[1].strip()
+    ci = (KIT / ".ci" / "run").read_text()
+    assert test_command in ci.splitlines(), f".ci/run must run the README's test command: {test_command}"
+
+
+def imported(path: Path) -> set[str]:
+    """The modules a file imports, anywhere in it: absolute names, relative ones as grader.<name>."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            found.update(f"grader.{node.module or alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.add(node.module)
+    return found
+
+
+def test_the_graded_suite_never_imports_the_grader():
+    """Students get tests/ without the grader: the suite stands alone, and the grader plugs into it
+    through its hook (pytest_attnkit_backend), never the other way round."""
+    forbidden = {"grader"} | {p.stem for p in Path(__file__).parent.glob("*.py")}  # and the kit's own tests
+    for path in sorted(SUITE.glob("*.py")) + [KIT / "conftest.py"]:
+        reached = {name.split(".")[0] for name in imported(path)} & forbidden
+        assert not reached, f"{path.name} imports {sorted(reached)}"
+
+
+def test_the_grader_s_modules_import_each_other_one_way():
+    modules = {path.stem for path in (KIT / "grader").glob("*.py")}
+    graph = TopologicalSorter()
+    for path in (KIT / "grader").glob("*.py"):
+        inner = {name.split(".")[1] for name in imported(path) if name.startswith("grader.")}
+        graph.add(path.stem, *(inner & modules) - {path.stem})
+    try:
+        graph.prepare()
+    except CycleError as exc:
+        pytest.fail(f"grader's modules import each other in a circle: {exc.args[1]}")

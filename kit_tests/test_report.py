@@ -1,0 +1,238 @@
+"""``attnkit report``: the class report's numbers match the gradebook and the result files, and its
+plots are real images.
+
+The class is synthetic: a course from ``attnkit course build``, a gradebook filled through nbgrader's
+own Gradebook API (one autograded grade cell per stage, as ``attnkit grade`` writes it), and one
+``attnkit-grades/<assignment>/<student>.json`` per student in the grading schema.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import sys
+import warnings
+from collections import Counter
+
+import pytest
+
+from grader import results
+from grader.kit import marker
+from grader.report import build_report, load_results, summarize
+
+# grader.course (nbformat) and nbgrader are imported inside the fixtures: importing them here would
+# slow down every `pytest -m public` run in the kit by seconds, at collection.
+
+ASSIGNMENT = "attention"
+MISTAKES = {  # stage -> mistakes a failed test may name
+    "s02_normalization": ["softmax over dim 0: each column sums to 1 instead of each row",
+                          "Subtract each row's max before exp"],
+    "s04_trainable_projections": ["the scores were not scaled by 1/sqrt(d_k)", "scores divided by d_k"],
+    "s06_causal_mask": ["the mask hides the past instead of the future"],
+    "s10_multihead_attention": ["heads split with view alone, no transpose", "out_proj was not applied",
+                                "scaled by sqrt(d_out) instead of sqrt(head_dim)"],
+}
+LIMITS = ("time", "memory", "crash", "exit", "output")
+
+
+def synthetic_record(student: str, points: dict, rng: random.Random) -> dict:
+    """One student's result in the grading schema: 4 tests per stage, some failing with mistakes or limits."""
+    stages = []
+    for stage, max_points in points.items():
+        tests = []
+        for i in range(4):
+            failed = rng.random() < 0.3
+            mistakes = rng.sample(MISTAKES[stage], k=1) if failed and stage in MISTAKES and rng.random() < 0.8 else []
+            limit = rng.choice(LIMITS) if failed and not mistakes and rng.random() < 0.25 else None
+            message = "".join(f"values differ\nLikely mistake: {m}" for m in mistakes) or ("limit hit" if limit else "")
+            tests.append({"nodeid": f"tests/test_{stage}.py::test_{i}", "label": f"case {i}",
+                          "outcome": "failed" if failed else "passed", "message": message,
+                          "mistakes": mistakes, "limit": limit})
+        passed = sum(t["outcome"] == "passed" for t in tests)
+        stages.append({"stage": stage, "marker": marker(stage), "points": round(max_points * passed / 4, 2),
+                       "max_points": max_points, "passed": passed, "counted": 4, "tests": tests})
+    total = round(sum(s["points"] for s in stages), 2)
+    return {"schema": 1, "student": student, "assignment": ASSIGNMENT,
+            "submission": f"submitted/{student}/{ASSIGNMENT}",
+            "fingerprint": f"{rng.getrandbits(64):016x}", "seed": rng.getrandbits(31),
+            "graded_at": "2026-11-22T09:00:00+00:00", "seconds": round(rng.uniform(0.5, 3), 2),
+            "total": total, "max_total": sum(points.values()), "stages": stages}
+
+
+@pytest.fixture(scope="module")
+def graded_class(tmp_path_factory):
+    """A course with 40 graded students: gradebook + JSON files. One gradebook grade differs from its JSON."""
+    from grader.course import build
+
+    root = tmp_path_factory.mktemp("report") / "course"
+    c = build(root)
+    rng = random.Random(5)
+    records = [synthetic_record(f"student{i:02d}", c.points, rng) for i in range(40)]
+    folder = root / "attnkit-grades" / ASSIGNMENT
+    folder.mkdir(parents=True)
+    for r in records:
+        (folder / f"{r['student']}.json").write_text(json.dumps(r, indent=1))
+    (folder / "grades.json").write_text(json.dumps({"students": [r["student"] for r in records]}))  # not a student
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+        # nbgrader runs `alembic` when it creates a gradebook: find it next to this Python
+        mp.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+        warnings.simplefilter("ignore")  # SQLAlchemy's autoflush warnings from nbgrader's add_submission
+        fill_gradebook(root, c, records)
+    return root, c, records
+
+
+def fill_gradebook(root, c, records):
+    """What `attnkit grade` writes into the gradebook: per student a submission, one grade cell per stage."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", c.course_id) as gb:
+        gb.add_assignment(ASSIGNMENT)
+        gb.add_notebook(c.notebook, ASSIGNMENT)
+        for stage, points in c.points.items():
+            gb.add_grade_cell(f"grade_{stage}", c.notebook, ASSIGNMENT, max_score=points, cell_type="code")
+        for r in records:
+            gb.add_student(r["student"])
+            gb.add_submission(ASSIGNMENT, r["student"])
+            for s in r["stages"]:
+                gb.find_grade(f"grade_{s['stage']}", c.notebook, ASSIGNMENT, r["student"]).auto_score = s["points"]
+        # an instructor's manual override: the gradebook wins over the JSON
+        gb.find_grade("grade_s05_self_attention", c.notebook, ASSIGNMENT, "student03").manual_score = 1.5
+        gb.db.commit()
+
+
+def test_numbers_match_the_gradebook_and_the_results(graded_class):
+    from grader.cli import main
+
+    root, c, records = graded_class
+    assert main(["report", ASSIGNMENT, "--course", str(root)]) == 0
+    index, report = build_report(course=root)
+    assert index == root / "attnkit-grades" / ASSIGNMENT / "report" / "index.html"
+    assert sorted(report.students) == [r["student"] for r in records]
+
+    # per-stage means: from the gradebook (with the manual override), computed independently here
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", c.course_id) as gb:
+        for stage, points in c.points.items():
+            scores = [gb.find_grade(f"grade_{stage}", c.notebook, ASSIGNMENT, r["student"]).score for r in records]
+            assert report.stages[stage].max_points == points
+            assert report.stages[stage].mean == pytest.approx(statistics.fmean(scores))
+    assert report.stages["s05_self_attention"].points["student03"] == 1.5
+    assert any("student03" in m and "s05_self_attention" in m for m in report.mismatches)
+    assert len(report.mismatches) == 1
+
+    # mistakes: students and tests per mistake
+    for stage in c.points:
+        expected = Counter(m for r in records for s in r["stages"] if s["stage"] == stage
+                           for t in s["tests"] for m in t["mistakes"])
+        assert dict(report.stages[stage].mistakes) == dict(expected)
+        for text in expected:
+            who = {r["student"] for r in records for s in r["stages"] if s["stage"] == stage
+                   for t in s["tests"] if text in t["mistakes"]}
+            assert report.stages[stage].mistake_students[text] == who
+
+    # limits: every (student, stage, kind, test) and nothing else
+    expected = sorted((r["student"], s["stage"], t["limit"], t["label"]) for r in records for s in r["stages"]
+                      for t in s["tests"] if t["limit"])
+    assert expected, "the synthetic class should hit some limits"
+    assert sorted((x.student, x.stage, x.kind, x.test) for x in report.limits) == expected
+
+    # the page shows the same numbers
+    page = index.read_text()
+    for stage, s in report.stages.items():
+        assert f"<td>{stage}</td><td class=num>{s.max_points:g}</td><td class=num>{s.mean:.2f}</td>" in page
+    for student, stage, kind, label in expected:
+        assert f"<td>{student}</td><td>{stage}</td><td>{kind}</td><td>{label}</td>" in page
+    assert "The gradebook and the result files disagree" in page
+
+
+def test_plots_are_real_images(graded_class):
+    from PIL import Image
+
+    root, c, records = graded_class
+    index, report = build_report(course=root)
+    page = index.read_text()
+    for name in ("scores", "mistakes", "limits"):
+        path = index.parent / f"{name}.png"
+        assert path.is_file() and f"src='{name}.png'" in page
+        with Image.open(path) as img:
+            img.verify()  # raises on a truncated or corrupt file
+        with Image.open(path) as img:
+            assert img.format == "PNG"
+            assert 400 <= img.width <= 4000 and 200 <= img.height <= 6000, img.size
+            # not blank: plenty of distinct colours
+            assert len(img.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 20
+
+
+def test_results_folder_alone_and_cli(graded_class, tmp_path, capsys):
+    from grader.cli import main
+
+    root, c, records = graded_class
+    folder = root / "attnkit-grades" / ASSIGNMENT
+    out = tmp_path / "elsewhere"
+    assert main(["report", "--results", str(folder), "--out", str(out)]) == 0
+    assert "40 students" in capsys.readouterr().out
+    assert (out / "index.html").is_file() and (out / "scores.png").is_file()
+    # without the gradebook the JSON's points are used
+    report = summarize(load_results(folder))
+    assert report.stages["s05_self_attention"].points["student03"] == next(
+        s["points"] for s in records[3]["stages"] if s["stage"] == "s05_self_attention")
+    assert not report.mismatches
+
+
+def test_clear_errors(tmp_path, capsys):
+    from grader.cli import main
+
+    assert main(["report", "--course", str(tmp_path)]) == 2
+    assert "not an attnkit course" in capsys.readouterr().err
+    assert main(["report", "--results", str(tmp_path)]) == 2
+    assert "no student results" in capsys.readouterr().err
+
+
+def test_a_class_without_mistakes_or_limits(tmp_path):
+    """All correct: no mistakes or limits plots, the page says so."""
+    rng = random.Random(1)
+    points = {"s01_attention_scores": 5.0, "s02_normalization": 8.0}
+    for i in range(3):
+        r = synthetic_record(f"s{i}", points, rng)
+        for s in r["stages"]:
+            s["points"] = s["max_points"]
+            for t in s["tests"]:
+                t.update(outcome="passed", message="", mistakes=[], limit=None)
+        (tmp_path / f"s{i}.json").write_text(json.dumps(r))
+    index, report = build_report(results=tmp_path)
+    assert sorted(p.name for p in index.parent.glob("*.png")) == ["scores.png"]
+    page = index.read_text()
+    assert "No failed test named a likely mistake" in page and "hit a time, memory" in page
+
+
+def test_reads_what_grader_results_writes(tmp_path):
+    """The record writer of `attnkit grade` (grader.results) and this report agree on the format."""
+    points = {"s02_normalization": 8.0, "s03_context_vectors": 5.0}
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / "s02_normalization.py").write_text("# a submission\n")
+
+    def test(stage, name, outcome, message=""):
+        return {"nodeid": f"tests/test_{stage}.py::test_{name}", "stage": stage, "marker": marker(stage),
+                "label": name, "outcome": outcome, "message": message}
+
+    tests = [
+        test("s02_normalization", "rows", "failed",
+             "values differ\nLikely mistake: softmax over dim 0 (each column sums to 1)"),
+        test("s02_normalization", "book", "passed"),
+        test("s03_context_vectors", "loop", "failed",
+             "s03_context_vectors: time limit of 10 s exceeded — an infinite loop?"),
+        test("s03_context_vectors", "matrix", "passed"),
+    ]
+    record = results.build(student="alice", assignment=ASSIGNMENT, submission=folder, fingerprint="0" * 64,
+                           tests=tests, points=points, seconds=1.0)
+    out = tmp_path / "grades"
+    results.write_record(out, record)
+    results.write_summary(out, ASSIGNMENT, [record])
+    index, report = build_report(results=out)
+    assert report.stages["s02_normalization"].points == {"alice": 4.0}
+    assert dict(report.stages["s02_normalization"].mistakes) == {"softmax over dim 0 (each column sums to 1)": 1}
+    limits = [(x.student, x.stage, x.kind, x.test) for x in report.limits]
+    assert limits == [("alice", "s03_context_vectors", "time", "loop")]

@@ -1,0 +1,647 @@
+"""grader.sandbox: boxes give LocalBackend's answers, survive hostile code, and never mix submissions.
+
+Limits are short (1 s of CPU time per
+check) so that the whole file stays fast; one sandbox (one template, torch imported once) serves
+the whole module, as one serves a grading worker.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapters import SubmissionError
+from cases import draw_weights
+from grader import scratch
+from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, stages
+from grader.sandbox import Confinement, IsolatedBackend, Limits, Sandbox, SandboxUnavailable, SandboxWarning, probe
+
+LIMITS = Limits(check_seconds=1.0, memory_bytes=2 << 30, output_bytes=64 << 10, processes=48)
+PROMISED = "namespaces" if os.geteuid() == 0 else "userns"  # what the README promises on such a machine
+
+HOSTILE_CALLS = Path(__file__).with_name("tamper_payloads") / "hostile_calls.py"
+
+# Stages 2 to 4 misbehave at import; stage 6 is the stub of exercises/.
+HOSTILE_IMPORTS = {
+    "s02_normalization": "while True:\n    pass\n",
+    "s03_context_vectors": "import os\nos._exit(0)\n",
+    "s04_trainable_projections": "import sys\nsys.exit(0)\n",
+}
+
+
+def same(actual, expected, where="result"):
+    """The same plain values: same types and structure; arrays of the same dtype and shape, equal.
+    Floats get a few units in the last place of slack: both sides ran on this machine with the
+    same number of threads, but BLAS may split the work differently in another process."""
+    assert type(actual) is type(expected), f"{where}: {type(actual)} != {type(expected)}"
+    if isinstance(expected, np.ndarray):
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape, where
+        if expected.dtype.kind in "fc":
+            np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-7, err_msg=where)
+        else:
+            assert np.array_equal(actual, expected), where
+    elif isinstance(expected, dict):
+        assert list(actual) == list(expected), where
+        for key in expected:
+            same(actual[key], expected[key], f"{where}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected), where
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            same(a, e, f"{where}[{i}]")
+    else:
+        assert actual == expected, where
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    """One template for the module, as a grading worker keeps one for all its submissions."""
+    with Sandbox() as sandbox:
+        sandbox.start()
+        yield sandbox
+
+
+@pytest.fixture(scope="module")
+def isolated_reference(sandbox):
+    with IsolatedBackend(SOLUTIONS, LIMITS, sandbox=sandbox) as backend:
+        yield backend
+
+
+def write_submission(root, extra=""):
+    """The reference with hostile functions in stage 1, hostile imports in stages 2-4, the stub of stage 6."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in stages():
+        shutil.copyfile(SOLUTIONS / f"{name}.py", root / f"{name}.py")
+    s01 = root / "s01_attention_scores.py"
+    s01.write_text(s01.read_text() + "\n\n" + HOSTILE_CALLS.read_text() + extra)
+    for name, code in HOSTILE_IMPORTS.items():
+        (root / f"{name}.py").write_text(code)
+    shutil.copyfile(EXERCISES / "s06_causal_mask.py", root / "s06_causal_mask.py")
+    return root
+
+
+@pytest.fixture(scope="module")
+def hostile_root(tmp_path_factory):
+    return write_submission(tmp_path_factory.mktemp("submission") / "hostile")
+
+
+@pytest.fixture
+def hostile(hostile_root, sandbox):
+    """A hostile submission of its own for each test (its boxes are killed when the test ends)."""
+    with IsolatedBackend(hostile_root, LIMITS, sandbox=sandbox) as backend:
+        yield backend
+
+
+def call(backend, func, *args, module="s01_attention_scores"):
+    return backend.run("call", module, func=func, args=args)
+
+
+def good_call_works(backend, module="s01_attention_scores"):
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    same(backend.run("call", module, func="attention_scores_matmul", args=(x, x[0])), x @ x[0])
+
+
+def processes_of(uid):
+    owners = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                owners += [int(line.split()[1]) for line in status if line.startswith("Uid:")]
+        except OSError:
+            pass
+    return owners.count(uid)
+
+
+# ---------------------------------------------------------------- same answers as LocalBackend
+
+def weights(reference, module, cls, init):
+    return draw_weights(np.random.default_rng(0), reference.stage(module), cls, init)
+
+
+def test_answers_are_identical_to_the_local_backend(isolated_reference, reference):
+    local = reference.backend
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    mha = dict(d_in=4, d_out=6, context_length=5, dropout=0.0, num_heads=2)
+    cases = [
+        ("call", "s01_attention_scores", dict(func="attention_scores_loop", args=(x[0], x[0, 1]))),
+        ("call", "s02_normalization", dict(func="softmax_by_hand", args=(x[0],), kwargs={"dim": 0})),
+        ("call", "s07_dropout", dict(func="dropout_by_hand", args=(np.ones((4, 4), np.float32), 0.5), seed=123)),
+        ("forward", "s08_causal_attention", dict(
+            cls="CausalAttention", init=dict(d_in=4, d_out=3, context_length=5, dropout=0.0), x=x,
+            weights=weights(reference, "s08_causal_attention", "CausalAttention",
+                                   dict(d_in=4, d_out=3, context_length=5, dropout=0.0)))),
+        ("forward", "s10_multihead_attention", dict(
+            cls="MultiHeadAttention", init=mha, x=x,
+            weights=weights(reference, "s10_multihead_attention", "MultiHeadAttention", mha))),
+        ("heads_forward", "s09_multihead_wrapper", dict(
+            cls="MultiHeadAttentionWrapper", init=mha, x=x,
+            weights=weights(reference, "s09_multihead_wrapper", "MultiHeadAttentionWrapper", mha))),
+        ("inspect", "s11_other_forms", dict(cls="MultiHeadAttentionCombinedQKV", init=mha)),
+        ("transfer_v2_to_v1", "s05_self_attention", dict(
+            d_in=4, d_out=3, x=x[0],
+            v2_weights=weights(reference, "s05_self_attention", "SelfAttention_v2", dict(d_in=4, d_out=3)))),
+    ]
+    for op, module, kwargs in cases:
+        same(isolated_reference.run(op, module, **kwargs), local.run(op, module, **kwargs), f"{op} {module}")
+
+
+def test_adapter_errors_are_the_local_backend_errors(isolated_reference, reference):
+    local = reference.backend
+    with pytest.raises(SubmissionError) as expected:
+        local.run("call", "s01_attention_scores", func="no_such_function")
+    with pytest.raises(SubmissionError) as actual:
+        isolated_reference.run("call", "s01_attention_scores", func="no_such_function")
+    assert str(actual.value) == str(expected.value)
+    with pytest.raises(ValueError):
+        isolated_reference.run("call", "../solutions/s01", func="x")
+
+
+def test_the_machine_confines_as_the_readme_promises(sandbox):
+    """As root: fresh namespaces and a fresh uid for each submission; without root: the same in a
+    user namespace, without the fresh uid. A machine that confines less fails here (no skip)."""
+    assert sandbox.mode == PROMISED, sandbox.confinement.summary()
+    assert probe().mode == PROMISED
+    missing = [] if PROMISED == "namespaces" else ["uid"]
+    assert sandbox.confinement.missing == missing, sandbox.confinement.summary()
+    assert probe().missing == missing
+
+
+def test_a_machine_without_cgroup_limits_says_so():
+    """Without the memory and pids controllers a box's processes are bounded one by one only: the
+    run's first line and every record say what is missing."""
+    weaker = Confinement("namespaces", cgroup=True, bounded=False)
+    assert weaker.missing == ["cgroup limits"]
+    assert "WEAKER" in weaker.summary() and "memory and number" in weaker.summary()
+    assert weaker.record() == {"mode": "namespaces", "missing": ["cgroup limits"]}
+
+
+# ---------------------------------------------------------------- the wire format
+
+def test_the_wire_format_round_trips_plain_values():
+    from grader.sandbox_child import decode, encode
+
+    value = {"a": (np.arange(3, dtype=np.int64), [1, 2.5, None, True]), "b": np.float32(2), 3: "x",
+             "c": np.zeros((2, 0), dtype=bool), "d": np.array(1 + 2j),
+             "e": np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3))}
+    blobs = []
+    same(decode(encode(value, blobs), blobs), value)
+
+
+def deep(levels):
+    nested = []
+    for _ in range(levels):
+        nested = [nested]
+    return nested
+
+
+def npy(array):
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=True)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("data, blobs", [
+    ({"__array__": 0}, [npy(np.array([object()], dtype=object))]),  # would need pickle
+    ({"__array__": 0}, [npy(np.zeros(2, dtype=[("x", "f4")]))]),  # structured
+    ({"__array__": 0}, [npy(np.array(["text"]))]),  # not numeric
+    ({"__array__": 0}, [npy(np.zeros(10))[:-8]]),  # truncated
+    ({"__array__": 1}, []),  # dangling reference
+    ({"__class__": "os.system"}, []),
+    ({"__tuple__": [], "extra": 1}, []),
+    ({"__dict__": [[[1], 2]]}, []),  # unhashable key
+    (deep(100), []),  # nested beyond MAX_DEPTH
+    # Raw arrays (the fast path): every field is checked as strictly as an .npy header.
+    ({"__raw__": [0, "|O", [1], False]}, [bytes(8)]),  # object dtype would need pickle
+    ({"__raw__": [0, "<U4", [1], False]}, [bytes(16)]),  # not numeric
+    ({"__raw__": [0, "<f4", [3], False]}, [bytes(8)]),  # 8 bytes cannot hold 3 float32
+    ({"__raw__": [0, "<f4", [-1], False]}, [bytes(4)]),  # negative dimension
+    ({"__raw__": [0, "<f4", [1] * 64, False]}, [bytes(4)]),  # too many dimensions
+    ({"__raw__": [1, "<f4", [1], False]}, [bytes(4)]),  # dangling reference
+    ({"__raw__": [0, "<f4", [1], "yes"]}, [bytes(4)]),  # memory order not a bool
+    ({"__raw__": [0, "<f4", [1]]}, [bytes(4)]),  # missing field
+    ({"__rawscalar__": [0, "<f4"]}, [bytes(2)]),  # truncated scalar
+])
+def test_the_grader_rejects_anything_but_plain_data(data, blobs):
+    from grader.sandbox_child import ProtocolError, decode
+
+    with pytest.raises(ProtocolError):
+        decode(data, blobs)
+
+
+# ---------------------------------------------------------------- learner errors and limits
+
+def test_the_stub_message_comes_through(hostile):
+    with pytest.raises(SubmissionError) as info:
+        hostile.run("call", "s06_causal_mask", func="causal_weights_simple", args=(np.ones((3, 3), np.float32),))
+    message = str(info.value)
+    assert message.startswith("NotImplementedError: s06_causal_mask: causal_weights_simple: ")
+    assert 'File "s06_causal_mask.py", line' in message  # the learner's frame, from the short traceback
+    assert hostile.stats["boxes"] == 1  # an exception in learner code costs no box
+
+
+def test_an_endless_loop_costs_one_check_of_cpu_time(hostile):
+    with pytest.raises(SubmissionError, match=r"s01_attention_scores: time limit of 1 s of CPU time for one check "
+                                              r"exceeded — an infinite loop"):
+        call(hostile, "spin")
+    assert 1.0 <= hostile.stats["cpu_seconds"] < 1.5
+    good_call_works(hostile)  # in a new box
+    assert hostile.stats["boxes"] == 2
+
+
+def test_code_that_waits_hits_the_wall_clock_limit(hostile_root, sandbox):
+    limits = Limits(check_seconds=0.3)
+    with IsolatedBackend(hostile_root, limits, sandbox=sandbox) as backend:
+        started = time.monotonic()
+        with pytest.raises(SubmissionError,
+                           match=r"time limit of 1.5 s \(wall clock\) exceeded while the code was waiting"):
+            call(backend, "nap")
+        assert time.monotonic() - started < 1.5 + 1.0
+        good_call_works(backend)
+
+
+def test_the_limit_is_per_check_not_per_operation(hostile):
+    hostile.start_check()
+    call(hostile, "burn", 0.4)
+    call(hostile, "burn", 0.4)
+    with pytest.raises(SubmissionError, match="time limit of 1 s of CPU time for one check"):
+        call(hostile, "burn", 0.4)  # the check's third 0.4 s
+    hostile.start_check()
+    call(hostile, "burn", 0.4)  # a new check starts afresh
+
+
+def test_the_budget_bounds_a_submission_then_every_check_fails_at_once(hostile_root, sandbox):
+    """A correct but slow submission: each check within its limit, all of them together over the budget."""
+    limits = Limits(check_seconds=1.0, budget_seconds=1.0)
+    with IsolatedBackend(hostile_root, limits, sandbox=sandbox) as backend:
+        for _ in range(2):
+            backend.start_check()
+            call(backend, "burn", 0.4)
+        backend.start_check()
+        with pytest.raises(SubmissionError, match=r"the time budget of this submission ran out \(1 s of CPU time"):
+            call(backend, "burn", 0.4)
+        for _ in range(3):  # every later check fails at once, without running anything
+            backend.start_check()
+            started = time.monotonic()
+            with pytest.raises(SubmissionError, match="time budget of this submission ran out"):
+                good_call_works(backend)
+            assert time.monotonic() - started < 0.1
+        assert 1.0 <= backend.cpu_used() < 1.5
+
+
+def test_start_up_is_not_the_learners_time(hostile_root):
+    """A cold sandbox (a template to start, torch to import: seconds) and a check limit far shorter:
+    the first check still passes, because the clock starts when the learner's code does."""
+    with IsolatedBackend(hostile_root, Limits(check_seconds=0.2)) as backend:
+        backend.start_check()
+        good_call_works(backend)
+        assert backend.sandbox.stats["start_seconds"][0] > 0.2
+
+
+def test_memory_bomb_hits_the_memory_limit(hostile):
+    with pytest.raises(SubmissionError, match=r"memory limit of 2 GiB exceeded \((MemoryError|RuntimeError)"):
+        call(hostile, "eat_memory")
+    good_call_works(hostile)
+
+
+@pytest.mark.parametrize("func, code", [("leave_quietly", 0), ("leave_abruptly", 3)])
+def test_exiting_is_reported(hostile, func, code):
+    with pytest.raises(SubmissionError, match=f"exited with code {code} before answering"):
+        call(hostile, func)
+    good_call_works(hostile)
+
+
+def test_segfault_is_reported(hostile):
+    with pytest.raises(SubmissionError, match="died with signal SIGSEGV"):
+        call(hostile, "crash")
+    good_call_works(hostile)
+
+
+def test_a_gigabyte_of_printing_is_truncated(hostile):
+    try:
+        call(hostile, "shout")
+    except SubmissionError as exc:
+        assert "time limit" in str(exc)
+    captured = hostile.last_output["stdout"]
+    assert captured.startswith("x" * 1000)
+    assert len(captured) < (64 << 10) + 8192 and "more bytes dropped" in captured
+    good_call_works(hostile)
+
+
+def test_a_fork_loop_is_bounded_and_dies_with_its_box(hostile):
+    uid = int(call(hostile, "whoami")[0])
+    made = int(call(hostile, "fork_loop"))
+    assert 0 < made < LIMITS.processes
+    good_call_works(hostile)  # the sleeping children do not block the worker
+    assert processes_of(uid) > made
+    hostile.close()  # kills the box: its pid namespace, and every process in it
+    assert processes_of(uid) == 0
+
+
+def test_tampering_reaches_only_the_submissions_own_answers(hostile, hostile_root, sandbox):
+    # The learner's patched adapter decides what its own stage answers (already this call)...
+    assert call(hostile, "tamper") == "tampered"
+    assert call(hostile, "attention_scores_matmul", np.eye(2, dtype=np.float32), np.ones(2, np.float32)) == "tampered"
+    # ...while this process's NumPy and json are untouched.
+    assert not np.allclose(np.zeros(2), np.ones(2)) and json.dumps(1) == "1"
+    # A forged reply is rejected (and costs a new box).
+    with pytest.raises(SubmissionError, match="the answer could not be read"):
+        call(hostile, "forge")
+    good_call_works(hostile)
+
+
+def test_impersonating_the_sandbox_reaches_no_other_submission(hostile, hostile_root, sandbox, tmp_path):
+    """'ended', 'parked' and forged results written, with the tokens read from the serving code's
+    frames, on every descriptor the learner holds: they are answers of this submission only."""
+    try:
+        call(hostile, "impersonate")
+    except SubmissionError:
+        pass  # the forged "ended" may end the call: the learner's own loss
+    hostile.close()
+    with IsolatedBackend(write_submission(tmp_path / "next"), LIMITS, sandbox=sandbox) as following:
+        good_call_works(following)
+        assert following.stats["boxes"] == 1
+
+
+def test_import_time_failures_cost_only_their_stage(hostile):
+    with pytest.raises(SubmissionError, match="s02_normalization: time limit of 1 s of CPU time"):
+        hostile.run("call", "s02_normalization", func="softmax_torch", args=(np.ones(3, np.float32),))
+    for module in ("s03_context_vectors", "s04_trainable_projections"):
+        with pytest.raises(SubmissionError, match=r"exited with code 0 before answering \(sys.exit/os._exit at import"):
+            hostile.run("call", module, func="anything")
+    good_call_works(hostile)
+    good_call_works(hostile, module="s01_attention_scores")
+
+
+LEAVES_TRACES = """
+
+def draw():
+    torch.ones(512, 512) @ torch.ones(512, 512)  # with several threads, torch starts its pool (allowed)
+    return torch.rand(3)  # unseeded: from whatever random state the stage starts with
+
+
+def patch():
+    import threading, time
+    torch.softmax = lambda scores, dim=-1: torch.zeros_like(scores)
+    torch.set_default_dtype(torch.float64)
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    return torch.zeros(1)
+"""
+
+
+def test_a_worker_serves_the_next_stage_only_if_the_last_left_no_trace(tmp_path, sandbox):
+    for name in ("s01_attention_scores", "s02_normalization"):
+        shutil.copyfile(SOLUTIONS / f"{name}.py", tmp_path / f"{name}.py")
+    s01 = tmp_path / "s01_attention_scores.py"
+    s01.write_text(s01.read_text() + LEAVES_TRACES)
+    scores = np.array([1.0, 2.0, 3.0], np.float32)
+    softmax = np.exp(scores) / np.exp(scores).sum()
+    with IsolatedBackend(tmp_path, LIMITS, sandbox=sandbox) as backend:
+        first = call(backend, "draw")
+        np.testing.assert_allclose(backend.run("call", "s02_normalization", func="softmax_torch", args=(scores,)),
+                                   softmax, rtol=1e-6)
+        # Back to stage 1 in the same worker, from the same random state as a fresh fork.
+        same(call(backend, "draw"), first)
+        assert backend.stats["workers"] == 1 and backend.stats["stages"] == 3
+        call(backend, "patch")  # torch.softmax replaced, float64 by default: the next stage must not see it
+        np.testing.assert_allclose(backend.run("call", "s02_normalization", func="softmax_torch", args=(scores,)),
+                                   softmax, rtol=1e-6)
+        assert backend.stats["workers"] == 2 and backend.stats["boxes"] == 1
+        assert {"names of torch", "torch modes", "python threads", "threads"} <= set(backend.stats["leaving"])
+
+
+# ---------------------------------------------------------------- what a box can reach
+
+SECRETS = [
+    SOLUTIONS / "s01_attention_scores.py",
+    FIXTURES / "hidden" / "s01_attention_scores.npz",
+    SUITE / "test_s01_attention_scores.py",
+]
+
+
+@pytest.mark.parametrize("secret", SECRETS, ids=lambda p: p.name)
+def test_the_kit_is_out_of_reach(hostile, secret):
+    assert secret.is_file()
+    with pytest.raises(SubmissionError, match=r"^(FileNotFoundError|PermissionError)"):
+        call(hostile, "read_bytes", str(secret))
+
+
+def test_other_submissions_are_out_of_reach(hostile, hostile_root):
+    with pytest.raises(SubmissionError, match=r"^(FileNotFoundError|PermissionError)"):
+        call(hostile, "list_dir", str(hostile_root.parent))
+    with pytest.raises(SubmissionError, match=r"^(FileNotFoundError|PermissionError)"):
+        call(hostile, "read_bytes", str(hostile_root / "s01_attention_scores.py"))
+    assert int(call(hostile, "list_dir", "/sandbox/incoming")) == 0  # where the template receives them
+
+
+def test_writes_land_nowhere_outside(hostile, hostile_root):
+    for target in (KIT / "pwned.txt", SOLUTIONS / "pwned.txt", hostile_root / "pwned.txt"):
+        with pytest.raises(SubmissionError, match=r"^(FileNotFoundError|PermissionError|OSError)"):
+            call(hostile, "write_file", str(target))
+        assert not target.exists()
+    # The box's /tmp works (and is its own).
+    assert bool(call(hostile, "write_file", "/tmp/scratch.txt"))
+    with pytest.raises(SubmissionError, match=r"^(OSError|PermissionError)"):
+        call(hostile, "write_file", "/sandbox/submission/s01_attention_scores.py")  # read-only copy
+
+
+def test_no_network_and_no_root(hostile):
+    with pytest.raises(SubmissionError, match=r"^(OSError|PermissionError|TimeoutError|ConnectionError)"):
+        call(hostile, "connect")
+    if hostile.mode == "namespaces":
+        assert (call(hostile, "whoami") >= 1_000_000).all()
+
+
+def test_the_learner_holds_only_its_own_channel(hostile):
+    """File descriptors 0-4 (stdin from /dev/null, stdout, stderr, requests, replies; the fifth is
+    the listing's own), only its own box's processes, and it cannot be traced."""
+    seen = call(hostile, "world")
+    assert seen["fds"][0] == "/dev/null"
+    assert all(seen["fds"][fd].startswith("pipe:") for fd in (1, 2, 3, 4))
+    assert set(seen["fds"]) <= {0, 1, 2, 3, 4, 5}
+    assert len(seen["pids"]) == 2 and seen["pids"][0] == 1  # the box's first process and this worker
+    assert seen["dumpable"] == 0
+    devices = {f"/dev/{name}" for name in ("null", "zero", "full", "random", "urandom")}
+    assert set(seen["writable_mounts"]) <= {"/tmp", "/dev/shm", "/proc"} | devices, seen["writable_mounts"]
+
+
+def test_learner_code_computes_with_one_thread(hostile):
+    """Whatever the grading process uses (here torch's default, a thread per core): the limits are
+    CPU seconds, and a pool's idle threads spin."""
+    seen = call(hostile, "world")
+    assert (seen["torch_threads"], seen["omp_threads"]) == (1, "1")
+
+
+def test_each_submission_has_a_world_of_its_own(hostile_root, sandbox, tmp_path):
+    """What one submission leaves in /tmp (read-only), /dev/shm, its home, SysV shared memory or a
+    setsid daemon that ignores signals is there for itself, and gone for the next one, which also
+    runs under another uid. Keys it cannot make at all: keys outlive processes, and any uid may
+    read one made readable, so a box has no keyring system calls."""
+    with IsolatedBackend(hostile_root, LIMITS, sandbox=sandbox) as first:
+        planted = list(call(first, "plant"))
+        assert {"/tmp/attnkit-loot", "/dev/shm/attnkit-loot", "daemon", "sysv-shm"} <= set(planted)
+        assert "keyring" not in planted
+        assert list(call(first, "scavenge")) == sorted(planted)  # the channels work: within one submission
+        uid = int(call(first, "whoami")[0])
+    assert processes_of(uid) == 0  # the daemon went with its box
+    with IsolatedBackend(write_submission(tmp_path / "next"), LIMITS, sandbox=sandbox) as second:
+        assert list(call(second, "scavenge")) == []
+        assert int(call(second, "whoami")[0]) != uid or PROMISED == "userns"
+
+
+def test_userns_is_refused_as_root():
+    """Run by root, the userns confinement would leave the boxes root's uid on the host (the owner of
+    its files and sysctls), with no capability to lose: root gets namespaces, never userns."""
+    if os.geteuid() != 0:
+        pytest.skip("as root only (without root, userns is what an instructor gets: see the next test)")
+    with pytest.raises(SandboxUnavailable, match="refused as root"):
+        Sandbox(confine="userns").start()
+    assert "userns" not in __import__("grader.sandbox", fromlist=["candidate_modes"]).candidate_modes()
+
+
+def test_the_unprivileged_fallback_also_hides_the_kit(hostile_root, tmp_path):
+    """userns is what an instructor without root gets."""
+    if os.geteuid() == 0:
+        pytest.skip("without root only (as root, userns is refused: see the test above)")
+    with Sandbox(confine="userns") as userns:
+        with pytest.warns(SandboxWarning, match="lacks a fresh unprivileged uid"):  # said at the start
+            userns.start()
+        with IsolatedBackend(hostile_root, LIMITS, sandbox=userns) as backend:
+            for secret in (SECRETS[0], hostile_root / "s01_attention_scores.py"):
+                with pytest.raises(SubmissionError, match="^FileNotFoundError"):
+                    call(backend, "read_bytes", str(secret))
+            assert list(call(backend, "plant"))
+        with IsolatedBackend(write_submission(tmp_path / "next"), LIMITS, sandbox=userns) as following:
+            assert list(call(following, "scavenge")) == []
+
+
+# ---------------------------------------------------------------- what the kernel counts and bounds
+
+def test_cpu_time_hidden_from_proc_is_counted(hostile):
+    """Children reaped by the kernel itself (SIGCHLD ignored) leave no trace in /proc's counts; the
+    box's cgroup counts them."""
+    assert hostile.sandbox.confinement.cgroup
+    with pytest.raises(SubmissionError, match="time limit of 1 s of CPU time"):
+        call(hostile, "burn_hidden", 4.0)
+    assert hostile.stats["cpu_seconds"] >= 1.0
+
+
+def test_another_box_s_hidden_load_fails_no_honest_check(hostile_root, sandbox, tmp_path):
+    """One submission keeps six processes busy, each in a scheduling group of its own and unseen by
+    /proc's counts, while another (in another grading worker's sandbox) computes: the box is one
+    cgroup, so the honest check gets its share of the processors and passes."""
+    with Sandbox() as other:
+        other.start()
+        with (IsolatedBackend(hostile_root, LIMITS, sandbox=sandbox) as attacker,
+              IsolatedBackend(write_submission(tmp_path / "honest"), Limits(check_seconds=1.0),
+                              sandbox=other) as honest):
+            call(attacker, "hog_in_background", 8, 6)
+            honest.start_check()
+            call(honest, "burn", 0.5)  # 0.5 s of CPU time: 2.5 s of wall clock on an idle core
+
+
+def test_a_box_s_memory_is_bounded_as_a_whole(hostile_root, sandbox):
+    """Three processes of 900 MiB each: every one within its own address-space limit (2 GiB), all three
+    above the box's memory limit (2 GiB)."""
+    with IsolatedBackend(hostile_root, Limits(check_seconds=10, memory_bytes=2 << 30), sandbox=sandbox) as backend:
+        try:
+            call(backend, "spread_memory", 3, 900)
+        except SubmissionError as exc:
+            assert "SIGKILL" in str(exc)  # the kernel chose the worker
+        else:
+            assert int(call(backend, "live_processes")) < 3
+
+
+# ---------------------------------------------------------------- a box's word is data
+
+def test_a_jammed_channel_costs_a_new_box_not_a_record(tmp_path, sandbox):
+    """The worker of stage 1 jams the request pipe when its stage ends and answers for the sandbox: the
+    next stage gets a new box (the learner's doing), not a 'sandbox failed' that would leave the
+    submission without a record."""
+    root = tmp_path / "jam"
+    shutil.copytree(SOLUTIONS, root, ignore=shutil.ignore_patterns("__pycache__"))
+    s01 = root / "s01_attention_scores.py"
+    s01.write_text(s01.read_text() + "\n\n" + (HOSTILE_CALLS.parent / "jam_channel.py").read_text())
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
+        good_call_works(backend)
+        scores = np.array([1.0, 2.0, 3.0], np.float32)
+        expected = np.exp(scores) / np.exp(scores).sum()
+        np.testing.assert_allclose(backend.run("call", "s02_normalization", func="softmax_torch", args=(scores,)),
+                                   expected, rtol=1e-6)
+        assert backend.stats["boxes"] == 2
+
+
+def test_a_huge_message_is_cut(tmp_path, sandbox):
+    root = write_submission(tmp_path / "huge")
+    (root / "s03_context_vectors.py").write_text((HOSTILE_CALLS.parent / "huge_message.py").read_text())
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
+        with pytest.raises(SubmissionError, match=r"more characters\]") as info:
+            backend.run("call", "s03_context_vectors", func="anything")
+    assert len(str(info.value)) < 6000
+
+
+def test_a_reply_sent_ahead_answers_nothing_else(hostile):
+    """Each operation has a token of its own: a result written in advance is the learner's answer to
+    its own operation at most, never to the next one."""
+    assert float(call(hostile, "answer_ahead", 42)) == 42
+    good_call_works(hostile)
+    good_call_works(hostile)
+
+
+# ---------------------------------------------------------------- nothing left behind
+
+def test_the_sandbox_leaves_nothing_in_tmpdir(hostile_root, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with IsolatedBackend(hostile_root, LIMITS) as backend:
+        good_call_works(backend)
+        assert [p.name[:16] for p in tmp_path.iterdir()] == ["attnkit-sandbox-"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dead_process_s_folders_are_swept_and_a_live_one_s_are_not(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys, time, tempfile; tempfile.tempdir = sys.argv[1]; from grader import scratch; "
+            "f = scratch.Folder('worker'); print(f.path, flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    left = Path(child.stdout.readline().strip())
+    assert scratch.sweep(tmp_path) == [] and left.is_dir()  # its owner lives
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert scratch.sweep(tmp_path) == [left] and not left.exists()
+
+
+def test_a_sweep_never_takes_a_folder_being_made(tmp_path, monkeypatch):
+    """Two grading runs side by side (or two grading workers): one sweeps while the other makes
+    its folders. Each folder must be locked before a sweep can see it."""
+    import tempfile
+    import threading
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    done, swept = threading.Event(), []
+
+    def sweeping():
+        while not done.is_set():
+            swept.extend(scratch.sweep(tmp_path))
+
+    sweeper = threading.Thread(target=sweeping)
+    sweeper.start()
+    try:
+        folders = [scratch.Folder("race") for _ in range(300)]
+    finally:
+        done.set()
+        sweeper.join()
+    assert swept == [] and all(f.path.is_dir() for f in folders)
+    for folder in folders:
+        folder.remove()
+    assert list(tmp_path.iterdir()) == []

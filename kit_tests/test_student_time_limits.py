@@ -1,0 +1,185 @@
+"""A student's endless loop stops with a message, in `pytest` and in the notebook.
+
+One course is built with a small time limit per check and released with nbgrader's own
+generate_assignment. In copies of the release, s05 loops forever at import and s03 loops in one
+function (the other modules stay stubs): `pytest` must stop each looping check at the limit, name
+the stage and the limit, and fail the stage's other checks at once; the notebook's demo and check
+cells, run in a real kernel, must do the same.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+import nbformat
+import pytest
+
+from grader.course import build
+from grader.kit import SOLUTIONS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+ASSIGNMENT = "attention"
+LIMIT = 2.0  # the course's test_timeout here: small, so that every stop below comes quickly
+STOPPED = f"this check was stopped after {LIMIT:g} s (the time limit per check)"
+NOT_RUN = "not run: an earlier check of this stage hit the time limit"
+LOOP_AT_IMPORT = "while True:\n    pass\n"
+LOOP_IN_FUNCTION = """
+
+def all_context_vectors(attn_weights, inputs):
+    while True:
+        pass
+"""
+# Blocks SIGALRM, so that no per-check limit can fire: only check()'s own backstop can stop it.
+LOOP_DEAF_TO_ALARMS = ("import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n"
+                       "while True:\n    pass\n")
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    root = tmp_path_factory.mktemp("time-limits") / "course"
+    build(root, test_timeout=LIMIT)
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return root / "release" / ASSIGNMENT
+
+
+def student_copy(release, folder):
+    """The release with s05 looping at import and s03's all_context_vectors looping (the rest of s03
+    is the reference, so its first check passes)."""
+    shutil.copytree(release, folder)
+    (folder / "s05_self_attention.py").write_text(LOOP_AT_IMPORT)
+    s03 = (SOLUTIONS / "s03_context_vectors.py").read_text()
+    (folder / "s03_context_vectors.py").write_text(s03 + LOOP_IN_FUNCTION)
+    return folder
+
+
+def junit_results(path):
+    """{test name: (outcome, message, seconds)} from a junit XML report."""
+    results = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                outcome, message = tag, node.get("message") or ""
+        name = f"{case.get('classname').split('.')[-1]}::{case.get('name')}"
+        results[name] = (outcome, message, float(case.get("time")))
+    return results
+
+
+def test_release_pytest_ini_carries_the_time_limit(release):
+    ini = (release / "pytest.ini").read_text()
+    assert f"\ntimeout = {LIMIT:g}\n" in ini and "\ntimeout_method = signal\n" in ini
+
+
+def test_pytest_stops_each_looping_stage_once_and_names_it(release, tmp_path):
+    folder = student_copy(release, tmp_path / "student")
+    start = time.monotonic()
+    junit = tmp_path / "junit.xml"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}"],
+                         cwd=folder, capture_output=True, text=True, timeout=180)
+    seconds = time.monotonic() - start
+    assert run.returncode == 1, run.stdout[-3000:]
+    assert f"stage s05_self_attention: {STOPPED}" in run.stdout
+    assert f"stage s03_context_vectors: {STOPPED}" in run.stdout
+    results = junit_results(junit)
+
+    s05 = [r for name, r in results.items() if name.startswith("test_s05_self_attention::")]
+    assert len(s05) >= 3
+    first, *rest = s05
+    assert first[0] == "failure" and first[1].startswith(f"stage s05_self_attention: {STOPPED}"), first
+    assert LIMIT <= first[2] < LIMIT + 5
+    for outcome, message, took in rest:  # at once, not after the limit again
+        assert outcome == "error" and NOT_RUN in message and took < 1, (outcome, message, took)
+
+    s03 = {name.split("::")[1]: r for name, r in results.items() if name.startswith("test_s03_context_vectors::")}
+    assert s03["test_journey_context_vector"][0] == "passed"
+    assert s03["test_journey_all_context_vectors"][1].startswith(f"stage s03_context_vectors: {STOPPED}")
+
+    others = [r for name, r in results.items()
+              if not name.startswith(("test_s03_", "test_s05_")) and r[0] != "skipped"]
+    assert others and all("NotImplementedError" in message for _, message, _ in others)
+    assert not any("time limit" in message for _, message, _ in others)
+    assert seconds < 2 * LIMIT + 60, f"pytest took {seconds:.0f} s"
+
+
+def notebook_cells(release, cells):
+    """The release notebook's cells with these grade ids (or new cells), in this order."""
+    nb = nbformat.read(release / f"{ASSIGNMENT}.ipynb", as_version=4)
+    by_id = {cell.metadata["nbgrader"]["grade_id"]: cell for cell in nb.cells if "nbgrader" in cell.metadata}
+    nb.cells = [by_id[c] if isinstance(c, str) else c for c in cells]
+    return nb
+
+
+def without_check(cell):
+    """A demo cell without its closing check(...) call (one pytest run less)."""
+    return nbformat.v4.new_code_cell(cell.source.rsplit("\ncheck(", 1)[0])
+
+
+def stdout(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
+
+
+@pytest.fixture(scope="module")
+def notebook_run(release, tmp_path_factory):
+    """The setup cell, the demo cells of stages 5 (with its check) and 3 (without) and a demo of
+    stage 1, executed in a real kernel in a student copy, with a SIGALRM handler of the kernel's own
+    around them; then check() on a stage whose module blocks SIGALRM, with a short backstop."""
+    from nbclient import NotebookClient
+
+    folder = student_copy(release, tmp_path_factory.mktemp("notebook") / "student")
+    (folder / "s07_dropout.py").write_text(LOOP_DEAF_TO_ALARMS)
+    new = nbformat.v4.new_code_cell
+    demos = notebook_cells(release, ["demo_s03_context_vectors", "demo_s01_attention_scores"]).cells
+    nb = notebook_cells(release, [
+        "setup",
+        new("import signal\ndef own_handler(signum, frame):\n    pass\nsignal.signal(signal.SIGALRM, own_handler)"),
+        "demo_s05_self_attention", without_check(demos[0]), without_check(demos[1]),
+        new("print('handler restored:', signal.getsignal(signal.SIGALRM) is own_handler)"),
+        new("CHECKS_TIME_LIMIT = 4\ncheck('dropout')"),
+    ])
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(folder)}}).execute()
+    return nb.cells
+
+
+def test_demo_stops_a_loop_at_import_and_names_the_stage_and_the_limit(notebook_run):
+    out = stdout(notebook_run[2])
+    assert f"Stage s05_self_attention: the demo was stopped after {LIMIT:g} s (the time limit)" in out, out
+    assert re.search(r"It was stopped on line \d+ of s05_self_attention\.py\.", out), out
+    # the cell's check(...) ran the stage's public tests: stopped once, the rest not run
+    assert f"stage s05_self_attention: {STOPPED}" in out and NOT_RUN in out, out
+
+
+def test_demo_stops_a_loop_in_a_function(notebook_run):
+    out = stdout(notebook_run[3])
+    assert f"Stage s03_context_vectors: the demo was stopped after {LIMIT:g} s (the time limit)" in out, out
+    assert re.search(r"It was stopped on line \d+ of s03_context_vectors\.py\.", out), out
+
+
+def test_demo_still_reports_stubs_and_restores_the_alarm_handler(notebook_run):
+    assert "Not written yet: s01_attention_scores: " in stdout(notebook_run[4])
+    assert "handler restored: True" in stdout(notebook_run[5])
+
+
+def test_check_has_a_backstop_when_no_check_can_be_stopped(notebook_run):
+    out = stdout(notebook_run[6])
+    assert "Stage dropout: the checks were stopped after 4 s" in out, out
+
+
+def test_demo_and_check_do_nothing_while_grading(release, tmp_path):
+    """nbgrader sets NBGRADER_EXECUTION: neither may run learner code in the kernel, nor wait for it."""
+    folder = student_copy(release, tmp_path / "student")
+    nb = notebook_cells(release, ["setup", "demo_s05_self_attention"])
+    code = "\n".join(cell.source for cell in nb.cells)
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, NBGRADER_EXECUTION="autograde"))
+    assert run.returncode == 0 and run.stdout == "" and run.stderr == "", run.stderr
+    assert time.monotonic() - start < 10

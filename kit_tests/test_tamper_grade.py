@@ -1,0 +1,182 @@
+"""The tamper and fault corpus (kit_tests/tamper.py) graded by ``attnkit grade``, on a loaded machine.
+
+One nbgrader course. The honest bystanders (the reference, and a submission with one real mistake)
+are graded first, alone. Then the corpus joins: attackers, and the victims and late copies of the
+bystanders that are named to be graded after every attacker (students are graded in the order of
+their names). One ``attnkit grade`` run with one worker grades them all, so that a single sandbox
+template serves everybody (what an attack on later submissions needs), while two CPU-bound
+processes run alongside. The tests check that the run completed; that each entry got exactly the
+grade its honest work deserves, with the reason in its feedback; that the late bystanders' records
+are byte-identical to the early ones; that nothing outside the records changed, in the course, the
+gradebook or the kit; and that the run left nothing behind: no process, nothing in TMPDIR.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_tamper_nbgrader import expected_scores, file_hashes, gradebook_rows
+from verdicts import verdicts
+
+from grader import results as R
+from grader.course import build
+from grader.kit import KIT, marker, stages
+from grader.samples import by_student, write_submission
+from grader.scoring import stage_report
+from load import cpu_hogs
+from tamper import BYSTANDERS, LATE, Context, corpus, write_entry
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+ASSIGNMENT = "attention"
+TEST_TIMEOUT = 3.0  # CPU seconds per check: the learner's own time, so a loaded machine needs no more
+CORPUS = corpus()
+
+
+def attnkit_grade(root, tmpdir):
+    env = dict(os.environ, TMPDIR=str(tmpdir))
+    run = subprocess.run([sys.executable, "-m", "grader.cli", "grade", "--course", str(root), "--workers", "1",
+                          "--quiet"], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, f"attnkit grade failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    return run
+
+
+def graded_content(record: dict) -> str:
+    """What a record says about the work (not when or how fast it was graded), as bytes to compare."""
+    return json.dumps(record["stages"], sort_keys=True)
+
+
+def feedback(record: dict) -> str:
+    """The record as the student's feedback shows it (what `attnkit grade --notebooks` puts in the cells)."""
+    return "\n".join(stage_report(s["marker"], s["max_points"], s["tests"]) for s in record["stages"])
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    start = time.monotonic()
+    root = tmp_path_factory.mktemp("tamper-grade") / "course"
+    tmpdir = tmp_path_factory.mktemp("tmpdir")
+    c = build(root, test_timeout=TEST_TIMEOUT)
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    release = root / "release" / ASSIGNMENT
+    out = R.results_dir(root, ASSIGNMENT)
+
+    # 1. The bystanders, graded alone.
+    for student in BYSTANDERS:
+        write_submission(by_student(student), release, root / "submitted" / student / ASSIGNMENT)
+    attnkit_grade(root, tmpdir)
+    alone = {s: R.read_record(R.record_path(out, s)) for s in BYSTANDERS}
+
+    # 2. The corpus joins, with late copies of the bystanders; everything that exists now is recorded.
+    ctx = Context(course=root, assignment=ASSIGNMENT, bystanders=BYSTANDERS)
+    for entry in CORPUS:
+        write_entry(entry, ctx, release, root / "submitted" / entry.name / ASSIGNMENT)
+    for student in BYSTANDERS:
+        write_submission(by_student(student), release, root / "submitted" / (LATE + student) / ASSIGNMENT)
+    targets_before = {p: p.read_bytes() if p.is_file() else None for p in ctx.target_files()}
+    files_before = file_hashes(root, skip=[R.results_dir(root, ASSIGNMENT).relative_to(root), Path("gradebook.db")])
+    rows_before = gradebook_rows(root / "gradebook.db")
+
+    # 3. One run for everybody (the early bystanders are skipped: already graded), on a loaded machine.
+    t = time.monotonic()
+    with cpu_hogs():
+        run = attnkit_grade(root, tmpdir)
+    seconds = time.monotonic() - t
+    records = R.read_records(out)
+    print(f"\ntamper corpus through attnkit grade: {len(CORPUS) + len(BYSTANDERS)} submissions in {seconds:.0f} s "
+          f"(two CPU hogs alongside); whole fixture {time.monotonic() - start:.0f} s")
+    return dict(course=c, root=root, out=out, tmpdir=tmpdir, ctx=ctx, alone=alone, records=records, run=run,
+                targets_before=targets_before, files_before=files_before, rows_before=rows_before)
+
+
+# ---------------------------------------------------------------- grades
+
+@pytest.mark.parametrize("entry", CORPUS, ids=lambda e: e.name)
+def test_entry_gets_its_honest_grade(graded, entry):
+    record = graded["records"][entry.name]
+    got = {s["stage"]: s["points"] for s in record["stages"]}
+    assert got == pytest.approx(expected_scores(graded["course"], entry), abs=1e-6), \
+        f"{entry.name} ({entry.description})"
+
+
+@pytest.mark.parametrize("entry", CORPUS, ids=lambda e: e.name)
+def test_feedback_gives_the_reason(graded, entry):
+    text = feedback(graded["records"][entry.name])
+    for reason in entry.reasons:
+        assert reason in text, f"{entry.name}: {reason!r} not in its feedback"
+    assert "all checks pass" not in text and "SHADOW-RAN" not in text
+
+
+def test_grades_are_the_ones_on_record(graded, snapshot):
+    """Every check's verdict for every corpus entry and late bystander, as kept in __snapshots__/
+    (see verdicts.py)."""
+    names = [entry.name for entry in CORPUS] + [LATE + student for student in BYSTANDERS]
+    assert {name: verdicts(graded["records"][name]) for name in sorted(names)} == snapshot
+
+
+def test_late_bystanders_are_graded_byte_for_byte_as_alone(graded):
+    """Graded after every attacker, by the same sandbox template: the same record, check by check,
+    message by message, as when they were graded alone."""
+    for student, alone in graded["alone"].items():
+        late = graded["records"][LATE + student]
+        assert late["fingerprint"] == alone["fingerprint"]
+        assert graded_content(late) == graded_content(alone), student
+    reference = graded["alone"]["reference"]
+    assert reference["total"] == reference["max_total"]
+
+
+def test_every_record_says_how_its_submission_was_confined(graded):
+    expected = {"mode": "namespaces", "missing": []} if os.geteuid() == 0 else {"mode": "userns", "missing": ["uid"]}
+    assert {json.dumps(r["confinement"], sort_keys=True) for r in graded["records"].values()} == \
+        {json.dumps(expected, sort_keys=True)}
+
+
+# ---------------------------------------------------------------- nothing else changed
+
+def test_no_file_outside_the_records_changed(graded):
+    root = graded["root"]
+    after = file_hashes(root, skip=[R.results_dir(root, ASSIGNMENT).relative_to(root), Path("gradebook.db")])
+    changed = sorted(k for k in graded["files_before"] if after.get(k) != graded["files_before"][k])
+    added = sorted(k for k in after if k not in graded["files_before"])
+    assert not changed, f"files changed: {changed[:10]}"
+    assert not added, f"files appeared: {added[:10]}"
+    for path, content in graded["targets_before"].items():
+        if path.name != "gradebook.db":  # attnkit grade writes it; test_no_gradebook_row_changed checks it
+            assert (path.read_bytes() if path.is_file() else None) == content, path
+
+
+def test_no_gradebook_row_changed(graded):
+    lost = graded["rows_before"] - gradebook_rows(graded["root"] / "gradebook.db")
+    assert not lost, f"rows changed or removed: {sorted(lost, key=str)[:5]}"
+
+
+def test_the_kit_is_untouched(graded):
+    for folder in (KIT, KIT / "solutions", KIT / "fixtures", KIT / "fixtures" / "hidden", KIT / "tests"):
+        assert not (folder / "pwned.txt").exists(), folder
+
+
+def test_the_run_leaves_nothing_behind(graded):
+    assert list(graded["tmpdir"].iterdir()) == [], "files left in TMPDIR"
+    leftover = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(graded["tmpdir"]) in command or "attnkit-loot" in command:
+            leftover.append(command[:200])
+    assert not leftover, leftover
+
+
+def test_every_stage_of_the_corpus_is_attacked():
+    """The corpus covers every stage module, so that a channel left open in any stage would show."""
+    attacked = {marker(stage) for entry in CORPUS for stage in entry.modules(Context(KIT, ASSIGNMENT, ()))}
+    assert attacked == {marker(s) for s in stages()}

@@ -1,0 +1,247 @@
+"""The tamper and fault corpus (kit_tests/tamper.py) graded by nbgrader's own autograde, on a loaded machine.
+
+One course per module. Two honest "bystanders" (the reference, and a submission with one real
+mistake) are graded first, alone. Then every corpus entry joins as its own student, with late
+copies of the bystanders named to be graded after every attacker (nbgrader grades students in the
+order of their names), and one ``nbgrader autograde`` call grades them all while two CPU-bound
+processes run alongside. The tests check that the run completed, that each entry got exactly the
+grade its honest work deserves and the reason in its feedback, that the late bystanders' autograder
+cells say byte for byte what the early ones said, and that nothing outside each entry's own
+autograded folder changed: not the bystanders' files, not their rows in the gradebook, not the kit.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import html
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grader.course import build
+from grader.kit import KIT, marker, stages
+from grader.samples import by_student, write_submission
+from grader.submission import LINK_NOTE
+from load import cpu_hogs
+from tamper import BYSTANDERS, LATE, MARK, Context, corpus, write_entry
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+ASSIGNMENT = "attention"
+TEST_TIMEOUT = 3.0  # CPU seconds per check: the learner's own time, so a loaded machine needs no more
+CORPUS = corpus()
+
+
+class Nbgrader:
+    """Runs nbgrader's own command line in one course, and keeps how long each command took in all
+    (the fixture that makes one prints them)."""
+
+    def __init__(self, course: Path):
+        self.course = course
+        self.seconds = {}  # command -> seconds of all its runs
+
+    def __call__(self, *args):
+        start = time.monotonic()
+        run = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=self.course, capture_output=True,
+                             text=True)
+        self.seconds[args[0]] = self.seconds.get(args[0], 0) + time.monotonic() - start
+        assert run.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+        return run
+
+
+def file_hashes(root: Path, skip=()) -> dict:
+    """sha256 of every file under root (paths relative to root), leaving out the ``skip`` folders."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if path.is_file() and not any(rel.parts[:len(s.parts)] == s.parts for s in skip):
+            out[str(rel)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def gradebook_rows(db: Path) -> set:
+    """Every row of every table, as (table, row) pairs."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        tables = [t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {(t, row) for t in tables for row in con.execute(f'SELECT * FROM "{t}"')}
+
+
+def scores(c, db: Path, students) -> dict:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{db}", c.course_id) as gb:
+        return {s: {stage: gb.find_grade(f"grade_{stage}", c.notebook, ASSIGNMENT, s).score for stage in c.points}
+                for s in students}
+
+
+def feedback_text(root: Path, student: str) -> str:
+    path = root / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html"
+    return html.unescape(re.sub(r"<[^>]+>", "", path.read_text()))
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    start = time.monotonic()
+    root = tmp_path_factory.mktemp("tamper") / "course"
+    c = build(root, test_timeout=TEST_TIMEOUT)
+    db = root / "gradebook.db"
+    nbgrader = Nbgrader(root)
+    nbgrader("generate_assignment", ASSIGNMENT)
+    release = root / "release" / ASSIGNMENT
+
+    def submit(student, write):
+        dest = write(root / "submitted" / student / ASSIGNMENT)
+        (dest / "timestamp.txt").write_text("2026-01-15 12:00:00.000000 UTC")
+
+    # 1. The bystanders, graded alone.
+    for student in BYSTANDERS:
+        submit(student, lambda dest, s=student: write_submission(by_student(s), release, dest))
+    nbgrader("autograde", ASSIGNMENT)
+    alone = scores(c, db, BYSTANDERS)
+
+    # 2. The corpus joins; everything that exists now is recorded.
+    ctx = Context(course=root, assignment=ASSIGNMENT, bystanders=BYSTANDERS)
+    for entry in CORPUS:
+        submit(entry.name, lambda dest, e=entry: write_entry(e, ctx, release, dest))
+    for student in BYSTANDERS:
+        submit(LATE + student, lambda dest, s=student: write_submission(by_student(s), release, dest))
+    targets_before = {p: p.read_bytes() if p.is_file() else None for p in ctx.target_files()}
+    files_before = file_hashes(root, skip=[Path("gradebook.db")])
+    rows_before = gradebook_rows(db)
+
+    # 3. One autograde call for everybody (the early bystanders are skipped: already graded).
+    t = time.monotonic()
+    with cpu_hogs():
+        run = nbgrader("autograde", ASSIGNMENT)
+    autograde_seconds = time.monotonic() - t
+    nbgrader("generate_feedback", ASSIGNMENT)
+
+    print(f"\ntamper corpus: autograde of {len(CORPUS)} entries {autograde_seconds:.0f} s; nbgrader "
+          f"{ {k: round(v) for k, v in nbgrader.seconds.items()} }; whole fixture {time.monotonic() - start:.0f} s")
+    return dict(course=c, root=root, db=db, ctx=ctx, alone=alone, log=run.stdout + run.stderr,
+                scores=scores(c, db, BYSTANDERS + tuple(LATE + s for s in BYSTANDERS) + tuple(e.name for e in CORPUS)),
+                targets_before=targets_before, files_before=files_before,
+                rows_before=rows_before)
+
+
+def expected_scores(c, entry) -> dict:
+    return {stage: round(points * float(entry.fraction(marker(stage))), 2) for stage, points in c.points.items()}
+
+
+# ---------------------------------------------------------------- grades
+
+@pytest.mark.parametrize("entry", CORPUS, ids=lambda e: e.name)
+def test_entry_gets_its_honest_grade(graded, entry):
+    got = graded["scores"][entry.name]
+    want = expected_scores(graded["course"], entry)
+    assert got == pytest.approx(want, abs=1e-6), f"{entry.name} ({entry.description})"
+
+
+@pytest.mark.parametrize("entry", CORPUS, ids=lambda e: e.name)
+def test_feedback_gives_the_reason(graded, entry):
+    c = graded["course"]
+    text = feedback_text(graded["root"], entry.name)
+    for reason in entry.reasons:
+        assert reason in text, f"{entry.name}: {reason!r} not in its feedback"
+    for stage, points in c.points.items():
+        score = expected_scores(c, entry)[stage]
+        assert f"-> {score:g} of {points:g} points" in text, f"{entry.name}: stage {stage} line"
+    assert "all checks pass" not in text and "SHADOW-RAN" not in text
+
+
+@pytest.mark.parametrize("entry", [e for e in CORPUS if e.links], ids=lambda e: e.name)
+def test_a_link_carries_nothing_into_the_feedback(graded, entry):
+    """nbgrader's copy follows links; what a link pointed at (the solutions) must not reach the student."""
+    for name, target in entry.links.items():
+        given = graded["root"] / "feedback" / entry.name / ASSIGNMENT / name
+        assert given.read_text() == LINK_NOTE, f"{entry.name}: {name} in the feedback is not the note"
+        assert given.read_bytes() != Path(target).read_bytes()
+
+
+def test_bystanders_keep_their_grades(graded):
+    c = graded["course"]
+    alone = graded["alone"]
+    assert alone["reference"] == c.points
+    mistake = alone["tril-for-triu"]
+    assert mistake["s06_causal_mask"] < c.points["s06_causal_mask"]
+    assert {s: v for s, v in mistake.items() if s != "s06_causal_mask"} == \
+        {s: v for s, v in c.points.items() if s != "s06_causal_mask"}
+    for student in BYSTANDERS:
+        assert graded["scores"][student] == alone[student], student
+
+
+def grade_cell_outputs(root: Path, student: str) -> list[str]:
+    nb = nbformat.read(root / "autograded" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+    return [json.dumps(cell.outputs, sort_keys=True) for cell in nb.cells
+            if cell.metadata.get("nbgrader", {}).get("grade")]
+
+
+def test_late_bystanders_are_graded_byte_for_byte_as_alone(graded):
+    """Graded after every attacker: their autograder cells print exactly what they printed alone."""
+    for student in BYSTANDERS:
+        assert graded["scores"][LATE + student] == graded["alone"][student], student
+        late, alone = grade_cell_outputs(graded["root"], LATE + student), grade_cell_outputs(graded["root"], student)
+        for index, (a, b) in enumerate(zip(alone, late)):
+            changes = "\n".join(difflib.unified_diff(a.split("\\n"), b.split("\\n"), lineterm="", n=1))
+            assert a == b, f"{student}: grade cell {index} differs:\n{changes}"
+        assert len(late) == len(alone)
+
+
+def test_a_wrong_module_that_patches_the_libraries_scores_like_the_honest_mistake(graded):
+    """patch-wrong is tril-for-triu plus torch/numpy patches: the same s06 score as the bystander."""
+    assert graded["scores"]["patch-wrong"]["s06_causal_mask"] == graded["alone"]["tril-for-triu"]["s06_causal_mask"]
+
+
+# ---------------------------------------------------------------- nothing else changed
+
+def test_no_file_outside_the_entries_own_autograded_folders_changed(graded):
+    root = graded["root"]
+    own = [Path("autograded") / e.name for e in CORPUS] + [Path("autograded") / (LATE + s) for s in BYSTANDERS] + [
+        Path("feedback")]
+    after = file_hashes(root, skip=[Path("gradebook.db")] + own)
+    before = {k: v for k, v in graded["files_before"].items() if not any(Path(k).parts[:2] == o.parts for o in own)}
+    changed = sorted(k for k in before if after.get(k) != before[k])
+    added = sorted(k for k in after if k not in before and not k.endswith(".log"))
+    assert not changed, f"files changed: {changed[:10]}"
+    assert not added, f"files appeared outside the entries' autograded folders: {added[:10]}"
+    for path, content in graded["targets_before"].items():
+        if path.name != "gradebook.db":  # nbgrader writes it; test_no_gradebook_row_changed checks it
+            assert (path.read_bytes() if path.is_file() else None) == content, path
+
+
+def test_the_kit_is_untouched(graded):
+    """The kit is shared with other work in progress: look for the attacks' traces only."""
+    for folder in (KIT, KIT / "solutions", KIT / "fixtures", KIT / "fixtures" / "hidden", KIT / "tests"):
+        assert not (folder / "pwned.txt").exists(), folder
+    for path in list((KIT / "solutions").glob("*.py")) + list((KIT / "fixtures").rglob("*.npz")):
+        assert b"pwned" not in path.read_bytes()[-64:], path
+
+
+def test_no_gradebook_row_changed(graded):
+    after = gradebook_rows(graded["db"])
+    lost = graded["rows_before"] - after
+    assert not lost, f"rows changed or removed: {sorted(lost, key=str)[:5]}"
+
+
+def test_learner_code_never_ran_in_the_kernel(graded):
+    root = graded["root"]
+    for entry in CORPUS:
+        folder = root / "autograded" / entry.name / ASSIGNMENT
+        assert not (folder / "SHADOW-RAN").exists()
+        assert not list(folder.rglob("SHADOW-RAN")), entry.name
+        nb = nbformat.read(folder / f"{ASSIGNMENT}.ipynb", as_version=4)
+        sources = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
+        assert MARK not in sources, entry.name
+        grade_cells = [cell for cell in nb.cells if cell.metadata.get("nbgrader", {}).get("grade")]
+        assert len(grade_cells) == len(stages()), entry.name
+        for cell in grade_cells:
+            assert "grading.stage(" in cell.source, entry.name
+            kinds = [o.output_type for o in cell.outputs]
+            assert "error" not in kinds, (entry.name, cell.outputs)

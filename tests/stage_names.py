@@ -1,0 +1,43 @@
+"""What stages are called: one definition for the suite, the grader (``attnkit``) and the kit's tests.
+
+A stage is a module named ``sNN_topic`` (``s08_causal_attention``) in a folder of stage modules
+(``solutions/``, ``exercises/``, a student's submission). Its checks are the tests in
+``tests/test_sNN_topic.py``, all marked with the pytest marker ``topic`` (``causal_attention``),
+which is what ``pytest -m causal_attention`` selects.
+
+Standard library only, so that the grader can read names without importing torch.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+MODULE = re.compile(r"s\d\d_\w+")  # a stage module's name
+TEST_FILE = re.compile(r"test_(s\d\d_\w+)\.py")  # the name of its test file
+
+
+def is_stage_module(name: str) -> bool:
+    return MODULE.fullmatch(name) is not None
+
+
+def marker(stage: str) -> str:
+    """The stage's pytest marker: s08_causal_attention -> causal_attention."""
+    return stage.split("_", 1)[1]
+
+
+def stage_test_file(stage: str) -> str:
+    """The name of the stage's test file: s08_causal_attention -> test_s08_causal_attention.py."""
+    return f"test_{stage}.py"
+
+
+def stage_of(nodeid) -> str | None:
+    """The stage a test or test file belongs to (``tests/test_s08_causal_attention.py::test_x``), or None."""
+    match = TEST_FILE.search(str(nodeid).split("::")[0])
+    return match.group(1) if match else None
+
+
+def module_files(folder) -> list[Path]:
+    """The stage modules in ``folder``: regular files named ``sNN_topic.py``, in teaching order. A
+    symbolic link is not one (it could point anywhere), nor is a folder named like a module."""
+    return sorted(p for p in Path(folder).iterdir()
+                  if p.suffix == ".py" and is_stage_module(p.stem) and p.is_file() and not p.is_symlink())
