@@ -61,6 +61,13 @@ class GradingPlugin:
 
     # -- pytest's hooks
 
+    def pytest_configure(self, config):
+        """A verdict keeps a failure's message, not its traceback: formatting each failed check's
+        traceback with source (pytest's default without its terminal) would be most of a grading
+        worker's time on a class of stubs. (``--tb`` belongs to the terminal plugin, which grading
+        goes without; this is the option it would set.)"""
+        config.option.tbstyle = "no"
+
     def pytest_collectreport(self, report):
         if report.failed:
             self.collection_errors.append(f"{report.nodeid}: {report.longrepr}")

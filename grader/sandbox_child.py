@@ -873,6 +873,9 @@ def process_state(adapters):
     # Copies of their dictionaries: comparing two is C code with an identity shortcut per entry.
     state = {f"names of {getattr(s, '__name__', s)}": dict(vars(s)) for s in spaces}
     state["adapters.OPS"] = {k: id(v) for k, v in adapters.OPS.items()}
+    # Two readings have no public API, so they use torch's private names, here only and with defaults
+    # should a torch release drop them: whether a __torch_function__ mode was left pushed
+    # (torch._C), and the global hooks every nn.Module runs (nn.modules.module._global_*).
     state["torch modes"] = (
         torch.get_default_dtype(), torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
         torch.are_deterministic_algorithms_enabled(), torch.is_anomaly_enabled(), torch.get_num_threads(),
