@@ -46,6 +46,7 @@ from .sandbox import ONE_THREAD, Limits, Sandbox
 
 READY_SECONDS = 300  # a worker must be ready (torch, pytest, collection, its sandbox) within this
 ANSWER_BYTES = 256 << 20  # a worker's answer for one submission is far smaller
+CLOSE_SECONDS = 10  # a worker asked to stop ends its session (its sandbox's template too) within this
 # pytest plugins a grading run goes without. The learner's code runs in the sandbox, so nothing it
 # does reaches this process's warnings, logs, threads or unraisable exceptions; nobody reads this
 # session's terminal (the verdicts travel as data); the sandbox limits the learner's time, and the
@@ -189,6 +190,7 @@ class WorkerProcess:
         self.log = None
         self.start_seconds = None  # how long the last start took (torch, pytest, collection, sandbox)
         self.confinement = None  # what its sandbox confines (grader.sandbox.Confinement.record())
+        self.busy = False  # grading a job
         self._buffer = bytearray()
 
     def start(self):
@@ -209,6 +211,13 @@ class WorkerProcess:
     def grade(self, job: dict) -> dict:
         """Grade ``job`` ({"sources": {file name: bytes}, "seed"}): {"tests", "output_capped",
         "confinement", "seconds"}. Raises WorkerError if the worker could not grade it."""
+        self.busy = True
+        try:
+            return self._grade(job)
+        finally:
+            self.busy = False
+
+    def _grade(self, job: dict) -> dict:
         if self.proc is None or self.proc.poll() is not None:
             self.close()
             self.start()
@@ -255,16 +264,22 @@ class WorkerProcess:
             self.log.seek(0, os.SEEK_END)
             self.log.seek(max(0, self.log.tell() - 3000))
             tail = self.log.read().decode("utf-8", "replace").strip()
-        self.close()
+        self.close(graceful=False)
         return WorkerError(what + (f"; its log ends with:\n{tail}" if tail else ""))
 
-    def close(self):
+    def close(self, graceful: bool = True):
+        """Stop the worker. One waiting for a job is told so (its job pipe closes) and given
+        CLOSE_SECONDS to end its session and remove its folders; one that is busy or broken, or does
+        not end in time, is killed (its folders are then swept by the next run, scratch.sweep)."""
         if self.proc is not None:
+            if graceful and not self.busy and self.proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    self.proc.stdin.close()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=CLOSE_SECONDS)
             if self.proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     self.proc.kill()  # its sandbox's processes follow (parent-death signal)
-                except ProcessLookupError:
-                    pass
             self.proc.wait()
             for stream in (self.proc.stdin, self.proc.stdout):
                 try:

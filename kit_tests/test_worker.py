@@ -24,13 +24,17 @@ def graded(worker, jobs):
         worker.close()
 
 
-def test_one_session_grades_each_submission_as_a_fresh_one_does(tmp_path):
+def test_one_session_grades_each_submission_as_a_fresh_one_does(tmp_path, monkeypatch):
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the workers' (and their sandboxes') folders go here
     reference, mistake = (by_student(name).write(tmp_path / name) for name in ("reference", "softmax-dim0"))
     warm = graded(WorkerProcess(Limits()), [job(reference), job(mistake), job(reference)])
     fresh = [graded(WorkerProcess(Limits()), [job(folder)])[0] for folder in (reference, mistake)]
     assert warm[0] == fresh[0] == warm[2], "a submission graded after another got other verdicts"
     assert warm[1] == fresh[1], "a submission graded after another got other verdicts"
     assert warm[0] != warm[1]
+    assert list(scratch.iterdir()) == [], "a worker that was closed left its folders behind"
 
 
 def test_a_job_whose_implementation_was_not_set_up_once_gets_no_grades(tmp_path):
