@@ -2,7 +2,7 @@
 randomized cases.
 
 They live in this root conftest so that pytest knows them before it reads the arguments:
-``pytest --impl exercises`` must not take "exercises" for a test path. The fixtures and the rest
+``pytest --impl PATH`` must not take PATH for a test path. The fixtures and the rest
 of the wiring are in tests/conftest.py.
 """
 import secrets
@@ -20,7 +20,7 @@ def pytest_addoption(parser):
     )
     parser.addoption(
         "--seed", type=int, default=None,
-        help="seed of the randomized hidden cases (default: a fresh one per run, shown in the header)",
+        help="seed of the randomized cases (default: a fresh one per run, shown in the header)",
     )
     parser.addini("impl", default=".", help="default for --impl, relative to this folder")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from shlex import quote
 
 from .sandbox import BUDGET_CHECKS, TEST_TIMEOUT
 
@@ -44,6 +45,19 @@ def _points(text):
     return name, points
 
 
+def _positive(kind):
+    """An argparse type: a number of ``kind`` (float, int) above 0."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a number above 0")
+        return value
+    return parse
+
+
 def cmd_course_build(args):
     from .course import CourseError, build
 
@@ -61,8 +75,15 @@ def cmd_course_build(args):
           f"public tests, public fixtures ({course.total:g} points)")
     for stage, points in course.points.items():
         print(f"    {stage:<28} {points:>6g}")
-    print(f"next: cd {course.root} && nbgrader generate_assignment {course.assignment}")
+    print(f"next: cd {quote(str(course.root))} && nbgrader generate_assignment {course.assignment}")
     return 0
+
+
+def _unreadable_gradebook(exc, assignment: str) -> str:
+    """What to do when nbgrader's gradebook is no database (a damaged file, a wrong --db-url)."""
+    return (f"the course's gradebook cannot be read ({getattr(exc, 'orig', None) or exc}): restore it, or move it "
+            f"aside and run `nbgrader generate_assignment {assignment}` in the course folder for a new one "
+            "(`attnkit grade` then fills it from the records in attnkit-grades/)")
 
 
 def cmd_demo(args):
@@ -70,52 +91,62 @@ def cmd_demo(args):
     from .demo import run
 
     try:
-        run(args.dir)
+        result = run(args.dir)
     except CourseError as exc:
         print(f"attnkit demo: error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    return 1 if result["fast_path_differs"] else 0
 
 
 def cmd_report(args):
+    from sqlalchemy.exc import SQLAlchemyError
+
     from .report import ReportError, build_report
+    from .targets import TargetError, course_assignment, load_course
 
     try:
-        index, report = build_report(course=args.course, assignment=args.assignment, results=args.results,
+        assignment = args.assignment
+        if not args.results:  # a course: an assignment it has (a results folder names its own)
+            assignment = course_assignment(load_course(args.course), assignment, "report")
+        index, report = build_report(course=args.course, assignment=assignment, results=args.results,
                                      out=args.out)
-    except ReportError as exc:
+    except (ReportError, TargetError) as exc:
         print(f"attnkit report: error: {exc}", file=sys.stderr)
         return 2
+    except SQLAlchemyError as exc:
+        print(f"attnkit report: error: {_unreadable_gradebook(exc, assignment)}", file=sys.stderr)
+        return 2
     print(f"class report on {len(report.students)} students, {len(report.stages)} stages, "
-          f"{len(report.limits)} limit hits: {index}")
+          f"{len(report.limits)} limit hits: {quote(str(index))}")
     for mismatch in report.mismatches:
         print(f"  warning: {mismatch}")
     return 0
 
 
 def cmd_grade(args):
+    from sqlalchemy.exc import SQLAlchemyError
+
     from .grade import GradeError, check_notebooks_possible, grade, write_notebooks
     from .gradebook import GradebookError
-    from .targets import TargetError, course_target, folder_target
+    from .targets import TargetError, course_target, folder_target, load_course
 
     try:
         if args.submissions:
             if not args.out:
                 raise GradeError("--submissions needs --out DIR (where the grades go)")
-            points = None
-            if args.course:
-                from .course import Course
-
-                points = Course.load(args.course).points
+            points = load_course(args.course).points if args.course else None
             target = folder_target(args.submissions, args.out, args.assignment, points=points,
                                    test_timeout=args.test_timeout or TEST_TIMEOUT, time_budget=args.time_budget)
         else:
             target = course_target(args.course or ".", args.assignment)
-            if args.test_timeout:
+            if args.test_timeout is not None:
                 target.test_timeout = args.test_timeout
                 target.time_budget = None  # derived from the new limit, unless given too
-            if args.time_budget:
+            if args.time_budget is not None:
                 target.time_budget = args.time_budget
+        if target.time_budget is not None and target.time_budget < target.test_timeout:
+            raise GradeError(f"--time-budget ({target.time_budget:g} s) must be at least the time limit of one "
+                             f"check ({target.test_timeout:g} s)")
         if args.notebooks:
             check_notebooks_possible(target)  # before grading, not after
         outcome = grade(target, students=args.student, force=args.force, executor=args.executor,
@@ -123,6 +154,9 @@ def cmd_grade(args):
         written, failed = write_notebooks(target, args.student, args.quiet) if args.notebooks else ([], {})
     except (GradeError, GradebookError, TargetError) as exc:
         print(f"attnkit grade: error: {exc}", file=sys.stderr)
+        return 2
+    except SQLAlchemyError as exc:
+        print(f"attnkit grade: error: {_unreadable_gradebook(exc, target.assignment)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnkit grade: interrupted; what was graded is kept: run again to grade the rest", file=sys.stderr)
@@ -139,7 +173,7 @@ def cmd_grade(args):
         for student, why in sorted(failed.items()):
             print(f"  no notebook for {student}: {why.splitlines()[-1]} (run again to retry)")
     if not args.quiet:
-        print(f"grades: {target.out} (one JSON per student, grades.csv, grades.json)"
+        print(f"grades: {quote(str(target.out))} (one JSON per student, grades.csv, grades.json)"
               + ("; gradebook updated" if target.gradebook else ""))
     return 1 if outcome.errors or failed else 0
 
@@ -209,13 +243,13 @@ def main(argv=None):
     p.add_argument("--out", metavar="DIR", help="with --submissions: where the grades go")
     p.add_argument("--student", action="append", metavar="ID", help="grade only this student (repeatable)")
     p.add_argument("--force", action="store_true", help="regrade students already graded")
-    p.add_argument("--workers", type=int, help="local grading workers (default: one per core)")
+    p.add_argument("--workers", type=_positive(int), help="local grading workers (default: one per core)")
     p.add_argument("--executor", choices=["local", "dask"], default="local",
                    help="where the grading jobs run (default: %(default)s)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="with --executor dask: the scheduler, e.g. tcp://host:8786")
-    p.add_argument("--test-timeout", type=float,
+    p.add_argument("--test-timeout", type=_positive(float),
                    help=f"CPU seconds per check (default: the course's, or {TEST_TIMEOUT:g})")
-    p.add_argument("--time-budget", type=float,
+    p.add_argument("--time-budget", type=_positive(float),
                    help=f"CPU seconds per submission (default: the course's, or {BUDGET_CHECKS} x --test-timeout)")
     p.add_argument("--notebooks", action="store_true",
                    help="also write autograded/ notebooks from the grades (through nbgrader's autograde, without "

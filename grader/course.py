@@ -20,19 +20,24 @@ Two preprocessors (``grader.preprocessors``) plug into nbgrader's autograde thro
 (nbgrader itself is used unmodified): code cells the source notebook does not have are dropped
 before execution and the nbgrader metadata of the others is restored from the gradebook, and the
 kernel starts with PYTHONSAFEPATH=1 so that files in a submission folder cannot shadow modules the
-kernel imports. This module itself imports neither nbgrader nor nbformat at the top: reading a
-course (``Course.load``) stays quick.
+kernel imports. In generate_feedback, ``grader.feedback`` names each autograder cell by its stage
+and leaves the hidden tests out of the page. This module itself imports neither nbgrader nor
+nbformat at the top: reading a course (``Course.load``) stays quick.
 """
 from __future__ import annotations
 
 import ast
 import json
 import re
+import shlex
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 
 from .kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, marker, stage_test_file, stages, suite_files
 from .sandbox import TEST_TIMEOUT, Limits
@@ -87,8 +92,15 @@ class Course:
         root = Path(root).resolve()
         path = root / MARKER_FILE
         if not path.is_file():
-            raise CourseError(f"{root} is not an attnkit course (no {MARKER_FILE}); run `attnkit course build {root}`")
-        data = json.loads(path.read_text())
+            raise CourseError(f"{shlex.quote(str(root))} is not an attnkit course (no {MARKER_FILE}): give the folder "
+                              f"`attnkit course build` made (or run from inside it), or make one: "
+                              f"`attnkit course build {shlex.quote(str(root))}`")
+        try:
+            data = json.loads(path.read_text())
+        except ValueError as exc:
+            raise CourseError(f"{path} is not readable JSON ({exc}): rebuild the course with "
+                              f"`attnkit course build {shlex.quote(str(root))}` (it keeps the gradebook and "
+                              "submissions)") from None
         return cls(root=root, **{k: v for k, v in data.items() if k != "root"})
 
 
@@ -300,11 +312,12 @@ def nbgrader_config(course: Course) -> str:
         "import os",
         "import sys",
         "",
+        "from grader.feedback import FeedbackCells, FeedbackPage",
         "from grader.preprocessors import KeepCourseCells, SafePathExecute",
-        "from nbconvert.preprocessors import ClearMetadataPreprocessor",
+        "from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor",
         "from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds,",
-        "                                    IgnorePattern, LimitOutput, OverwriteCells, OverwriteKernelspec,",
-        "                                    SaveAutoGrades)",
+        "                                    GetGrades, IgnorePattern, LimitOutput, OverwriteCells,",
+        "                                    OverwriteKernelspec, SaveAutoGrades)",
         "",
         "HERE = os.path.dirname(os.path.abspath(__file__))",
         "c = get_config()  # noqa: F821 (provided by nbgrader)",
@@ -343,6 +356,9 @@ def nbgrader_config(course: Course) -> str:
         "    SafePathExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,",
         "    AssignLatePenalties, CheckCellMetadata,",
         "]",
+        "# Feedback: each autograder cell named by its stage, without the hidden tests (grader.feedback).",
+        "c.GenerateFeedback.exporter_class = FeedbackPage",
+        "c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, FeedbackCells]",
         "",
         "# zip_collect (LMS downloads): files named <student>_<file>, e.g. alice_s08_causal_attention.py",
         'c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/_]+)_(?P<file_id>[^/]+)$"',
@@ -352,12 +368,16 @@ def nbgrader_config(course: Course) -> str:
     return "\n".join(lines)
 
 
-def pytest_ini(test_timeout: float = TEST_TIMEOUT) -> str:
+def pytest_ini(test_timeout: float = TEST_TIMEOUT, tests: Path = SUITE) -> str:
     """The release's pytest.ini. Each check gets the course's time limit (pytest-timeout, signal
     method: the check fails and the run goes on), so that an endless loop in a student's module
-    stops with a message (tests/conftest.py words it) instead of hanging `pytest` in silence."""
+    stops with a message (tests/conftest.py words it) instead of hanging `pytest` in silence. It
+    registers the markers the files in ``tests`` use, no others: `pytest --markers` in a student's
+    folder names nothing that folder lacks (``slow`` marks the kit's own tests)."""
     config = tomllib.loads((KIT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
-    markers = "".join(f"\n    {m}" for m in config.get("markers", []))
+    used = "\n".join(path.read_text() for path in Path(tests).glob("*.py"))
+    markers = "".join(f"\n    {m}" for m in config.get("markers", [])
+                      if re.search(rf"\bmark\.{re.match('[a-z_]+', m)[0]}\b", used))
     return (
         "# Run `pytest` here to test your own modules against the public tests.\n"
         "[pytest]\n"
@@ -447,7 +467,7 @@ def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, 
     shutil.copyfile(KIT / "conftest.py", src / "conftest.py")  # the --impl and --seed options
     for npz in sorted((FIXTURES / "public").glob("*.npz")):
         shutil.copyfile(npz, src / "fixtures" / "public" / npz.name)
-    (src / "pytest.ini").write_text(pytest_ini(course.test_timeout))
+    (src / "pytest.ini").write_text(pytest_ini(course.test_timeout, src / "tests"))
     import nbformat
 
     from .notebook import build_notebook

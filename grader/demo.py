@@ -2,7 +2,8 @@
 
 Builds a course, releases the assignment with ``generate_assignment``, puts one submission per
 sample (grader/samples.py) in ``submitted/``, then runs nbgrader's own autograde,
-generate_feedback and export, and prints a table of students x stages from the gradebook.
+generate_feedback and export, grades the class again through ``attnkit grade`` (the scores must be
+the same) and writes the class report; prints a table of students x stages from the gradebook.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from shlex import quote
 
 from . import course as course_mod
 from .kit import marker
@@ -92,12 +94,12 @@ def run(root="attnkit-demo", out=print) -> dict:
     root = Path(root).expanduser().resolve()
     start = time.monotonic()
     prepare(root)
-    out(f"[  0.0s] building the course in {root}", flush=True)
+    out(f"[  0.0s] building the course in {quote(str(root))}", flush=True)
     c = course_mod.build(root)
     (root / DEMO_FILE).write_text("made by `attnkit demo`; the demo may wipe and rebuild this directory\n")
     with stderr_to(root / "nbgrader.log"):
         result = _run(root, c, start, out)
-    out(f"nbgrader's own log output: {root / 'nbgrader.log'}")
+    out(f"nbgrader's own log output: {quote(str(root / 'nbgrader.log'))}")
     return result
 
 
@@ -141,15 +143,36 @@ def _run(root: Path, c: course_mod.Course, start: float, out) -> dict:
     step(f"nbgrader export: {time.monotonic() - t:.1f} s")
 
     scores = stage_scores(root, c, [s.student for s in SAMPLES])
+
+    # The same class through the fast path (same suite and sandbox), whose records feed the class report.
+    from .grade import grade
+    from .report import build_report
+    from .targets import course_target
+
+    t = time.monotonic()
+    outcome = grade(course_target(root, c.assignment), quiet=True)
+    if outcome.errors:
+        raise RuntimeError(f"attnkit grade failed for {sorted(outcome.errors)}")
+    differ = sorted(student for student, record in outcome.records.items()
+                    if any(abs(s["points"] - scores[student][s["stage"]]) > 1e-6 for s in record["stages"]))
+    step(f"attnkit grade: {len(outcome.records)} in {time.monotonic() - t:.1f} s, "
+         + (f"DIFFERENT from nbgrader's autograde for {', '.join(differ)}" if differ else
+            "every stage score equal to nbgrader's autograde"))
+    t = time.monotonic()
+    report, _ = build_report(root, c.assignment)
+    step(f"attnkit report: {time.monotonic() - t:.1f} s")
+
     out("")
     out(table(c, scores))
     out("")
-    out(f"grades.csv:    {grades_csv}")
-    out(f"feedback HTML: {root / 'feedback'}/<student>/{c.assignment}/{c.notebook}.html, e.g.")
-    out(f"               {root / 'feedback' / SAMPLES[2].student / c.assignment / (c.notebook + '.html')}")
+    out(f"grades.csv:    {quote(str(grades_csv))}")
+    out(f"class report:  {quote(str(report))}")
+    out(f"feedback HTML: {quote(str(root / 'feedback'))}/<student>/{c.assignment}/{c.notebook}.html, e.g.")
+    out(f"               {quote(str(root / 'feedback' / SAMPLES[2].student / c.assignment / (c.notebook + '.html')))}")
     out(f"autograde: {sum(timings.values()) / len(timings):.1f} s per submission on average; "
         f"whole demo {time.monotonic() - start:.0f} s")
-    return {"course": c, "scores": scores, "timings": timings, "grades_csv": grades_csv}
+    return {"course": c, "scores": scores, "timings": timings, "grades_csv": grades_csv, "report": report,
+            "fast_path_differs": differ}
 
 
 def table(c: course_mod.Course, scores: dict) -> str:

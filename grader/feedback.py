@@ -1,26 +1,149 @@
-"""``attnkit grade --notebooks``: nbgrader's autograded notebooks from ``attnkit grade``'s records.
+"""The feedback nbgrader makes: its page, and ``attnkit grade --notebooks``.
 
-After ``attnkit grade`` the gradebook holds every score, but ``autograded/`` is empty: the
-formgrader has no notebook to show and ``nbgrader generate_feedback`` nothing to render. This
-runs nbgrader's own autograde for each graded student, with the course's configuration and one
-change: ``RecordedResults`` stands in for the step that executes the notebook in a kernel. It
-gives each autograder cell the output that cell prints when it runs (the stage's verdicts, then
-its score as the cell's value), taken from the student's record. Everything else is nbgrader's:
-it copies the submission, sanitises the notebook and restores the locked cells, reads the scores
-back from the outputs, saves them to the gradebook and applies late penalties, exactly as after
-a real run, in a fraction of a second per student instead of a kernel start and a suite run.
+**The feedback page.** ``nbgrader generate_feedback`` renders each autograded notebook with its
+``feedback`` template, which calls every grade cell "Test cell" in the page's index, heads it with
+its grade_id and shows its whole source, hidden tests and their markers included. The course's
+nbgrader_config.py adds two steps of its own: ``FeedbackCells`` takes the hidden region out of the
+autograder cells again (as the release had them) and drops their value (the score, already in the
+heading), and ``FeedbackPage`` is nbgrader's template with each autograder cell named by its first
+line, the stage's heading ("Stage 8: Causal attention, batched", grader.notebook).
+
+**attnkit grade --notebooks.** After ``attnkit grade`` the gradebook holds every score, but
+``autograded/`` is empty: the formgrader has no notebook to show and ``nbgrader generate_feedback``
+nothing to render. This runs nbgrader's own autograde for each graded student, with the course's
+configuration and one change: ``RecordedResults`` stands in for the step that executes the notebook
+in a kernel. It gives each autograder cell the output that cell prints when it runs (the stage's
+verdicts, then its score as the cell's value), taken from the student's record. Everything else is
+nbgrader's: it copies the submission, sanitises the notebook and restores the locked cells, reads
+the scores back from the outputs, saves them to the gradebook and applies late penalties, exactly as
+after a real run, in a fraction of a second per student instead of a kernel start and a suite run.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from nbgrader.preprocessors import Execute, NbGraderPreprocessor
-from traitlets import Unicode
+from nbconvert.exporters import HTMLExporter
+from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor
+from nbgrader.utils import is_grade, is_solution
+from traitlets import Unicode, default
 
 from . import results as R
 from .scoring import stage_report
 from .submission import defuse_links
 
+# ---------------------------------------------------------------- the feedback page
+
+HEADINGS = "attnkit_headings"  # resources key: {grade_id: the cell's heading}
+
+
+def heading(source: str) -> str | None:
+    """An autograder cell's name: its first line when that is a comment ('# Stage 1: ...'), else None."""
+    first = source.lstrip().partition("\n")[0]
+    if not first.startswith("#"):
+        return None
+    return first.lstrip("#").strip() or None
+
+
+class FeedbackCells(NbGraderPreprocessor):
+    """generate_feedback: the autograder cells as students saw them (hidden tests out), their
+    verdicts, and no value (the score is in the cell's heading); each cell's heading for the page."""
+
+    def preprocess(self, nb, resources):
+        headings = resources.setdefault(HEADINGS, {})
+        clear = ClearHiddenTests(parent=self, enforce_metadata=False)
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code" or not is_grade(cell) or is_solution(cell):
+                continue
+            clear.preprocess_cell(cell, resources, index)
+            cell.source = cell.source.rstrip()
+            cell.outputs = [o for o in cell.outputs if o.output_type != "execute_result"]
+            name = heading(cell.source)
+            if name:
+                headings[cell.metadata.nbgrader["grade_id"]] = name
+        return nb, resources
+
+
+# nbgrader's feedback template (server_extensions/formgrader/templates/feedback/index.html.j2), two
+# parts changed: the index and each grade cell's heading name the cell by its heading (FeedbackCells),
+# where nbgrader says "Test cell" and shows the grade_id; and long lines of verdicts wrap. The index
+# lists grade cells only: the course notebook has no solution, task or manually graded cells.
+FEEDBACK_TEMPLATE = """\
+{%- extends 'index.html.j2' -%}
+
+{%- macro name(cell) -%}
+{{ resources.get('__HEADINGS__', {}).get(cell.metadata.nbgrader.grade_id) or 'Test cell' }}
+{%- endmacro -%}
+
+{%- macro points(cell) -%}
+Score: {{ cell.metadata.nbgrader.score | float | round(2) }} / {{ cell.metadata.nbgrader.points | float | round(2) }}
+{%- endmacro -%}
+
+{% block body %}
+<body>
+  <style>div.output_area pre { white-space: pre-wrap; }</style>
+  <a name="top"></a>
+  <div class="container">
+    <div class="panel panel-default">
+      <div class="panel-heading">
+        <h4>{{ resources.nbgrader.notebook }} (Score: {{ resources.nbgrader.score | float | round(2) }} / \
+{{ resources.nbgrader.max_score | float | round(2) }})</h4>
+        <div id="toc">
+          <ol>
+          {%- for cell in nb.cells %}
+            {%- if cell.metadata.nbgrader and cell.metadata.nbgrader.grade %}
+            <li><a href="#{{ cell.metadata.nbgrader.grade_id }}">{{ name(cell) }}</a> ({{ points(cell) }})</li>
+            {%- endif %}
+          {%- endfor %}
+          {%- if resources.nbgrader.late_penalty > 0 %}
+            <li class="late-penalty">Late submission penalty (Score: -{{ resources.nbgrader.late_penalty \
+| float | round(2) }})</li>
+          {%- endif %}
+          </ol>
+        </div>
+      </div>
+      <div class="panel-body">
+        <div id="notebook" class="border-box-sizing">
+          <div class="container" id="notebook-container">
+            {{ super.super() }}
+          </div>
+        </div>
+      </div>
+    </div>
+  </div>
+</body>
+{%- endblock body %}
+
+{% block input %}
+  {%- if 'nbgrader' in cell.metadata and cell.metadata.nbgrader.grade and not cell.metadata.nbgrader.solution -%}
+  <a name="{{ cell.metadata.nbgrader.grade_id }}"></a>
+  <div class="panel panel-primary nbgrader_cell">
+    <div class="panel-heading">
+      <span class="nbgrader-label">{{ name(cell) }}</span>
+      <span class="pull-right">{{ points(cell) }} <a href="#top">(Top)</a></span>
+    </div>
+    <div class="panel-body">
+      <div class="input_area">
+        {{ cell.source | highlight_code(metadata=cell.metadata) }}
+      </div>
+    </div>
+  </div>
+  {%- else -%}
+  {{ super() }}
+  {%- endif -%}
+{% endblock input %}
+""".replace("__HEADINGS__", HEADINGS)
+
+
+class FeedbackPage(HTMLExporter):
+    """The exporter of ``nbgrader generate_feedback`` in the course (``GenerateFeedback.exporter_class``):
+    nbgrader's, with FEEDBACK_TEMPLATE over its feedback template."""
+
+    @default("raw_template")
+    def _raw_template_default(self):
+        return FEEDBACK_TEMPLATE
+
+
+# ---------------------------------------------------------------- attnkit grade --notebooks
 
 class RecordedResults(NbGraderPreprocessor):
     """Fill each autograder cell with the output it prints, from the student's attnkit record."""

@@ -62,6 +62,8 @@ def _bar(quiet, **kwargs):
 def grade(target: Target, *, students=None, force=False, executor="local", scheduler=None,
           workers=None, quiet=False) -> Outcome:
     """Grade ``target``'s submissions (those of ``students`` if given) that need it."""
+    if not target.submissions:  # refused before anything is written: it would empty grades.csv and grades.json
+        raise GradeError(f"no submissions to grade: {target.where}. Nothing was graded or changed.")
     started = time.monotonic()
     outcome = Outcome()
     wanted = dict(target.submissions)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from stage_names import MODULE
+from stage_names import MODULE, stage_command
 
 from .kit import marker
 
@@ -421,15 +421,26 @@ def _meta(grade_id, *, grade=False, points=None):
     return {"nbgrader": nb, "editable": False, "deletable": False}
 
 
-def grade_source(stage: str, number: int, points: float, test_timeout: float, time_budget: float | None = None) -> str:
-    """An autograder cell. The first grades the submission (grader.cells.Grading); each reports its stage."""
+def stage_heading(number: int, title: str) -> str:
+    """What a stage is called in the notebook and in its feedback: 'Stage 8: Causal attention, batched'."""
+    return f"Stage {number}: {title}"
+
+
+def grade_source(stage: str, number: int, title: str, points: float, test_timeout: float,
+                 time_budget: float | None = None) -> str:
+    """An autograder cell. The first grades the submission (grader.cells.Grading); each reports its stage.
+
+    Its first line is the stage's heading, which the feedback page shows as the cell's name (see
+    grader.feedback). Students see only the comments: nbgrader removes the hidden region from the
+    release, puts it back for grading, and the feedback page leaves it out again."""
     m = marker(stage)
     budget = f", time_budget={time_budget!r}" if time_budget is not None else ""
     grading = f"from grader.cells import Grading\ngrading = Grading(test_timeout={test_timeout!r}{budget})\n"
     return (
-        f"# Autograder cell: stage {number}, {m} ({points:g} points).\n"
-        f"# Graded with the public and hidden tests when you submit; the verdicts appear here in\n"
-        f"# your feedback. To check your work now, run check({m!r}) or `pytest -m {m}`.\n"
+        f"# {stage_heading(number, title)}\n"
+        f"# Autograder cell ({points:g} points): graded with the public and hidden tests when you submit;\n"
+        "# the verdicts appear here in your feedback. To check your work now, run\n"
+        f"# check({m!r}) or `{stage_command(stage)}`.\n"
         "### BEGIN HIDDEN TESTS\n"
         f"{grading if number == 1 else ''}"
         f"grading.stage({m!r}, points={points!r})\n"
@@ -448,14 +459,14 @@ def build_notebook(points: dict[str, float], test_timeout: float,
         m = marker(stage)
         title, text, body = STAGES.get(stage, (m.replace("_", " ").capitalize(), "", "pass"))
         cells.append(new_markdown_cell(
-            f"## Stage {number}: {title} ({stage_points:g} points)\n\n"
-            f"Module: `{stage}.py` · tests: `pytest -m {m}`\n\n{text}"
+            f"## {stage_heading(number, title)} ({stage_points:g} points)\n\n"
+            f"Module: `{stage}.py` · tests: `{stage_command(stage)}`\n\n{text}"
         ))
         demo = f"@demo({stage!r})\ndef show():\n"
         demo += "".join(f"    {line}\n" if line else "\n" for line in body.splitlines())
         demo += f"\n\ncheck({m!r})  # this stage's public tests on your module"
         cells.append(new_code_cell(demo, metadata=_meta(f"demo_{stage}")))
-        cells.append(new_code_cell(grade_source(stage, number, stage_points, test_timeout, time_budget),
+        cells.append(new_code_cell(grade_source(stage, number, title, stage_points, test_timeout, time_budget),
                                    metadata=_meta(f"grade_{stage}", grade=True, points=stage_points)))
     cells.append(new_markdown_cell(OUTRO))
     nb = new_notebook(cells=cells)

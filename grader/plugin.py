@@ -2,9 +2,10 @@
 
 One ``GradingPlugin`` object is handed to ``pytest.main`` by a grading worker (``grader.worker``).
 It answers the suite's ``pytest_attnkit_backend`` hook with an ``IsolatedBackend``: the learner's
-modules run in boxes of the worker's sandbox, never in this process. It starts each check's
-time limit once the check's fixtures are set up, and it records a verdict per check: the
-outcome, and the failure (or skip) message a student may read. Verdicts, like every other
+modules run in boxes of the worker's sandbox, never in this process, each stage beside the reference
+versions of the stages it builds on (the kit's solutions/), so that a mistake costs points once. It
+starts each check's time limit once the check's fixtures are set up, and it records a verdict per
+check: the outcome, and the failure (or skip) message a student may read. Verdicts, like every other
 conclusion, are drawn here, in the trusted process.
 """
 from __future__ import annotations

@@ -3,8 +3,9 @@
 course (``attnkit grade``) does not import nbgrader's whole application."""
 from __future__ import annotations
 
+from nbformat import NotebookNode
 from nbgrader.api import Gradebook, MissingEntry
-from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor
 from nbgrader.utils import setenv
 
 
@@ -19,6 +20,13 @@ class KeepCourseCells(NbGraderPreprocessor):
     cell's id); other cells lose theirs. nbgrader's own sanitizers then see a well-formed notebook
     (edited metadata otherwise makes them fail on the whole submission, e.g. a duplicated
     grade_id: KeyError in OverwriteCells) and restore the locked sources and the cell types.
+
+    A locked cell that is exactly as the release has it gets its source from the gradebook here,
+    hidden tests included. nbgrader's OverwriteCells would do the same, but it compares checksums
+    taken before and after ``generate_assignment`` removed the hidden tests, so it warns
+    "Attribute 'checksum' for cell ... has changed!" for every autograder cell of every untouched
+    submission (nbgrader issue #1961). After this step that warning means what it says: the
+    student edited a locked cell (nbgrader then restores it).
     """
 
     def preprocess(self, nb, resources):
@@ -46,6 +54,8 @@ class KeepCourseCells(NbGraderPreprocessor):
                 if restored != {k: meta.get(k) for k in restored}:
                     self.log.warning("Restoring the nbgrader metadata of cell %s", grade_id)
                 cell.metadata["nbgrader"] = restored
+                if restored["locked"] and cell.source == self.released(cells[grade_id].source):
+                    cell.source = cells[grade_id].source
                 kept.append(cell)
             elif cell.cell_type == "code":
                 self.log.warning("Dropping a code cell that is not part of the assignment: %r", cell.source[:60])
@@ -54,6 +64,12 @@ class KeepCourseCells(NbGraderPreprocessor):
                 kept.append(cell)
         nb.cells = kept
         return nb, resources
+
+    def released(self, source: str) -> str:
+        """A cell's source as ``generate_assignment`` released it: without its hidden tests."""
+        cell = NotebookNode(cell_type="code", source=source, metadata={})
+        ClearHiddenTests(parent=self, enforce_metadata=False).preprocess_cell(cell, {}, 0)
+        return cell.source
 
 
 class SafePathExecute(Execute):

@@ -9,6 +9,8 @@ and writes ``COURSE/attnkit-grades/<assignment>/report/index.html`` with
 
 - the score distribution per stage (histograms of points / max points, one small plot per stage),
 - the most frequent diagnosed mistakes per stage (the "Likely mistake:" lines of failed tests),
+  apart from the stages students left as stubs (a stub is not a mistake, and one untouched
+  submission would otherwise top every stage's chart),
 - the students whose code hit a limit (time, memory, crash, exit, output), with the stage.
 
 Every plot has a table next to it with the same numbers, so the page is readable without the images.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import statistics
 import textwrap
 from collections import Counter, defaultdict
@@ -30,6 +33,7 @@ from . import results as R
 
 LIMIT_KINDS = ("time", "memory", "crash", "exit", "output")
 TOP_MISTAKES = 8  # mistakes listed per stage
+STUB = re.compile(r"\bNotImplementedError\b")  # what a stub raises (grader/stubs.py writes them)
 BINS = 10  # histogram bins over 0..100 %
 
 
@@ -90,6 +94,12 @@ class StageSummary:
     points: dict = field(default_factory=dict)  # student -> points
     mistakes: Counter = field(default_factory=Counter)  # mistake text -> tests that named it
     mistake_students: dict = field(default_factory=lambda: defaultdict(set))  # mistake -> students
+    stubs: set = field(default_factory=set)  # students with a check that ran into a stub of this stage
+
+    @property
+    def students_with_mistakes(self) -> set:
+        """Students with at least one named mistake in this stage (stubs are not mistakes)."""
+        return set().union(*self.mistake_students.values())
 
     @property
     def fractions(self) -> list[float]:
@@ -136,6 +146,11 @@ def first_line(text: str) -> str:
     return " ".join(text.strip().split("\n")[0].split())
 
 
+def is_stub(test: dict) -> bool:
+    """A failed check that ran into code not written yet: the stub's NotImplementedError."""
+    return bool(STUB.search(test.get("message") or ""))
+
+
 def summarize(results: list[dict], gradebook: dict | None = None, assignment: str | None = None,
               source: str = "") -> ClassReport:
     """The report's numbers. ``gradebook`` ({student: {stage: (score, max)}}), when given, supplies
@@ -170,7 +185,9 @@ def summarize(results: list[dict], gradebook: dict | None = None, assignment: st
             s.points[student] = points
             total += points
             for test in entry.get("tests", []):
-                if test.get("outcome") == "failed":
+                if test.get("outcome") == "failed" and is_stub(test):
+                    s.stubs.add(student)
+                elif test.get("outcome") == "failed":
                     for mistake in test.get("mistakes") or []:
                         text = first_line(mistake)
                         if text:
@@ -200,6 +217,13 @@ def _pyplot():
     return plt
 
 
+def _whole_numbers(axis):
+    """Ticks at whole numbers only: the axis counts students."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
 def plot_scores(report: ClassReport, path: Path) -> Path:
     """Small multiples: one histogram of points/max per stage, plus the totals."""
     plt = _pyplot()
@@ -214,12 +238,14 @@ def plot_scores(report: ClassReport, path: Path) -> Path:
         ax.axvline(s.mean / s.max_points * 100 if s.max_points else 0, color="#c44e52", lw=1.5)
         ax.set_title(f"{s.stage}\nmean {s.mean:.2f} / {s.max_points:g}", fontsize=9)
         ax.set_xlim(0, 100)
+        _whole_numbers(ax.yaxis)
         ax.tick_params(labelsize=8)
     totals = [v["total"] / v["max_total"] * 100 if v.get("max_total") else 0 for v in report.students.values()]
     ax = axes.flat[len(panels)]
     ax.hist(totals, bins=bins, color="#55a868", edgecolor="white")
     ax.set_title(f"total\nmean {statistics.fmean(totals) if totals else 0:.1f} %", fontsize=9)
     ax.set_xlim(0, 100)
+    _whole_numbers(ax.yaxis)
     ax.tick_params(labelsize=8)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
@@ -251,10 +277,11 @@ def plot_mistakes(report: ClassReport, path: Path) -> Path | None:
         ax.set_yticks(range(len(top)), labels, fontsize=7)
         ax.invert_yaxis()
         ax.set_title(s.stage, fontsize=9, loc="left")
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlim(0, len(report.students))  # the whole class: a bar's length is its share of the class
+        _whole_numbers(ax.xaxis)
         ax.tick_params(axis="x", labelsize=8)
-    axes[-1, 0].set_xlabel("students", fontsize=8)
-    fig.suptitle("Most frequent diagnosed mistakes per stage", fontsize=11)
+    axes[-1, 0].set_xlabel(f"students (of {len(report.students)})", fontsize=8)
+    fig.suptitle("Most frequent diagnosed mistakes per stage (students; stubs not counted)", fontsize=11)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -277,8 +304,9 @@ def plot_limits(report: ClassReport, path: Path) -> Path | None:
         left = [a + b for a, b in zip(left, counts)]
     ax.set_yticks(range(len(stages)), stages, fontsize=8)
     ax.invert_yaxis()
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_xlabel("students", fontsize=8)
+    ax.set_xlim(0, len(report.students))  # the whole class, as in the mistakes chart
+    _whole_numbers(ax.xaxis)
+    ax.set_xlabel(f"students (of {len(report.students)})", fontsize=8)
     ax.legend(title="limit", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set_title("Students whose code hit a limit, per stage", fontsize=11)
     fig.savefig(path, dpi=100)
@@ -341,13 +369,19 @@ def render_html(report: ClassReport, images: dict) -> str:
         parts.append(f"<img src='{_e(images['scores'])}' alt='histograms of the score per stage'>")
     rows = [[s.stage, f"{s.max_points:g}", f"{s.mean:.2f}",
              f"{(s.mean / s.max_points * 100) if s.max_points else 0:.0f} %",
-             f"{s.median:g}", s.full_marks, s.zero, sum(s.mistakes.values())] for s in report.stages.values()]
-    parts.append(_table(["stage", "max", "mean", "mean %", "median", "full marks", "zero", "mistakes named"],
-                        rows, numeric={1, 2, 3, 4, 5, 6, 7}))
+             f"{s.median:g}", s.full_marks, s.zero, len(s.students_with_mistakes), len(s.stubs)]
+            for s in report.stages.values()]
+    parts.append(_table(["stage", "max", "mean", "mean %", "median", "full marks", "zero", "named mistakes",
+                         "still stubs"], rows, numeric={1, 2, 3, 4, 5, 6, 7, 8}))
+    parts.append("<p class=small>full marks, zero, named mistakes, still stubs: numbers of students. Named "
+                 "mistakes: students with at least one failed check that names a likely mistake; still stubs: "
+                 "students with a part of the stage not written yet (its TODO still raises "
+                 "NotImplementedError), not counted as a mistake.</p>")
 
     parts.append("<h2 id=mistakes>Most frequent diagnosed mistakes</h2>")
     parts.append("<p class=small>From the “Likely mistake:” lines of failed tests. Students: how many students' "
-                 "code made it; tests: how many failed tests named it.</p>")
+                 "code made it; tests: how many failed tests named it. A part still a stub is not a mistake: "
+                 "those students are listed after the charts.</p>")
     if images.get("mistakes"):
         parts.append(f"<img src='{_e(images['mistakes'])}' alt='bar charts of the most frequent mistakes per stage'>")
     any_mistake = False
@@ -362,6 +396,11 @@ def render_html(report: ClassReport, images: dict) -> str:
                              for text, count, who in top], numeric={1, 2}))
     if not any_mistake:
         parts.append("<p>No failed test named a likely mistake.</p>")
+    stubs = [s for s in report.stages.values() if s.stubs]
+    if stubs:
+        parts.append("<h3>Still stubs</h3>")
+        parts.append(_table(["stage", "students", "who"],
+                            [[s.stage, len(s.stubs), ", ".join(sorted(s.stubs))] for s in stubs], numeric={1}))
 
     parts.append("<h2 id=limits>Students who hit limits</h2>")
     if images.get("limits"):

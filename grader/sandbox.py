@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from stage_names import is_stage_module
+from stage_names import builds_on, is_stage_module, module_files
 
 from . import cgroups, scratch
 from .cgroups import BoxGroup
@@ -765,12 +765,20 @@ class IsolatedBackend:
     take boxes from (None: a template of its own, stopped by ``close()``). The test harness calls
     ``start_check()`` at the start of each test; without it, every operation is a check of its
     own. ``last_output`` holds what the learner printed during the most recent operation.
+
+    A stage that builds on others (stage 9's wrapper imports stage 8's ``CausalAttention``) is run
+    with the ``reference`` versions of those (``provided``: stage -> {module: source}), so that a
+    mistake costs points on its own stage only. What it builds on is what its reference imports,
+    read here; without a ``reference`` folder (a release has no solutions/), nothing is provided.
+    No box that was given the reference of a stage ever serves that stage.
     """
 
-    def __init__(self, root, limits: Limits | None = None, *, sandbox: Sandbox | None = None, confine=None):
+    def __init__(self, root, limits: Limits | None = None, *, sandbox: Sandbox | None = None, confine=None,
+                 reference: Path | None = SOLUTIONS):
         self.root = Path(root).resolve()
         self.limits = limits or Limits()
         self.sources = sources(self.root)
+        self.provided = reference_imports(reference) if reference is not None and Path(reference).is_dir() else {}
         self.sandbox = sandbox or Sandbox(confine=confine)
         self._own_sandbox = sandbox is None
         import adapters  # (torch: imported where a backend is made, not where the sandbox is merely named)
@@ -783,6 +791,7 @@ class IsolatedBackend:
         self._module = None  # the stage module the box's current worker serves
         self._token = None  # names the current stage's requests and replies
         self._worker = None  # the token the current worker was forked for (None: no worker)
+        self._held: set[str] = set()  # the stages whose reference the current box has been given
         self._cpu_before = 0.0  # CPU time of this submission's earlier boxes
         self._wall = 0.0  # wall time of this submission's operations so far
         self._check_cpu = 0.0  # CPU time used when the current check started
@@ -986,6 +995,8 @@ class IsolatedBackend:
         would not end cleanly or a channel its worker jammed (the learner's doing: no check fails for it,
         but the time counts against the budget). A new box that will not take its first request is
         the sandbox's failure, not the learner's: SandboxUnavailable."""
+        if self._box is not None and module in self._held:
+            self._end_box()  # it was given the reference of ``module`` (for a stage built on it): never ``module``
         if self._box is not None and self._module not in (None, module) and not self._close_stage():
             self._end_box()  # a worker that will not close its stage costs a new box, no more
         while True:
@@ -1035,15 +1046,17 @@ class IsolatedBackend:
                 counts[what] = counts.get(what, 0) + 1
 
     def _open(self, module) -> bool:
-        """Ask for a worker serving ``module``: the parked one takes it, or the box forks one. The
-        module's import is learner code: it runs on the first operation's time. False if the box
-        will not take the request (a worker may have jammed the channel); the wait counts against
-        the budget."""
+        """Ask for a worker serving ``module``, with the reference sources of the stages it builds on:
+        the parked one takes it, or the box forks one. The module's import is learner code: it runs
+        on the first operation's time. False if the box will not take the request (a worker may have
+        jammed the channel); the wait counts against the budget."""
         token = secrets.token_hex(8)
+        provided = self.provided.get(module, {})
+        self._held.update(provided)
         started = time.monotonic()
         try:
-            # (a request this small waits for nothing but a pipe jammed on purpose)
-            _send(self._box, pack({"cmd": "open", "module": module, "token": token}),
+            # (a request this small, a few kB, waits for nothing but a pipe jammed on purpose)
+            _send(self._box, pack({"cmd": "open", "module": module, "token": token, "provided": provided}),
                   started + CLOSE_SECONDS, self._charger(started, closing=True))
         except _OutOfTime as exc:
             if exc.what == "budget":
@@ -1065,12 +1078,35 @@ class IsolatedBackend:
         """Kill the current box (never used again) and count the CPU time it used."""
         box, self._box = self._box, None
         self._module = self._token = self._worker = None
+        self._held = set()
         if box is None:
             return
         cpu = box.cpu()
         self.sandbox.kill(box)
         self._cpu_before += cpu or 0.0
         self.stats["cpu_seconds"] = round(self._cpu_before, 3)
+
+
+def reference_imports(folder) -> dict[str, dict[str, str]]:
+    """For each stage module of ``folder`` (the reference solutions), the sources of the stage modules
+    it builds on: those it imports, and those they import in turn, each after the ones it imports
+    (the order ``adapters.load_stage_module`` runs them in). A stage is never among its own."""
+    texts = {path.stem: path.read_text() for path in module_files(folder)}
+
+    def built_on(stage):
+        order, seen = [], {stage}
+
+        def visit(name):
+            for other in builds_on(texts[name]):
+                if other in texts and other not in seen:
+                    seen.add(other)
+                    visit(other)
+                    order.append(other)
+
+        visit(stage)
+        return {name: texts[name] for name in order}
+
+    return {stage: built_on(stage) for stage in texts}
 
 
 @cache

@@ -20,10 +20,11 @@ box       One per submission (a fresh one after a crash or a time-out), forked
           /tmp and /dev/shm, the submission's own modules read-only at
           /sandbox/submission, joins a fresh session keyring and becomes a fresh
           unprivileged uid. It never runs learner code either: it forks workers.
-worker    Imports the learner's module of a stage and answers the operations on
-          it. It serves the next stage of the same submission only if the last
-          left the process as it found it (see ``serve``); else the box forks a
-          fresh one.
+worker    Imports the learner's module of a stage (beside the reference versions
+          of the stages it builds on, when the grader's request brings them) and
+          answers the operations on it. It serves the next stage of the same
+          submission only if the last left the process as it found it (see
+          ``serve``); else the box forks a fresh one.
 
 When a submission is done, or its box misbehaves, the grader asks the template
 to kill the box: killing the pid namespace's first process makes the kernel kill
@@ -770,7 +771,7 @@ def serve(adapters, box, opened):
     header = opened
     while header is not None and header.get("cmd") == "open":
         restore_random_states(randomness)  # every stage starts from the template's random state
-        header = serve_stage(adapters, box, header["module"])
+        header = serve_stage(adapters, box, header)
         if header is None or header.get("cmd") != "close":
             return
         changed = changes(baseline, process_state(adapters)) if baseline is not None else ["no private /proc to check"]
@@ -787,13 +788,14 @@ def clip(text, limit=4000):
     return text if len(text) <= limit else text[:limit] + f" [... {len(text) - limit} more characters]"
 
 
-def serve_stage(adapters, box, module):
-    """Import one stage module, then answer operations on it; returns the request that ended it."""
+def serve_stage(adapters, box, opened):
+    """Import the stage module of the "open" request ``opened``, with the reference modules it brings
+    (``provided``), then answer operations on it; returns the request that ended it."""
     import traceback
 
-    submission = box["submission"]
+    submission, module = box["submission"], opened["module"]
     try:
-        loaded = adapters.load_stage_module(submission, module)
+        loaded = adapters.load_stage_module(submission, module, opened.get("provided"))
     except adapters.SubmissionError as exc:
         loaded = exc
     while True:

@@ -34,10 +34,30 @@ def check_entry(nodeid: str) -> dict | None:
     return {"nodeid": nodeid, "stage": stage, "marker": marker(stage), "label": label(nodeid)}
 
 
+DEVICES = {"cpu": "CPU", "cuda": "CUDA"}  # device parameters of a check, as feedback names them
+CASE = re.compile(r"case(\d+)")  # a random case's parameter, counted from 0
+
+
+def params(nodeid: str) -> list[str]:
+    """A check's pytest parameters: ...::test_other_sizes[cuda-case0] -> ['cuda', 'case0']."""
+    inside = nodeid.split("::")[-1].partition("[")[2]
+    return inside[:-1].split("-") if inside.endswith("]") else []
+
+
 def label(nodeid: str) -> str:
-    """A check's name in feedback: tests/test_s08_x.py::test_mask_is_a_buffer[cpu] -> 'mask is a buffer[cpu]'."""
-    parts = nodeid.split("::")[1:]
-    return " / ".join(re.sub(r"^test_?", "", p).replace("_", " ") for p in parts)
+    """A check's name as students read it: tests/test_s10_x.py::test_other_sizes[cuda-case0] -> 'other sizes
+    (case 1, CUDA)'. Code names in the parameters (attention_scores_loop, SelfAttention_v1) stay as they are."""
+    names = [re.sub(r"^test_?", "", p).replace("_", " ") for p in nodeid.partition("[")[0].split("::")[1:]]
+    found = params(nodeid)
+    cases = [f"case {int(CASE.fullmatch(p)[1]) + 1}" for p in found if CASE.fullmatch(p)]
+    devices = [DEVICES[p] for p in found if p in DEVICES]
+    shown = [p for p in found if not CASE.fullmatch(p) and p not in DEVICES] + cases + devices
+    return " / ".join(names) + (f" ({', '.join(shown)})" if shown else "")
+
+
+def needs_cuda(nodeid: str) -> bool:
+    """A check that runs on a CUDA device (skipped, and not counted, where there is none)."""
+    return "cuda" in params(nodeid)
 
 
 def stage_score(tests: list[dict], points: float) -> float:
@@ -67,8 +87,13 @@ def stage_report(marker: str, points: float, tests: list[dict]) -> str:
                 if len(message) > MESSAGE_LIMIT:
                     message = message[:MESSAGE_LIMIT] + " [...]"
                 lines.extend("        " + m for m in message.splitlines())
-        else:
+        elif not needs_cuda(t["nodeid"]):
             lines.append(f"  skip  {t['label']} ({t['message'].strip() or 'skipped'})")
+    # Checks on a CUDA device are skipped on a grader without one: the student cannot do anything about it.
+    on_cuda = sum(t["outcome"] == "skipped" and needs_cuda(t["nodeid"]) for t in tests)
+    if on_cuda:
+        lines.append(f"  ({on_cuda} more {'checks need' if on_cuda > 1 else 'check needs'} a CUDA GPU: "
+                     f"not run here, so {'they count' if on_cuda > 1 else 'it counts'} for no points)")
     return "\n".join(lines)
 
 

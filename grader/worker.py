@@ -134,7 +134,8 @@ class JobLoop:
 def serve(jobs, answer, limits: Limits, *, isolate: bool = True, started: float | None = None) -> int:
     """Grade ``jobs`` ({"sources": {file name: bytes}, "seed"}) in one pytest session in this process,
     passing each answer to ``answer``. ``isolate=False`` runs the learner's code in this process
-    itself: for measurements (benchmarks/bench_grading.py's floor), never for grading."""
+    itself, each stage with the learner's own earlier stages (no reference versions of those, see
+    grader/sandbox.py): for measurements (benchmarks/bench_grading.py's floor), never for grading."""
     started = time.monotonic() if started is None else started
     with scratch.Folder("worker") as work, (Sandbox() if isolate else contextlib.nullcontext()) as sandbox:
         if sandbox is not None:

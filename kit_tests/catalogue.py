@@ -1,11 +1,11 @@
 """A catalogue of realistic submissions: typical mistakes and correct-but-different solutions.
 
 Each entry is a small edit of one reference module. ``BUGS`` must lose points on
-their stage (stages that import it may lose points too) and nowhere else, and
-their feedback should name the mistake (``diagnosis``: words the feedback must
-contain; None where no test can tell the cause). ``VARIANTS`` are correct and
-must get full marks. Several bugs were found in published notes on chapter 3 of
-the book; ``source`` says where.
+their stage and nowhere else (a stage that imports another is graded with the
+reference version of it), and their feedback should name the mistake
+(``diagnosis``: words the feedback must contain; None where no test can tell the
+cause). ``VARIANTS`` are correct and must get full marks. Several bugs were
+found in published notes on chapter 3 of the book; ``source`` says where.
 """
 from __future__ import annotations
 
@@ -33,9 +33,6 @@ class Submission:
         """The submission folder: the reference with the edits applied."""
         return write_modules(dest, replaced=self.modules())
 
-
-# Stages that import another stage's module lose points with it.
-DEPENDENTS = {"s08_causal_attention": {"s09_multihead_wrapper"}}
 
 S01, S02, S03, S04 = "s01_attention_scores", "s02_normalization", "s03_context_vectors", "s04_trainable_projections"
 S05, S06, S07, S08 = "s05_self_attention", "s06_causal_mask", "s07_dropout", "s08_causal_attention"
@@ -121,7 +118,7 @@ BUGS = [
                "the mask is a plain attribute, not a registered buffer", "register_buffer"),
     Submission("dropout_never_applied", S08,
                (("        attn_weights = self.dropout(attn_weights)\n", ""),),
-               "self.dropout is created but never applied", "apply self.dropout",
+               "self.dropout is created but never applied", "dropped nothing",
                source="published notes on section 3.5.3 (CausalAttention)"),
     Submission("sequence_length_hard_coded", S08,
                (("self.mask.bool()[:num_tokens, :num_tokens]", "self.mask.bool()[:6, :6]"),),
@@ -165,6 +162,125 @@ BUGS = [
                 ("nn.Linear(d_in, head_dim, bias=qkv_bias)", "nn.Linear(C, head_dim, bias=qkv_bias)")),
                "Head takes its input size from a global instead of d_in", "never from globals",
                source="published notes on per-head attention modules (Head)"),
+    # The same mistakes, in every later stage where they can be made again.
+    Submission("context_softmax_again", S03,
+               (("return attn_weights @ inputs", "return torch.softmax(attn_weights, dim=-1) @ inputs"),),
+               "softmax applied to weights that are already normalised", "already normalised"),
+    Submission("context_for_query_softmax_again", S04,
+               (("return attn_weights @ values", "return torch.softmax(attn_weights, dim=-1) @ values"),),
+               "softmax applied to weights that are already normalised", "already normalised"),
+    Submission("v2_transposed_scores", S05,
+               (("        attn_scores = queries @ keys.transpose(-2, -1)\n",
+                 "        attn_scores = keys @ queries.transpose(-2, -1)\n"),),
+               "SelfAttention_v2 computes keys @ queries.T", "scores are transposed"),
+    Submission("self_attention_scores_times_sqrt_d_k", S05,
+               (("torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)",
+                 "torch.softmax(attn_scores * keys.shape[-1] ** 0.5, dim=-1)"),),
+               "both SelfAttention classes multiply the scores by sqrt(d_k)", "multiplied by sqrt(d_k)"),
+    Submission("v2_double_softmax", S05,
+               (("return attn_weights @ values\n        ### END SOLUTION\n\n\ndef transfer",
+                 "return torch.softmax(attn_weights, dim=-1) @ values\n        ### END SOLUTION\n\n\ndef transfer"),),
+               "SelfAttention_v2 applies softmax to its weights again", "softmax was applied twice"),
+    Submission("efficient_mask_times_sqrt_d_k", S06,
+               (("torch.softmax(masked / d_k**0.5, dim=-1)", "torch.softmax(masked * d_k**0.5, dim=-1)"),),
+               "the efficient mask multiplies the scores by sqrt(d_k)", "multiplied by sqrt(d_k)"),
+    Submission("simple_mask_renormalised_with_softmax", S06,
+               (("return masked_simple / masked_simple.sum(dim=-1, keepdim=True)",
+                 "return torch.softmax(masked_simple, dim=-1)"),),
+               "the masked weights renormalised with a second softmax", "already normalised"),
+    Submission("causal_scores_times_sqrt_d_k", S08,
+               (("torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)",
+                 "torch.softmax(attn_scores * keys.shape[-1] ** 0.5, dim=-1)"),),
+               "CausalAttention multiplies the scores by sqrt(d_k)", "multiplied by sqrt(d_k)"),
+    Submission("causal_double_softmax", S08,
+               (("return attn_weights @ values  # (b, num_tokens, d_out)",
+                 "return torch.softmax(attn_weights, dim=-1) @ values"),),
+               "CausalAttention applies softmax to its weights again", "softmax was applied twice"),
+    Submission("causal_transposed_scores", S08,
+               (("attn_scores = queries @ keys.transpose(1, 2)", "attn_scores = keys @ queries.transpose(1, 2)"),),
+               "CausalAttention computes keys @ queries^T", "scores are transposed"),
+    Submission("causal_dropout_in_eval_mode", S08,
+               (("attn_weights = self.dropout(attn_weights)",
+                 "attn_weights = torch.nn.functional.dropout(attn_weights, self.dropout.p)"),),
+               "F.dropout without training=self.training drops in eval mode too", "eval mode"),
+    Submission("causal_mask_reads_a_global_length", S08,
+               (("import torch.nn as nn\n", "import torch.nn as nn\n\nCONTEXT_LENGTH = 6  # the book's batch\n"),
+                ("torch.ones(context_length, context_length)", "torch.ones(CONTEXT_LENGTH, CONTEXT_LENGTH)")),
+               "the mask is sized by a global instead of context_length", "constructor's arguments"),
+    Submission("wrapper_heads_without_dropout", S09,
+               (("CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)",
+                 "CausalAttention(d_in, d_out, context_length, 0.0, qkv_bias)"),),
+               "the wrapper does not pass dropout on to its heads", "dropped nothing"),
+    Submission("mha_scores_times_sqrt_d_k", S10,
+               (("torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)",
+                 "torch.softmax(attn_scores * keys.shape[-1] ** 0.5, dim=-1)"),),
+               "MultiHeadAttention multiplies the scores by sqrt(head_dim)", "multiplied by sqrt(d_k)"),
+    Submission("mha_double_softmax", S10,
+               (("context_vec = (attn_weights @ values).transpose(1, 2)",
+                 "context_vec = (torch.softmax(attn_weights, dim=-1) @ values).transpose(1, 2)"),),
+               "MultiHeadAttention applies softmax to its weights again", "softmax was applied twice"),
+    Submission("mha_transposed_scores", S10,
+               (("attn_scores = queries @ keys.transpose(2, 3)", "attn_scores = keys @ queries.transpose(2, 3)"),),
+               "MultiHeadAttention computes keys @ queries^T", "scores are transposed"),
+    Submission("mha_ignores_qkv_bias", S10,
+               (("nn.Linear(d_in, d_out, bias=qkv_bias)", "nn.Linear(d_in, d_out, bias=False)"),),
+               "MultiHeadAttention never creates the projections' biases", "bias=qkv_bias"),
+    Submission("sdpa_mask_not_inverted", S10,
+               (("""        attn_scores = queries @ keys.transpose(2, 3)  # (b, num_heads, num_tokens, num_tokens)
+        mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
+        attn_scores = attn_scores.masked_fill(mask_bool, -torch.inf)
+        # Scale by the width of one head, the d_k of each head's dot products.
+        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
+        attn_weights = self.dropout(attn_weights)
+
+        context_vec = (attn_weights @ values).transpose(1, 2)""",
+                 """        context_vec = torch.nn.functional.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=self.mask.bool()[:num_tokens, :num_tokens],
+            dropout_p=self.dropout.p if self.training else 0.0,
+        ).transpose(1, 2)"""),),
+               "F.scaled_dot_product_attention given the causal buffer as it is (True = masked out)",
+               "True where a token takes part"),
+    Submission("mha_dropout_never_applied", S10, (("        attn_weights = self.dropout(attn_weights)\n", ""),),
+               "MultiHeadAttention creates self.dropout but never applies it", "dropped nothing"),
+    Submission("mha_reads_a_global_head_count", S10,
+               (("import torch.nn as nn\n", "import torch.nn as nn\n\nNUM_HEADS = 2  # the book's example\n"),
+                ("        self.num_heads = num_heads\n        self.head_dim = d_out // num_heads\n",
+                 "        self.num_heads = NUM_HEADS\n        self.head_dim = d_out // NUM_HEADS\n")),
+               "the heads are split by a global head count", "constructor's arguments"),
+    Submission("forms_scores_times_sqrt_d_k", S11,
+               (("torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)",
+                 "torch.softmax(attn_scores * keys.shape[-1] ** 0.5, dim=-1)"),),
+               "both forms multiply the scores by sqrt(head_dim)", "multiplied by sqrt(d_k)"),
+    Submission("combined_double_softmax", S11,
+               (("context_vec = (attn_weights @ values).transpose(1, 2)",
+                 "context_vec = (torch.softmax(attn_weights, dim=-1) @ values).transpose(1, 2)"),),
+               "the fused form applies softmax to its weights again", "softmax was applied twice"),
+    Submission("combined_transposed_scores", S11,
+               (("attn_scores = queries @ keys.transpose(2, 3)", "attn_scores = keys @ queries.transpose(2, 3)"),),
+               "the fused form computes keys @ queries^T", "scores are transposed"),
+    Submission("combined_ignores_qkv_bias", S11,
+               (("nn.Linear(d_in, 3 * d_out, bias=qkv_bias)", "nn.Linear(d_in, 3 * d_out, bias=False)"),),
+               "W_qkv never has a bias", "bias=qkv_bias"),
+    Submission("head_always_has_biases", S11,
+               (("nn.Linear(d_in, head_dim, bias=qkv_bias)", "nn.Linear(d_in, head_dim)"),),
+               "Head's projections always have biases", "bias=qkv_bias"),
+    Submission("combined_output_width_from_x", S11,
+               (("context_vec = context_vec.contiguous().view(b, num_tokens, self.d_out)",
+                 "context_vec = context_vec.contiguous().view(b, num_tokens, d_in)"),),
+               "the fused form takes its output width from x (nanoGPT's C, where d_in == d_out)",
+               "never from x's last size", source="nanoGPT's CausalSelfAttention, where d_in == d_out"),
+    Submission("combined_dropout_skipped", S11,
+               (("        attn_weights = self.dropout(attn_weights)\n\n        context_vec",
+                 "\n        context_vec"),),
+               "the fused form never applies its dropout", "dropped nothing"),
+    Submission("head_dropout_skipped", S11,
+               (("        attn_weights = self.dropout(attn_weights)\n        return attn_weights @ values",
+                 "        return attn_weights @ values"),),
+               "Head never applies its dropout", "dropped nothing"),
+    Submission("forms_dropout_in_eval_mode", S11,
+               (("attn_weights = self.dropout(attn_weights)",
+                 "attn_weights = torch.nn.functional.dropout(attn_weights, self.dropout.p)"),),
+               "F.dropout without training=self.training: both forms drop in eval mode too", "eval mode"),
 ]
 
 

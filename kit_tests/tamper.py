@@ -103,6 +103,7 @@ PRELUDES = {
     **dict.fromkeys(("hijack_frames", "hijack_gc"), ("daemon_common", "hijack_common")),
     **dict.fromkeys(("hijack_patch_exit", "zygote_mem_patch"), ("hijack_common",)),
     "signal_ptrace_daemon": ("daemon_common",),
+    "steal_reference": ("plant_common",),
 }
 
 
@@ -122,6 +123,12 @@ def armed(base, **payloads: str) -> dict[str, str]:
     """Stage modules from ``base`` (``stub`` or ``solution``), each with its own payload appended:
     ``armed(solution, s01_attention_scores="jam_channel")``."""
     return {stage: attacked(base(stage), name) for stage, name in payloads.items()}
+
+
+def stealing_wrapper() -> str:
+    """The reference s09, which plants its own source and the reference s08 that grading runs it beside
+    (as the source of s08) in every channel of the "plant" entry (PLANTED, steal_reference.py)."""
+    return attacked(solution("s09_multihead_wrapper"), *PLANTED.values(), "steal_reference")
 
 
 def book_causal_attention() -> str:
@@ -206,9 +213,10 @@ def corpus() -> list[Tamper]:
                reason="FAIL", expected={"causal_mask": Fraction(3, 9)}),
         Tamper("hardcoded-book", "CausalAttention returns the book's printed tensor whatever the input",
                fixed(s08_causal_attention=book_causal_attention()),
-               # Passing: the mask buffer, qkv_bias (x2) and dropout-rate checks (the honest __init__).
-               # s09's wrapper is correct; its checks that concatenate whatever the heads return pass.
-               reason="FAIL", expected={"causal_attention": Fraction(4, 13), "multihead_wrapper": Fraction(4, 8)}),
+               # Passing: the mask buffer, qkv_bias (x2), dropout-rate and sizes-from-the-constructor checks
+               # (the honest __init__). s09's wrapper is correct, and graded beside the reference
+               # CausalAttention: full points.
+               reason="FAIL", expected={"causal_attention": Fraction(5, 14)}),
         Tamper("reach-outside", "stubs that load the hidden fixtures and answer from them (s01); write into the "
                "gradebook (SQL and appends, relative and absolute paths), other students' submitted/ and "
                "autograded/ folders and the kit (s02); look for the solutions (the grader's path, "
@@ -252,7 +260,7 @@ def corpus() -> list[Tamper]:
         Tamper("symlink-solutions", "s08 submitted as a symbolic link to the reference solution "
                "(nbgrader's copy into autograded/ follows links)",
                fixed(), links={"s08_causal_attention.py": SOLUTIONS / "s08_causal_attention.py"},
-               reason="submitted as a symbolic link", expected={"causal_attention": 0, "multihead_wrapper": 0}),
+               reason="submitted as a symbolic link", expected={"causal_attention": 0}),
         Tamper("sandbox-tricks", "the solutions; at the end of stage 1 the worker jams the request pipe (the "
                "grader's next request cannot be written) and answers for the sandbox; s02 spends 6 s of CPU time "
                "at import in children the kernel reaps by itself (SIGCHLD ignored, unseen by /proc); s03 raises "
@@ -287,6 +295,13 @@ def corpus() -> list[Tamper]:
                    solution, s08_causal_attention="zygote_prlimit", s09_multihead_wrapper="zygote_sched_idle",
                    s10_multihead_attention="hold_sysv_memory", s11_other_forms="signal_ptrace_daemon")),
                reason="Stage other_forms: "),
+        Tamper("steal-reference", "the s08 stub, which looks for the reference s08 through s09 (imported, "
+               "reloaded) and sys.modules, and in every channel for a source of s08; the s09 solution, which takes "
+               "the reference s08 grading runs it beside and plants it, as the source of s08, in every channel of "
+               "the plant entry (and its own source too)", fixed(
+                   s08_causal_attention=attacked(stub("s08_causal_attention"), "pull_reference", "scavenge"),
+                   s09_multihead_wrapper=stealing_wrapper()),
+               reason=STUB, expected={"causal_attention": 0}),
         Tamper(LATE + "stubs", "victim: the stubs, untouched, graded after every attacker",
                lambda ctx: {stage: stub(stage) for stage in stages()},
                reason=STUB, expected={marker(stage): 0 for stage in stages()}),

@@ -8,7 +8,7 @@ learner code in the sandbox), the way nbgrader's autograder cells grade it too (
 import pytest
 from verdicts import verdicts
 
-from catalogue import BUGS, DEPENDENTS, VARIANTS
+from catalogue import BUGS, VARIANTS
 from grader.grade import grade
 from grader.kit import stages
 from grader.samples import SAMPLES
@@ -62,8 +62,10 @@ def test_mistake_costs_points_on_its_stage_only_and_is_named(graded, bug):
     result = graded[bug.name]
     score, failures = result[bug.stage]
     assert score < 1, f"{bug.name} ({bug.why}) got full marks on {bug.stage}"
-    others = {s: r[0] for s, r in result.items() if s != bug.stage and s not in DEPENDENTS.get(bug.stage, ())}
-    assert all(v == 1 for v in others.values()), f"{bug.name} lost points on unrelated stages: {others}"
+    # Every other stage gets full marks, those that import the buggy one too (stage 9 runs beside the
+    # reference CausalAttention when graded): a mistake costs points once.
+    others = {s: r[0] for s, r in result.items() if s != bug.stage}
+    assert others and all(v == 1 for v in others.values()), f"{bug.name} lost points on other stages: {others}"
     if bug.diagnosis:
         assert any(bug.diagnosis in message for message in failures), (
             f"{bug.name}: no failure message says {bug.diagnosis!r}. Messages:\n" + "\n---\n".join(failures[:4])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -408,3 +409,110 @@ def test_dask_gives_the_local_pools_grades(submissions, local_grades, tmp_path):
             [(s["stage"], s["points"]) for s in local[student]["stages"]]
         assert (remote[student]["fingerprint"], remote[student]["seed"]) == \
             (local[student]["fingerprint"], local[student]["seed"])
+
+
+# ---------------------------------------------------------------- bad input on the instructor's path (fast)
+
+def attnkit_refuses(*args, cwd=None) -> str:
+    """``attnkit ARGS`` must stop with a plain error (exit 2, no traceback); returns what it said."""
+    run = subprocess.run([*ATTNKIT, *args], cwd=cwd, capture_output=True, text=True)
+    assert run.returncode == 2, f"attnkit {' '.join(args)} exited {run.returncode}:\n{run.stdout}\n{run.stderr}"
+    assert "Traceback" not in run.stderr, run.stderr
+    return run.stderr
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``folder``: its bytes and mtime, to prove a refused run touched nothing."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def graded_before(out: Path):
+    """What an earlier run left in ``out``: a record and the summaries (their content does not matter here)."""
+    out.mkdir(parents=True)
+    for name in ("ada.json", "grades.csv", "grades.json"):
+        (out / name).write_text(f"graded before: {name}\n")
+
+
+@pytest.fixture(scope="module")
+def spaced_course(tmp_path_factory):
+    """A course in a folder whose name has a space, built by the command line; returns (root, its output)."""
+    root = tmp_path_factory.mktemp("cli") / "my course"
+    return root, attnkit("course", "build", str(root))
+
+
+def test_hints_quote_paths_so_they_can_be_pasted(spaced_course):
+    root, stdout = spaced_course
+    (hint,) = [line for line in stdout.splitlines() if line.startswith("next: ")]
+    assert shlex.split(hint.removeprefix("next: ")) == ["cd", str(root), "&&", "nbgrader", "generate_assignment",
+                                                        ASSIGNMENT]
+    missing = root / "not a course"
+    said = attnkit_refuses("grade", "--course", str(missing))
+    assert f"`attnkit course build {shlex.quote(str(missing))}`" in said
+
+
+def test_an_empty_submissions_folder_is_refused_and_touches_nothing(tmp_path):
+    empty, out = tmp_path / "sub missions", tmp_path / "grades"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("a file is no submission folder")
+    graded_before(out)
+    before = snapshot(out)
+    said = attnkit_refuses("grade", "--submissions", str(empty), "--out", str(out), "--quiet")
+    assert f"no submissions to grade: {shlex.quote(str(empty))} holds no submission folder" in said
+    assert "Nothing was graded or changed" in said
+    assert snapshot(out) == before
+
+
+def test_a_course_without_submissions_is_refused_and_touches_nothing(tmp_path):
+    root = tmp_path / "course"
+    build(root)
+    (root / "gradebook.db").write_bytes(b"an earlier run's gradebook")
+    graded_before(root / "attnkit-grades" / ASSIGNMENT)
+    before = snapshot(root)
+    submitted = shlex.quote(str(root / "submitted"))
+    for layout in ("no submitted/ folder", "a student with another assignment only"):
+        if layout != "no submitted/ folder":
+            (root / "submitted" / "ada" / "homework0").mkdir(parents=True)
+        said = attnkit_refuses("grade", "--course", str(root), "--quiet")
+        assert f"no submissions to grade: nothing in {submitted}/<student>/{ASSIGNMENT}/" in said, layout
+        assert f"`nbgrader collect {ASSIGNMENT}`" in said and "Nothing was graded or changed" in said, layout
+        assert {k: v for k, v in snapshot(root).items() if not k.startswith("submitted")} == before, layout
+    # That gradebook is no database: said as such, by both commands that read it, still touching nothing.
+    by_student("reference").write(root / "submitted" / "ada" / ASSIGNMENT)
+    for args in (("grade", "--course", str(root), "--quiet", "--workers", "1"), ("report", "--course", str(root))):
+        said = attnkit_refuses(*args)
+        assert "the course's gradebook cannot be read (file is not a database)" in said, args[0]
+        assert f"`nbgrader generate_assignment {ASSIGNMENT}` in the course folder" in said, args[0]
+        assert {k: v for k, v in snapshot(root).items() if not k.startswith("submitted")} == before, args[0]
+
+
+def test_an_assignment_the_course_lacks_is_named_with_those_it_has(spaced_course):
+    root = spaced_course[0]
+    for command in ("report", "grade"):
+        said = attnkit_refuses(command, "WRONG", "--course", str(root))
+        assert f"the course in {shlex.quote(str(root))} has no assignment 'WRONG'; its assignments: {ASSIGNMENT} " \
+               f"(e.g. `attnkit {command} {ASSIGNMENT}`)" in said, command
+
+
+def test_other_bad_input_gets_an_error_that_says_what_to_do(spaced_course, tmp_path):
+    root = spaced_course[0]
+    folders = tmp_path / "submissions"
+    (folders / "ada").mkdir(parents=True)
+    not_a_course = tmp_path / "elsewhere"
+    not_a_course.mkdir()
+    assert "is not an attnkit course" in attnkit_refuses("grade", cwd=not_a_course)  # run outside any course
+    assert "is not an attnkit course" in attnkit_refuses("report", "--course", str(not_a_course))
+    assert "is not an attnkit course" in attnkit_refuses("grade", "--submissions", str(folders), "--out",
+                                                         str(tmp_path / "grades"), "--course", str(not_a_course))
+    (not_a_course / "attnkit-course.json").write_text("{ cut short")
+    assert "is not readable JSON" in attnkit_refuses("grade", "--course", str(not_a_course))
+    assert "is a file: give a folder" in attnkit_refuses("grade", "--submissions", str(folders), "--out",
+                                                         str(root / "attnkit-course.json"))
+    assert "put the grades somewhere else" in attnkit_refuses("grade", "--submissions", str(folders), "--out",
+                                                              str(folders / "grades"))
+    assert "expected a number above 0" in attnkit_refuses("grade", "--course", str(root), "--test-timeout", "0")
+    assert "must be at least the time limit of one check" in attnkit_refuses(
+        "grade", "--submissions", str(folders), "--out", str(tmp_path / "grades"),
+        "--test-timeout", "5", "--time-budget", "2")
+    assert "no gradebook in" in attnkit_refuses("report", "--course", str(root))  # never generated
+    assert not (tmp_path / "grades").exists() and not (folders / "grades").exists()

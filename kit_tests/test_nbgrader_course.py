@@ -55,13 +55,19 @@ class Nbgrader:
         return run
 
 
+EDITED_CELL = "grade_s01_attention_scores"  # the locked autograder cell the tampered submission edits
+
+
 def tamper(folder: Path):
-    """What a student might try: a notebook cell that patches the grader, and a grader/ package
-    next to the notebook that would shadow the real one if the kernel imported from its cwd."""
+    """What a student might try: a notebook cell that patches the grader, an edit of a locked
+    autograder cell, and a grader/ package next to the notebook that would shadow the real one if
+    the kernel imported from its cwd."""
     path = folder / f"{ASSIGNMENT}.ipynb"
     nb = nbformat.read(path, as_version=4)
     nb.cells.insert(2, nbformat.v4.new_code_cell(
         "import grader.scoring as g\ng.stage_score = lambda tests, points: points\n"))
+    (edited,) = [cell for cell in nb.cells if cell.metadata.get("nbgrader", {}).get("grade_id") == EDITED_CELL]
+    edited.source += "\nprint('tampered: full marks please')"
     nbformat.write(nb, path)
     (folder / "grader").mkdir()
     (folder / "grader" / "__init__.py").write_text("")
@@ -110,7 +116,7 @@ def graded(tmp_path_factory):
     tamper(course / "submitted" / TAMPERED / ASSIGNMENT)
 
     t = time.monotonic()
-    nbgrader("autograde", ASSIGNMENT)
+    autograde = nbgrader("autograde", ASSIGNMENT)
     autograde_seconds = time.monotonic() - t
     nbgrader("generate_feedback", ASSIGNMENT)
     nbgrader("export", "--to", str(tmp / "grades.csv"))
@@ -125,7 +131,7 @@ def graded(tmp_path_factory):
           f"({autograde_seconds / len(STUDENTS):.1f} s each, incl. one CLI start); "
           f"whole pipeline {time.monotonic() - start:.0f} s")
     return dict(course=c, root=course, release=release, db=db, grades_csv=tmp / "grades.csv",
-                first=first, regraded=regraded, tmp=tmp)
+                first=first, regraded=regraded, tmp=tmp, autograde_log=autograde.stdout + autograde.stderr)
 
 
 def gradebook_scores(c, db) -> dict:
@@ -276,6 +282,35 @@ def test_feedback_shows_verdicts_but_no_hidden_test_code(graded):
     assert not [p for p in feedback_files if p.name == "attnkit-grading.json"], "the grading record must stay private"
     tril = html.unescape((graded["root"] / "feedback" / TAMPERED / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text())
     assert "FAIL" in tril and "PASS" in tril
+
+
+def test_feedback_names_each_stage_and_shows_no_grading_code(graded):
+    """The page's index and each autograder cell carry the stage's heading, not nbgrader's "Test cell"
+    and the grade_id; the hidden region is out, markers included; the CUDA twins of checks are not
+    shown as something the student should go and do."""
+    from grader.notebook import STAGES, stage_heading
+
+    headings = [stage_heading(n, STAGES[s][0]) for n, s in enumerate(stages(), start=1)]
+    for student in STUDENTS:
+        page = html.unescape((graded["root"] / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text())
+        text = html.unescape(re.sub(r"<[^>]+>", "", page))
+        toc = text[:text.index("Attention, stage by stage")]
+        assert [h for h in headings if h in toc] == headings, toc
+        assert "Test cell" not in text and "Grade cell" not in text and "grade_s" not in text
+        assert "HIDDEN TESTS" not in text and "grading.stage" not in text and "Grading(" not in text
+        assert "tampered: full marks please" not in text  # the edited locked cell was restored
+        assert "run on a GPU" not in text and "(case 1, CUDA)" not in text
+    reference = html.unescape(re.sub(r"<[^>]+>", "", (graded["root"] / "feedback" / VIA_EXCHANGE / ASSIGNMENT /
+                                                      f"{ASSIGNMENT}.html").read_text()))
+    assert "PASS  other sizes (case 1, CPU)" in reference
+    assert "more checks need a CUDA GPU: not run here, so they count for no points" in reference
+
+
+def test_autograde_warns_only_about_a_locked_cell_that_was_edited(graded):
+    """nbgrader's "Attribute 'checksum' ... has changed!" (nbgrader issue #1961: every autograder cell
+    with hidden tests, every submission) appears once: for the one locked cell a student edited."""
+    changed = re.findall(r"Attribute '(\w+)' for cell (\S+) has changed", graded["autograde_log"])
+    assert changed == [("checksum", EDITED_CELL)], changed
 
 
 def test_grading_record_kept_for_the_instructor(graded):

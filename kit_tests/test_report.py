@@ -3,14 +3,18 @@ plots are real images.
 
 The class is synthetic: a course from ``attnkit course build``, a gradebook filled through nbgrader's
 own Gradebook API (one autograded grade cell per stage, as ``attnkit grade`` writes it), and one
-``attnkit-grades/<assignment>/<student>.json`` per student in the grading schema.
+``attnkit-grades/<assignment>/<student>.json`` per student in the grading schema. The report's
+figures are checked against nbgrader's own reading of that gradebook: its Gradebook API and the
+scores ``nbgrader export`` writes.
 """
 from __future__ import annotations
 
+import csv
 import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import warnings
 from collections import Counter
@@ -20,6 +24,7 @@ import pytest
 from grader import results
 from grader.kit import marker
 from grader.report import build_report, load_results, summarize
+from grader.scoring import label, stage_report
 
 # grader.course (nbformat) and nbgrader are imported inside the fixtures: importing them here would
 # slow down every `pytest -m public` run in the kit by seconds, at collection.
@@ -34,14 +39,24 @@ MISTAKES = {  # stage -> mistakes a failed test may name
                                 "scaled by sqrt(d_out) instead of sqrt(head_dim)"],
 }
 LIMITS = ("time", "memory", "crash", "exit", "output")
+STUB_MESSAGE = ("NotImplementedError: {stage}: f: see its TODO\n"
+                "Likely mistake: this part is still a stub: write the code its TODO describes")
+STUBBORN = {"student07": "*", "student21": "s10_multihead_attention"}  # who left which stages as stubs
 
 
 def synthetic_record(student: str, points: dict, rng: random.Random) -> dict:
-    """One student's result in the grading schema: 4 tests per stage, some failing with mistakes or limits."""
+    """One student's result in the grading schema: 4 tests per stage, some failing with mistakes or limits;
+    the stages STUBBORN names fail every test on a stub."""
     stages = []
     for stage, max_points in points.items():
         tests = []
         for i in range(4):
+            if STUBBORN.get(student) in ("*", stage):
+                tests.append({"nodeid": f"tests/test_{stage}.py::test_{i}", "label": f"case {i}", "outcome": "failed",
+                              "message": STUB_MESSAGE.format(stage=stage),
+                              "mistakes": ["this part is still a stub: write the code its TODO describes"],
+                              "limit": None})
+                continue
             failed = rng.random() < 0.3
             mistakes = rng.sample(MISTAKES[stage], k=1) if failed and stage in MISTAKES and rng.random() < 0.8 else []
             limit = rng.choice(LIMITS) if failed and not mistakes and rng.random() < 0.25 else None
@@ -122,15 +137,20 @@ def test_numbers_match_the_gradebook_and_the_results(graded_class):
     assert any("student03" in m and "s05_self_attention" in m for m in report.mismatches)
     assert len(report.mismatches) == 1
 
-    # mistakes: students and tests per mistake
+    # mistakes: students and tests per mistake; a stub is not one, its students are counted apart
     for stage in c.points:
-        expected = Counter(m for r in records for s in r["stages"] if s["stage"] == stage
-                           for t in s["tests"] for m in t["mistakes"])
+        tests = [(r["student"], t) for r in records for s in r["stages"] if s["stage"] == stage for t in s["tests"]]
+        mine = [(who, t) for who, t in tests if "NotImplementedError" not in t["message"]]
+        expected = Counter(m for _, t in mine for m in t["mistakes"])
         assert dict(report.stages[stage].mistakes) == dict(expected)
+        assert not any("stub" in text for text in expected)
         for text in expected:
-            who = {r["student"] for r in records for s in r["stages"] if s["stage"] == stage
-                   for t in s["tests"] if text in t["mistakes"]}
+            who = {student for student, t in mine if text in t["mistakes"]}
             assert report.stages[stage].mistake_students[text] == who
+        assert report.stages[stage].students_with_mistakes == {student for student, t in mine if t["mistakes"]}
+        assert report.stages[stage].stubs == {who for who, t in tests if "NotImplementedError" in t["message"]}
+    assert report.stages["s10_multihead_attention"].stubs == {"student07", "student21"}
+    assert report.stages["s01_attention_scores"].stubs == {"student07"}
 
     # limits: every (student, stage, kind, test) and nothing else
     expected = sorted((r["student"], s["stage"], t["limit"], t["label"]) for r in records for s in r["stages"]
@@ -138,13 +158,38 @@ def test_numbers_match_the_gradebook_and_the_results(graded_class):
     assert expected, "the synthetic class should hit some limits"
     assert sorted((x.student, x.stage, x.kind, x.test) for x in report.limits) == expected
 
-    # the page shows the same numbers
+    # the page shows the same numbers; students, not failed tests, in the counts
     page = index.read_text()
     for stage, s in report.stages.items():
         assert f"<td>{stage}</td><td class=num>{s.max_points:g}</td><td class=num>{s.mean:.2f}</td>" in page
-    for student, stage, kind, label in expected:
-        assert f"<td>{student}</td><td>{stage}</td><td>{kind}</td><td>{label}</td>" in page
+        assert (f"<td class=num>{s.full_marks}</td><td class=num>{s.zero}</td>"
+                f"<td class=num>{len(s.students_with_mistakes)}</td><td class=num>{len(s.stubs)}</td></tr>") in page
+    assert "<td>s10_multihead_attention</td><td class=num>2</td><td>student07, student21</td>" in page
+    for student, stage, kind, name in expected:
+        assert f"<td>{student}</td><td>{stage}</td><td>{kind}</td><td>{name}</td>" in page
     assert "The gradebook and the result files disagree" in page
+
+
+def test_totals_match_nbgrader_export(graded_class):
+    """nbgrader's own export of the gradebook gives every student the total the report shows."""
+    from grader.cli import main
+
+    root, c, records = graded_class
+    csv_path = root / "export.csv"
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "export", "--to", str(csv_path)], cwd=root, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    with open(csv_path, newline="") as handle:
+        exported = {row["student_id"]: row for row in csv.DictReader(handle)}
+    assert main(["report", ASSIGNMENT, "--course", str(root)]) == 0
+    index, report = build_report(course=root)
+    assert sorted(exported) == sorted(report.students)
+    for student, info in report.students.items():
+        assert info["total"] == pytest.approx(float(exported[student]["raw_score"]), abs=0.01), student
+        assert sum(s.max_points for s in report.stages.values()) == pytest.approx(float(exported[student]["max_score"]))
+    # the override of student03's s05 (1.5 points) is in both
+    assert report.students["student03"]["total"] != next(r["total"] for r in records if r["student"] == "student03")
 
 
 def test_plots_are_real_images(graded_class):
@@ -236,3 +281,28 @@ def test_reads_what_grader_results_writes(tmp_path):
     assert dict(report.stages["s02_normalization"].mistakes) == {"softmax over dim 0 (each column sums to 1)": 1}
     limits = [(x.student, x.stage, x.kind, x.test) for x in report.limits]
     assert limits == [("alice", "s03_context_vectors", "time", "loop")]
+
+
+def test_check_names_and_cuda_checks_in_words():
+    """What students read in feedback (and instructors in the report's tables): checks by name, the CUDA
+    twins of the CPU checks left out when there is no GPU, with a word on why."""
+    assert label("tests/test_s10_multihead_attention.py::test_other_sizes[cpu-case0]") == "other sizes (case 1, CPU)"
+    assert label("tests/test_s01_attention_scores.py::test_journey_scores_every_token_against_the_query"
+                 "[attention_scores_loop]") == "journey scores every token against the query (attention_scores_loop)"
+    assert label("tests/test_s10_multihead_attention.py::test_head_counts_and_lengths[1-4]") == \
+        "head counts and lengths (1, 4)"
+    assert label("tests/test_s03_context_vectors.py::test_random_cases") == "random cases"
+
+    def check(name, outcome, message=""):
+        nodeid = f"tests/test_s10_multihead_attention.py::{name}"
+        return {"nodeid": nodeid, "label": label(nodeid), "outcome": outcome, "message": message}
+
+    skip = "CUDA case: no CUDA device on this machine (its CPU twin ran; run on a GPU to check this one)"
+    text = stage_report("multihead_attention", 16, [
+        check("test_other_sizes[cpu-case0]", "passed"), check("test_other_sizes[cuda-case0]", "skipped", skip),
+        check("test_random_cases[cpu]", "failed", "values differ"), check("test_random_cases[cuda]", "skipped", skip),
+    ])
+    assert text.splitlines()[0] == "Stage multihead_attention: 1 of 2 checks pass -> 8 of 16 points"
+    assert "PASS  other sizes (case 1, CPU)" in text and "FAIL  random cases (CPU)" in text
+    assert "CUDA)" not in text and "run on a GPU" not in text
+    assert text.splitlines()[-1] == "  (2 more checks need a CUDA GPU: not run here, so they count for no points)"

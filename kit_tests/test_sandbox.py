@@ -19,7 +19,19 @@ from adapters import SubmissionError
 from cases import draw_weights
 from grader import scratch
 from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, stages
-from grader.sandbox import Confinement, IsolatedBackend, Limits, Sandbox, SandboxUnavailable, SandboxWarning, probe
+from grader.samples import write_modules
+from grader.sandbox import (
+    Confinement,
+    IsolatedBackend,
+    Limits,
+    Sandbox,
+    SandboxUnavailable,
+    SandboxWarning,
+    probe,
+    reference_imports,
+)
+from stage_names import builds_on
+from tamper import attacked, solution, stealing_wrapper, stub
 
 LIMITS = Limits(check_seconds=1.0, memory_bytes=2 << 30, output_bytes=64 << 10, processes=48)
 PROMISED = "namespaces" if os.geteuid() == 0 else "userns"  # what the README promises on such a machine
@@ -519,6 +531,199 @@ def test_the_unprivileged_fallback_also_hides_the_kit(hostile_root, tmp_path):
             assert list(call(backend, "plant"))
         with IsolatedBackend(write_submission(tmp_path / "next"), LIMITS, sandbox=userns) as following:
             assert list(call(following, "scavenge")) == []
+
+
+# ---------------------------------------------------------------- the stages a stage builds on
+
+# Appended to each stage module of a submission: the stage modules loaded when it is imported (name
+# -> file), the reference ones among them named "<reference sNN_topic>".
+LOADED_AT_IMPORT = '''
+
+import sys as _sys
+
+LOADED = {name: str(getattr(module, "__file__", "")) for name, module in list(_sys.modules.items())
+          if name[:1] == "s" and name[1:3].isdigit()}
+
+
+def loaded():
+    return LOADED
+'''
+
+# Where a process holds the reference of stage 8: its whole source in memory (in the request that
+# brought it: a dict in a dict the garbage collector knows), the namespace of a module made from it,
+# sys.modules at import; or left by an earlier stage in /tmp or in an attribute of os. What it
+# finds, it leaves there.
+LOOK_FOR_THE_REFERENCE = '''
+
+def reference_seen():
+    import gc
+    import os
+
+    def whole(text):
+        return isinstance(text, str) and "class Causal" + "Attention(" in text and "### BEGIN " + "SOLUTION" in text
+
+    found = {place: "" for place in SEEN_AT_IMPORT}
+    for obj in gc.get_objects():
+        if isinstance(obj, dict):
+            values = list(dict.values(obj))
+            values += [inner for value in values if isinstance(value, dict) for inner in list(dict.values(value))]
+            found.update({"memory": value for value in values if whole(value)})
+            if str(dict.get(obj, "__file__", "")).startswith("<reference"):
+                found["module"] = ""
+    if whole(getattr(os, "attnkit_reference", None)):
+        found["os"] = os.attnkit_reference
+    try:
+        with open("/tmp/attnkit-reference") as handle:
+            found.update({"/tmp": text for text in [handle.read()] if whole(text)})
+    except OSError:
+        pass
+    for text in filter(None, found.values()):
+        os.attnkit_reference = text
+        with open("/tmp/attnkit-reference", "w") as handle:
+            handle.write(text)
+    return sorted(found)
+
+
+import sys as _sys
+
+SEEN_AT_IMPORT = ["sys.modules"] if any(str(getattr(m, "__file__", "")).startswith("<reference")
+                                        for m in list(_sys.modules.values())) else []
+reference_seen()
+'''
+
+
+def test_a_stage_is_given_the_reference_of_exactly_what_its_reference_imports(tmp_path, sandbox):
+    """Seen from inside the boxes: each stage module finds, at its import, the reference versions of
+    the stage modules its reference solution imports (stage_names.builds_on), and nothing else of
+    the kit; its own module is the learner's."""
+    root = write_modules(tmp_path / "spy", replaced={
+        stage: (SOLUTIONS / f"{stage}.py").read_text() + LOADED_AT_IMPORT for stage in stages()})
+    given = {}
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
+        for stage in stages():
+            seen = backend.run("call", stage, func="loaded")
+            assert seen.pop(stage).endswith(f"/{stage}.py"), stage
+            given[stage] = {name for name, file in seen.items() if file == f"<reference {name}>"}
+            assert set(seen) == given[stage], f"{stage} found other stage modules: {seen}"
+            assert given[stage] == set(builds_on((SOLUTIONS / f"{stage}.py").read_text())), stage
+    assert given["s09_multihead_wrapper"] == {"s08_causal_attention"}
+
+
+def test_a_stage_never_sees_the_reference_of_its_own_stage(tmp_path, sandbox):
+    """Stage 9 runs beside the reference of stage 8 and can read it (the README says so). Stage 8 never
+    can, whichever order the stages are graded in: the reference is not in its box's memory, nor
+    left by stage 9 in /tmp or in a module (a box that held it never serves stage 8)."""
+    s08, s09 = "s08_causal_attention", "s09_multihead_wrapper"
+    root = write_modules(tmp_path / "thief", replaced={
+        s08: LOOK_FOR_THE_REFERENCE, s09: (SOLUTIONS / f"{s09}.py").read_text() + LOOK_FOR_THE_REFERENCE})
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
+        assert backend.run("call", s08, func="reference_seen") == ()
+        assert {"memory", "module", "sys.modules", "os", "/tmp"} <= set(backend.run("call", s09, func="reference_seen"))
+        assert backend.run("call", s08, func="reference_seen") == ()
+        assert backend.stats["boxes"] == 2
+    # Without solutions/ (reference=None, or a folder that does not exist) nothing is given: stage 9
+    # imports the learner's stage 8, which has no CausalAttention here.
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox, reference=tmp_path / "nowhere") as backend:
+        assert backend.provided == {}
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox, reference=None) as backend:
+        with pytest.raises(SubmissionError, match="cannot import name 'CausalAttention' from 's08_causal_attention'"):
+            backend.run("call", s09, func="reference_seen")
+
+
+def test_what_a_stage_builds_on_includes_what_that_builds_on(tmp_path):
+    """Given in order, those it imports first: a reference module's own imports must find the
+    reference too, never the learner's module."""
+    modules = {"s01_a": "x = 1\n", "s02_b": "from s01_a import x\n", "s03_c": "import s02_b\nimport torch\n",
+               "s04_d": "import s05_e\n", "s05_e": "import s04_d\n"}  # (the last two: a cycle)
+    for name, text in modules.items():
+        (tmp_path / f"{name}.py").write_text(text)
+    imports = {stage: list(given) for stage, given in reference_imports(tmp_path).items()}
+    assert imports == {"s01_a": [], "s02_b": ["s01_a"], "s03_c": ["s01_a", "s02_b"], "s04_d": ["s05_e"],
+                       "s05_e": ["s04_d"]}
+    assert reference_imports(tmp_path)["s03_c"]["s02_b"] == modules["s02_b"]
+
+
+def test_what_a_stage_is_given_follows_the_reference_not_the_learner(tmp_path, sandbox):
+    """The learner's modules import other stages than the references do: stage 8 imports itself and
+    stage 9 (which imports stage 8), stage 10 imports stage 9, stage 11 imports stages 10 and 8. What
+    the grader sends is read from the references alone: stage 9 still gets stage 8's, and no other
+    stage gets any, whatever order the stages are graded in; all else is the learner's."""
+    s08, s09, s10, s11 = "s08_causal_attention", "s09_multihead_wrapper", "s10_multihead_attention", "s11_other_forms"
+    imports = {s08: "import s08_causal_attention\nimport s09_multihead_wrapper\n", s09: "",
+               s10: "import s09_multihead_wrapper\n",
+               s11: "import s10_multihead_attention\nimport s08_causal_attention\n"}
+    loaded = {s08: {s08, s09}, s09: {s09, s08}, s10: {s10, s09, s08}, s11: {s11, s10, s09, s08}}
+    root = write_modules(tmp_path / "tangled", replaced={
+        stage: f"{solution(stage)}\n\n{extra}" + LOADED_AT_IMPORT for stage, extra in imports.items()})
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
+        assert backend.provided == reference_imports(SOLUTIONS)
+        for stage in (s09, s10, s11, s08, s09, s08):
+            seen = backend.run("call", stage, func="loaded")
+            assert set(seen) == loaded[stage], stage
+            given = {name for name, file in seen.items() if file == f"<reference {name}>"}
+            assert given == ({s08} if stage == s09 else set()), f"{stage}: {seen}"
+            assert all(file.endswith(f"/{name}.py") for name, file in seen.items() if name not in given), seen
+
+
+# Appended to a stage module that has a CausalAttention: the file its __init__ comes from.
+CAUSAL_FROM = '''
+
+CAUSAL_FROM = CausalAttention.__init__.__code__.co_filename
+
+
+def causal_from():
+    return CAUSAL_FROM
+'''
+
+
+def test_stage_8_cannot_pull_the_reference_in_through_stage_9(tmp_path, sandbox):
+    """Stage 8's stub with tamper_payloads/pull_reference.py imports and reloads stage 9 (which imports
+    the reference of stage 8 when stage 9 is graded) and looks through sys.modules for a reference: it
+    keeps its own class, graded before stage 9 or after. The same code in stage 10, after a class of its
+    own, does replace it through stage 9 (with the learner's stage 8: stage 10 is given no reference)."""
+    s08, s09, s10 = "s08_causal_attention", "s09_multihead_wrapper", "s10_multihead_attention"
+    own_class = "\n\nclass CausalAttention:\n    def __init__(self):\n        pass\n"
+    root = write_modules(tmp_path / "puller", replaced={
+        s08: attacked(stub(s08), "pull_reference") + CAUSAL_FROM, s09: solution(s09) + CAUSAL_FROM,
+        s10: attacked(solution(s10) + own_class, "pull_reference") + CAUSAL_FROM})
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
+        assert backend.run("call", s08, func="causal_from").endswith(f"/{s08}.py")
+        assert backend.run("call", s09, func="causal_from") == f"<reference {s08}>"
+        assert backend.run("call", s10, func="causal_from").endswith(f"/{s08}.py")
+        assert backend.run("call", s08, func="causal_from").endswith(f"/{s08}.py")
+
+
+# Appended to a stage module that carries the scavenge payload (tamper_payloads/scavenge.py): the channel
+# where a source planted for the stage module ``module`` is found (None: nowhere).
+FIND_PLANTED = '''
+
+def found(module):
+    return _atk_scavenge(module, {})
+'''
+
+DIE = "\n\ndef die():\n    import os\n    os._exit(3)\n"
+
+
+def test_the_reference_stage_9_plants_reaches_no_stage_8(tmp_path, sandbox):
+    """Stage 9 takes the reference of stage 8 it is given and plants it, as the source of stage 8, in
+    every channel of the tamper corpus's plant entry (tamper_payloads/steal_reference.py); then its
+    worker dies. Stage 10, in the same box, finds it (the channels work); stage 8, of this submission
+    graded after it or of the next submission, finds it nowhere."""
+    s08, s09, s10 = "s08_causal_attention", "s09_multihead_wrapper", "s10_multihead_attention"
+    scavenger = attacked(stub(s08), "scavenge") + FIND_PLANTED
+    root = write_modules(tmp_path / "thief", replaced={
+        s08: scavenger, s09: stealing_wrapper() + DIE, s10: attacked(solution(s10), "scavenge") + FIND_PLANTED})
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
+        assert {"tmp", "devshm", "sysv_shm", "abstract_socket"} <= set(backend.run("call", s09, func="stolen"))
+        with pytest.raises(SubmissionError, match="exited with code 3"):
+            backend.run("call", s09, func="die")
+        assert backend.run("call", s10, func="found", args=(s08,)) == "/tmp"
+        assert backend.run("call", s08, func="found", args=(s08,)) is None
+        assert "[scavenge]" not in backend.last_output["stderr"]
+        assert backend.stats["boxes"] == 2
+    with IsolatedBackend(write_modules(tmp_path / "next", replaced={s08: scavenger}), LIMITS,
+                         sandbox=sandbox) as following:
+        assert following.run("call", s08, func="found", args=(s08,)) is None
 
 
 # ---------------------------------------------------------------- what the kernel counts and bounds

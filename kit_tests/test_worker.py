@@ -6,8 +6,9 @@ release changes that, instead of letting it grade one submission with another's 
 from types import SimpleNamespace
 
 from grader import submission as S
+from grader.kit import SOLUTIONS, stage_of, stages
 from grader.plugin import GradingPlugin
-from grader.samples import by_student
+from grader.samples import by_student, edited, write_modules
 from grader.sandbox import Limits
 from grader.worker import JobLoop, WorkerProcess
 
@@ -46,3 +47,23 @@ def test_a_job_whose_implementation_was_not_set_up_once_gets_no_grades(tmp_path)
     session = SimpleNamespace(items=[], config=SimpleNamespace(option=SimpleNamespace(seed=0)))  # runs nothing
     answer = loop.grade(session, job(by_student("reference").write(tmp_path / "reference")))
     assert "grading stopped rather than give grades it cannot vouch for" in answer["error"]
+
+
+def test_a_mistake_in_stage_8_costs_no_points_on_stage_9(tmp_path):
+    """Stage 9's wrapper imports stage 8's CausalAttention. A mask that also hides the diagonal makes
+    the first token's row all -inf (NaN out of the softmax): with it, every head of a correct wrapper
+    would be wrong too. Grading runs stage 9 beside the reference CausalAttention instead, so the
+    mistake costs points on stage 8 only."""
+    s08 = "s08_causal_attention"
+    broken = edited((SOLUTIONS / f"{s08}.py").read_text(), [(
+        "torch.triu(torch.ones(context_length, context_length), diagonal=1)",
+        "torch.triu(torch.ones(context_length, context_length), diagonal=0)")], s08)
+    folder = write_modules(tmp_path / "broken-s08", replaced={s08: broken})
+    outcomes = {}
+    for nodeid, outcome, _ in graded(WorkerProcess(Limits()), [job(folder)])[0]:
+        outcomes.setdefault(stage_of(nodeid), []).append(outcome)
+    assert "failed" in outcomes[s08]
+    assert outcomes["s09_multihead_wrapper"].count("passed") >= 4
+    lost = {stage: o for stage, o in outcomes.items() if stage != s08 and set(o) - {"passed", "skipped"}}
+    assert not lost, f"the mistake in {s08} cost points elsewhere: {sorted(lost)}"
+    assert set(outcomes) == set(stages())

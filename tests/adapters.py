@@ -20,12 +20,18 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from stage_names import is_stage_module
+from stage_names import builds_on, is_stage_module
+
+# pytest leaves this module's frames out of a failure's traceback (it reads __tracebackhide__ in a frame's
+# globals too): a student's traceback goes from the test's line straight to their own code, the error's
+# message unchanged. `pytest --fulltrace` shows every frame.
+__tracebackhide__ = True
 
 
 class SubmissionError(Exception):
@@ -66,10 +72,16 @@ def to_plain(value, what):
 
 # ---------------------------------------------------------------- loading
 
-def load_stage_module(root: Path, name: str):
-    """Import ``root/name.py`` afresh, with its sibling stage modules taken from ``root`` too."""
+def load_stage_module(root: Path, name: str, provided: dict[str, str] | None = None):
+    """Import ``root/name.py`` afresh, with its sibling stage modules taken from ``root`` too, except
+    those in ``provided`` (stage module name -> source text, each after those it imports): grading
+    gives a stage the reference versions of the stages it builds on (grader/sandbox.py), so that a
+    mistake in stage 8 costs no points on stage 9."""
     if not is_stage_module(name):
         raise ValueError(f"{name!r} is not a stage module name (sNN_topic)")
+    provided = provided or {}
+    if name in provided or not all(map(is_stage_module, provided)):
+        raise ValueError(f"cannot provide {sorted(provided)} for {name!r}: other stage modules only")
     path = Path(root) / f"{name}.py"
     if not path.is_file():
         raise SubmissionError(
@@ -85,25 +97,50 @@ def load_stage_module(root: Path, name: str):
     # importlib.invalidate_caches(), which visits every path entry; imports only read root).
     sys.path_importer_cache.pop(str(root), None)
     try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    except SyntaxError as exc:
-        raise SubmissionError(
-            f"{path.name} has a syntax error on line {exc.lineno}: {exc.msg}\n    {(exc.text or '').strip()}\n"
-            "Fix it (python -m py_compile FILE shows the same error) and run the tests again."
-        ) from None
-    except Exception as exc:
-        raise SubmissionError(
-            f"importing {path.name} failed with {type(exc).__name__}: {exc}\n"
-            "Code at the top level of a module runs on import; keep work inside functions and classes."
-        ) from exc
+        for other, text in provided.items():  # the kit's own code: an error here is not the learner's
+            module = types.ModuleType(other)
+            module.__file__ = f"<reference {other}>"  # no file: a traceback shows none of its lines
+            sys.modules[other] = module  # before it runs, as an import does
+            exec(compile(text, module.__file__, "exec"), vars(module))
+        return _import_learner_module(name, path)
     finally:
         sys.path.remove(str(root))
         for m in _stage_modules_loaded():
             del sys.modules[m]
+
+
+def _import_learner_module(name, path):
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        culprit = _with_null_bytes(path) if "null bytes" in str(exc) else None
+        if culprit is not None:  # a SyntaxError with no line number (a ValueError in older Pythons)
+            raise SubmissionError(
+                f"{culprit.name} contains null bytes (characters of code 0), so Python cannot read it as source "
+                "code: it was probably saved in a wrong encoding (UTF-16, for instance) or is corrupted. "
+                "Open it in a text editor, save it again as UTF-8 text, and run the tests again."
+            ) from None
+        if isinstance(exc, SyntaxError):
+            where = Path(exc.filename or path)  # path, or a stage module next to it that it imports
+            raise SubmissionError(
+                f"{where.name if where.parent == path.parent else path.name} has a syntax error on line "
+                f"{exc.lineno}: {exc.msg}\n    {(exc.text or '').strip()}\n"
+                "Fix it (python -m py_compile FILE shows the same error) and run the tests again."
+            ) from None
+        raise SubmissionError(
+            f"importing {path.name} failed with {type(exc).__name__}: {exc}\n"
+            "Code at the top level of a module runs on import; keep work inside functions and classes."
+        ) from exc
     return module
+
+
+def _with_null_bytes(path):
+    """The file among ``path`` and the stage modules it imports (from its folder) that has null bytes, or None."""
+    imported = [path.parent / f"{name}.py" for name in builds_on(path.read_text(errors="replace"))]
+    return next((p for p in [path, *imported] if p.is_file() and b"\0" in p.read_bytes()), None)
 
 
 def _stage_modules_loaded():
@@ -156,7 +193,16 @@ def inject(model, weights, cls):
         ) from None
     params = dict(model.named_parameters())
     missing = [k for k in result.missing_keys if k in params]
-    if result.unexpected_keys or missing:
+    names = set(result.unexpected_keys) | set(missing)
+    if names and all(k.endswith(".bias") for k in names):
+        # Only biases differ: the usual cause is a qkv_bias that never reached nn.Linear.
+        given = "the test gave biases yours lacks" if result.unexpected_keys else "yours has biases not given"
+        raise SubmissionError(
+            f"{cls}: {given}: {sorted(names)}.\n"
+            "The biases of W_query, W_key and W_value follow qkv_bias: pass it on to every projection, "
+            "nn.Linear(..., bias=qkv_bias) (out_proj always has a bias)."
+        )
+    if names:
         raise SubmissionError(
             f"{cls}: parameter names differ from the documented ones.\n"
             f"  expected (given by the test): {sorted(weights)}\n"

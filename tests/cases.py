@@ -73,3 +73,45 @@ def module_case(rng, reference_stage, cls, *, heads=False, head_dim=False, batch
         init["d_in"] = d_in = d_in + 1
     x = normal(rng, b, num_tokens, d_in)
     return init, x, draw_weights(rng, reference_stage, cls, init)
+
+
+def exposing_case(rng, num_heads, num_tokens, batch):
+    """A MultiHeadAttention case whose output IS its attention weights, to test dropout by its
+    properties: the inputs are one-hot tokens (d_in = num_tokens), every head's values are those
+    one-hot vectors (head_dim = num_tokens) and out_proj is the identity, so output[b, i, h*T + j] is
+    head h's weight of query i on key j. Queries and keys are random, so the weights differ.
+    returns: init (dropout=0.0, qkv_bias=False), x (batch, T, T), MultiHeadAttention state_dict."""
+    t = num_tokens
+    d_out = num_heads * t
+    init = dict(d_in=t, d_out=d_out, context_length=t, dropout=0.0, num_heads=num_heads, qkv_bias=False)
+    x = np.broadcast_to(np.eye(t, dtype=np.float32), (batch, t, t)).copy()
+    weights = {
+        "W_query.weight": normal(rng, d_out, t), "W_key.weight": normal(rng, d_out, t),
+        "W_value.weight": np.tile(np.eye(t, dtype=np.float32), (num_heads, 1)),
+        "out_proj.weight": np.eye(d_out, dtype=np.float32), "out_proj.bias": np.zeros(d_out, np.float32),
+    }
+    return init, x, weights
+
+
+def exposed_weights(init, x, weights):
+    """What a module computes on an ``exposing_case`` without dropout: every head's causally masked
+    attention weights side by side, (batch, T, num_heads * T), worked out here in NumPy (float64)."""
+    num_heads = init.get("num_heads", 1)
+    w_query, w_key = weights["W_query.weight"].astype(np.float64), weights["W_key.weight"].astype(np.float64)
+    head_dim = w_query.shape[0] // num_heads
+    future = np.triu(np.ones((x.shape[1], x.shape[1]), dtype=bool), k=1)
+    per_head = []
+    for first in range(0, num_heads * head_dim, head_dim):  # this head's rows of W_query and W_key
+        q, k = x @ w_query[first:first + head_dim].T, x @ w_key[first:first + head_dim].T
+        scores = np.where(future, -np.inf, q @ k.transpose(0, 2, 1) / np.sqrt(head_dim))
+        exp = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        per_head.append(exp / exp.sum(axis=-1, keepdims=True))
+    return np.concatenate(per_head, axis=-1).astype(np.float32)
+
+
+def single_heads(weights, num_heads, prefix="heads."):
+    """A MultiHeadAttention state_dict's projections as num_heads single heads (heads.{h}.W_query...):
+    head h owns rows h*head_dim .. (h+1)*head_dim - 1 of each projection; out_proj is left out."""
+    head_dim = weights["W_query.weight"].shape[0] // num_heads
+    return {f"{prefix}{h}.{name}": value[h * head_dim:(h + 1) * head_dim]
+            for h in range(num_heads) for name, value in weights.items() if name.startswith("W_")}

@@ -10,6 +10,10 @@ import re
 
 import numpy as np
 
+# pytest leaves this module's frames out of a failure's traceback: it ends at the test's line, then the
+# message says what differs (`pytest --fulltrace` shows every frame).
+__tracebackhide__ = True
+
 
 def _fmt(a):
     return np.array2string(np.asarray(a), precision=4, suppress_small=True, separator=", ", max_line_width=100)
@@ -17,7 +21,8 @@ def _fmt(a):
 
 def _matches(actual, candidate, rtol, atol):
     candidate = np.asarray(candidate)
-    return candidate.shape == actual.shape and np.allclose(actual, candidate, rtol=rtol, atol=atol, equal_nan=False)
+    # NaN matches NaN: some mistakes give NaN in known places (a row of attention with nothing to attend to).
+    return candidate.shape == actual.shape and np.allclose(actual, candidate, rtol=rtol, atol=atol, equal_nan=True)
 
 
 def diagnose(actual, mistakes, rtol, atol):
@@ -110,14 +115,25 @@ def linear(x, weights, name):
     return out if bias is None else out + bias
 
 
-def multihead(x, weights, num_heads, *, scale_by="head_dim", split="view_transpose", out_proj=True,
-              qkv_bias=True, mask="causal", values="W_value"):
+def safe_softmax(x, axis=-1):
+    """softmax, with 0 (not NaN) for a row that is -inf everywhere, as F.scaled_dot_product_attention gives."""
+    x = np.asarray(x, dtype=np.float64)
+    empty = np.all(np.isneginf(x), axis=axis, keepdims=True)
+    return np.where(empty, 0.0, softmax(np.where(empty, 0.0, x), axis=axis)).astype(np.float32)
+
+
+def multihead(x, weights, num_heads, *, scale="head_dim", split="view_transpose", out_proj=True,
+              qkv_bias=True, mask="causal", values="W_value", scores="queries_keys", softmaxes=1):
     """NumPy multi-head causal attention, with switches that reproduce typical mistakes.
 
     x: (b, T, d_in); weights: MultiHeadAttention state_dict (W_query/W_key/W_value, out_proj).
-    scale_by: "head_dim" (right), "d_out", "none"; split: "view_transpose" (right) or "view_only"
-    (reshaping straight to (b, heads, T, head_dim)); mask: "causal", "none", "zero" (fill 0);
-    values: "W_value" (right) or "inputs" (x itself, when d_in == d_out).
+    scale: "head_dim" (right: divide by sqrt(head_dim)), "d_out" (divide by sqrt(d_out)), "none",
+    "times_head_dim" (multiply by sqrt(head_dim)); split: "view_transpose" (right) or "view_only"
+    (reshaping straight to (b, heads, T, head_dim)); mask: "causal", "none", "zero" (fill 0),
+    "inverted" (only the future takes part: a boolean mask given to F.scaled_dot_product_attention
+    as it is; a row with nothing left gives 0) or "inverted_nan" (the same where that row gives NaN);
+    values: "W_value" (right) or "inputs" (x itself, when d_in == d_out); scores: "queries_keys"
+    (right: queries @ keys^T) or "keys_queries" (transposed); softmaxes: how often softmax is applied.
     """
     if not qkv_bias:
         weights = {k: v for k, v in weights.items() if not (k.startswith("W_") and k.endswith("bias"))}
@@ -134,33 +150,51 @@ def multihead(x, weights, num_heads, *, scale_by="head_dim", split="view_transpo
         return a.reshape(b, t, num_heads, hd).transpose(0, 2, 1, 3)
 
     q, k, v = heads(q), heads(k), heads(v)
-    scores = q @ k.transpose(0, 1, 3, 2)
-    scores = scores / {"head_dim": np.sqrt(hd), "d_out": np.sqrt(d_out), "none": 1.0}[scale_by]
+    s = q @ k.transpose(0, 1, 3, 2) if scores == "queries_keys" else k @ q.transpose(0, 1, 3, 2)
+    s = {"head_dim": s / np.sqrt(hd), "d_out": s / np.sqrt(d_out), "none": s,
+         "times_head_dim": s * np.sqrt(hd)}[scale]
+    future = np.triu(np.ones((t, t), bool), 1)
     if mask == "causal":
-        scores = causal(scores)
+        s = causal(s)
     elif mask == "zero":
-        scores = causal(scores, fill=0.0)
-    context = (softmax(scores) @ v).transpose(0, 2, 1, 3).reshape(b, t, d_out)
+        s = causal(s, fill=0.0)
+    elif mask.startswith("inverted"):
+        s = np.where(future, s, -np.inf)
+    with np.errstate(invalid="ignore"):  # "inverted_nan": a row of -inf gives NaN, on purpose
+        w = safe_softmax(s) if mask == "inverted" else softmax(s)
+    for _ in range(softmaxes - 1):
+        w = softmax(w)
+    context = (w @ v).transpose(0, 2, 1, 3).reshape(b, t, d_out)
     return linear(context, weights, "out_proj") if out_proj else context
 
 
-def multihead_mistakes(x, weights, num_heads, out_proj=True):
+def multihead_mistakes(x, weights, num_heads, out_proj=True, head_counts=True):
     """What typical multi-head mistakes produce on these inputs, keyed by a plain description.
 
-    Mistakes that happen to give the right answer for this configuration (e.g. a missing
-    transpose with a single head) are left out.
+    out_proj=False, head_counts=False: a single head (CausalAttention). Mistakes that happen to give
+    the right answer for this configuration (e.g. a missing transpose with a single head) are left out.
     """
     def run(**change):
         return multihead(x, weights, num_heads, out_proj=out_proj, **change)
 
+    sdpa = ("the boolean mask is inverted: F.scaled_dot_product_attention takes attn_mask True where a "
+            "token takes part, so pass the allowed positions, ~mask (the causal buffer marks the future)")
     candidates = {
         "the scores were scaled by sqrt(d_out), the model width; each head's dot products have "
-        "head_dim terms, so divide by sqrt(head_dim)": run(scale_by="d_out"),
-        "the scores were not scaled by 1 / sqrt(head_dim)": run(scale_by="none"),
+        "head_dim terms, so divide by sqrt(head_dim)": run(scale="d_out"),
+        "the scores were not scaled by 1 / sqrt(head_dim)": run(scale="none"),
+        "the scores were multiplied by sqrt(d_k) (d_k = head_dim, the width of one head's keys); "
+        "divide by it": run(scale="times_head_dim"),
+        "keys @ queries^T: the scores are transposed (row i must hold query i's scores, "
+        "queries @ keys.transpose(...))": run(scores="keys_queries"),
+        "softmax was applied twice: the weights were already normalised, and a second softmax "
+        "flattens them and gives the masked future weight exp(0) > 0": run(softmaxes=2),
         "the heads were split with view alone: view to (b, num_tokens, num_heads, head_dim), "
         "then transpose(1, 2)": run(split="view_only"),
         "the causal mask is missing: tokens see the future": run(mask="none"),
         "masked with 0 instead of -inf: a masked score of 0 still gets weight": run(mask="zero"),
+        sdpa: run(mask="inverted"),
+        sdpa + " (here a row left with nothing to attend to gives NaN)": run(mask="inverted_nan"),
         "qkv_bias was ignored: pass bias=qkv_bias to W_query, W_key and W_value": run(qkv_bias=False),
     }
     if x.shape[-1] == weights["W_value.weight"].shape[0]:
@@ -168,10 +202,103 @@ def multihead_mistakes(x, weights, num_heads, out_proj=True):
     if out_proj:
         candidates["out_proj was not applied to the concatenated heads"] = multihead(
             x, weights, num_heads, out_proj=False)
+    d_out = weights["W_query.weight"].shape[0]
+    for other in range(1, d_out + 1) if head_counts else ():
+        if d_out % other == 0 and other != num_heads:
+            candidates[f"the output is that of {other} heads, not num_heads={num_heads}: take every size from "
+                       "the constructor's arguments (num_heads, d_out), never from a global or the book's "
+                       "example"] = multihead(x, weights, other, out_proj=out_proj)
     right = run()
     return {why: c for why, c in candidates.items() if not np.allclose(c, right, rtol=1e-4, atol=1e-6)}
 
 
+def single_head_mistakes(x, weights):
+    """multihead_mistakes for CausalAttention: one head, no out_proj."""
+    return multihead_mistakes(x, weights, 1, out_proj=False, head_counts=False)
+
+
+def check_sizes_from_arguments(info, init, expected_count, what):
+    """A module built with sizes unlike the book's (info: its ``inspect``) has the parameters and the
+    causal mask that its constructor's arguments call for; one that reads a global (the book's
+    d_out = 2, context_length = 6) has not."""
+    count, t = parameter_count(info), init["context_length"]
+    # The causal mask, wherever it lives (heads.0.mask in a module of heads); a missing one is another check's.
+    masks = [np.asarray(b) for n, b in info["buffers"].items() if n.split(".")[-1] == "mask"]
+    problems = []
+    if count != expected_count:
+        problems.append(f"{count} trainable values, expected {expected_count} (parameters: {info['parameters']})")
+    if masks and masks[0].size != t * t:
+        mask = masks[0]
+        problems.append(f"a mask of shape {mask.shape}, expected ({t}, {t}) for context_length={t}")
+    assert not problems, (
+        f"{what}({', '.join(f'{k}={v}' for k, v in init.items())}) has " + " and ".join(problems)
+        + ": take every size from the constructor's arguments, never from a global or the book's example."
+    )
+
+
+# Dropout is random and torch's random stream differs across platforms and devices: it is judged by
+# its properties against the same computation without dropout, never against stored masks.
+
+def kept_fraction_tolerance(p, n):
+    """How far the kept fraction of n draws may stray from 1 - p: 5 standard deviations (a fixed seed
+    makes each check deterministic; this keeps it true for any seed), at least 0.02."""
+    return max(0.02, 5 * np.sqrt(p * (1 - p) / n))
+
+
+def check_dropout(trained, plain, p, name, *, atol=1e-6):
+    """Training-mode dropout of rate p: ``trained`` is ``plain`` (the same values without dropout) with
+    each nonzero value either dropped (|value| <= atol) or kept and scaled by exactly 1 / (1 - p), about
+    a fraction 1 - p of them kept; the zeros of ``plain`` (e.g. the masked future) stay 0."""
+    trained, plain = np.asarray(trained), np.asarray(plain)
+    assert trained.shape == plain.shape, f"{name}: shape {trained.shape}, expected {plain.shape}"
+    live = plain != 0
+    assert np.all(np.abs(trained[~live]) <= atol), (
+        f"{name}: values that are 0 without dropout (the masked future) became nonzero in training mode; "
+        "apply dropout to the attention weights after the softmax"
+    )
+    kept = live & (np.abs(trained) > atol)
+    fraction, tolerance = kept.sum() / live.sum(), kept_fraction_tolerance(p, live.sum())
+    assert fraction < 1, (
+        f"{name}: training mode with dropout p={p} dropped nothing: apply the dropout (a module's "
+        "self.dropout) to the attention weights; nn.Dropout acts in training mode only"
+    )
+    assert abs(fraction - (1 - p)) < tolerance, (
+        f"{name}: {fraction:.3f} of the values were kept, expected {1 - p:.2f} +- {tolerance:.3f} for p={p}. "
+        "p is the probability of DROPPING an element."
+    )
+    ratio = trained[kept] / plain[kept]
+    assert_close(f"{name}: kept values / values without dropout", ratio,
+                 np.full(ratio.shape, 1 / (1 - p), np.float32), rtol=1e-4, atol=1e-5,
+                 mistakes={"the kept values were not rescaled by 1 / (1 - p)": np.ones(ratio.shape, np.float32),
+                           "the kept values were multiplied by (1 - p) instead of divided":
+                               np.full(ratio.shape, 1 - p, np.float32)})
+
+
+def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu"):
+    """A module's dropout, by its properties. Give a case whose output exposes the attention weights
+    (cases.exposing_case) and those weights (``exposed``, cases.exposed_weights): in training mode with
+    dropout=p each output value is dropped or scaled by 1 / (1 - p) (check_dropout); in eval mode the
+    output is the dropout=0 module's, whatever the seed."""
+    plain = stage.forward(cls, dict(init, dropout=0.0), x, weights, device=device)
+    # Dropout can only be judged on a module that is right without it: otherwise this check would
+    # blame dropout for another mistake of the stage (which its own checks name).
+    if plain.shape != exposed.shape or not np.allclose(plain, exposed, rtol=1e-4, atol=1e-5):
+        raise AssertionError(
+            f"{cls} with dropout=0 does not compute the expected output on this test's case (one-hot "
+            "tokens whose output is the attention weights), so its dropout cannot be checked yet: fix this "
+            "stage's other failures first."
+        )
+    init = dict(init, dropout=p)
+    for seed in (1, 2):
+        assert_close(f"{cls} output in eval mode with dropout={p} (seed {seed})",
+                     stage.forward(cls, init, x, weights, seed=seed, device=device), plain,
+                     hint="In eval mode dropout must do nothing: use nn.Dropout, which follows the module's "
+                     "train()/eval(), or pass training=self.training to F.dropout.")
+    trained = stage.forward(cls, init, x, weights, train=True, seed=0, device=device)
+    check_dropout(trained, plain, p, f"{cls} output in training mode with dropout={p}")
+
+
+STUB = "this part is still a stub: write the code its TODO describes"
 # Errors, not wrong numbers: what the message of an exception usually means.
 ERROR_HINTS = [
     (r"must match the size of tensor b.*(?s:.*)mask|mask(?s:.*)must match the size of tensor b",
@@ -192,7 +319,7 @@ ERROR_HINTS = [
      "(self.register_buffer) and create new tensors on x.device"),
     (r"time limit", "the code ran past the time limit: an infinite loop?"),
     (r"maximum recursion depth", "a function or forward() calls itself without end"),
-    (r"NotImplementedError", "this part is still a stub: write the code its TODO describes"),
+    (r"NotImplementedError", STUB),
 ]
 
 

@@ -1,10 +1,12 @@
-"""pytest wiring of the graded suite: which implementation the tests reach, fixtures, devices, the
-stage summary.
+"""pytest wiring of the graded suite: which implementation the tests reach, fixtures, devices, failure
+reports, the stage summary.
 
-    pytest                      # the reference solutions (the kit's default)
-    pytest --impl exercises     # the stubs: everything fails, the summary says where to start
-    pytest --impl PATH          # a folder laid out like exercises/ (same module file names)
-    pytest -m causal_attention  # one stage
+    pytest                      # the stage modules (sNN_topic.py) of the folder the ini option impl names
+    pytest --impl=PATH          # the stage modules of folder PATH
+    pytest -m causal_attention  # one stage (stage_names.stage_command)
+
+The ini option impl names this folder in a student's copy (pytest.ini), the reference solutions in
+the kit (pyproject.toml).
 
 The tests reach the implementation only through the ``impl`` fixture (``adapters.Implementation``).
 It runs the stage modules in this process, unless a plugin answers ``pytest_attnkit_backend``
@@ -23,11 +25,12 @@ import pytest
 import torch
 
 from adapters import Implementation, LocalBackend
-from checks import explain_error
-from stage_names import stage_of
+from checks import STUB, explain_error
+from stage_names import builds_on, stage_command, stage_of
 
 ROOT = Path(__file__).resolve().parent.parent  # the kit, or a student's release folder
 FIXTURES = ROOT / "fixtures"
+STAGE_TEST_FILES = tuple(sorted(p.name for p in Path(__file__).parent.glob("test_s*.py") if stage_of(p.name)))
 
 
 class BackendSpec:
@@ -226,18 +229,46 @@ def device(request):
     return request.param
 
 
-# ---------------------------------------------------------------- failures that are errors
+# ---------------------------------------------------------------- failure reports
+#
+# A failure's traceback goes from the test's line to the learner's code: the frames of the suite's
+# support modules are hidden (``__tracebackhide__`` in adapters.py and checks.py), and so are those
+# of nn.Module.__call__ between a call ``model(x)`` and the forward() it runs.
+
+MODULE_CALL = ("_wrapped_call_impl", "_call_impl")  # nn.Module.__call__'s functions in torch/nn/modules/module.py
+
+
+def _is_module_call(code) -> bool:
+    return code.co_name in MODULE_CALL and code.co_filename == torch.nn.modules.module.__file__
+
+
+def skip_module_calls(tb):
+    """Unlink nn.Module.__call__'s frames from the traceback ``tb`` (an exception's own chain of frames,
+    which is what pytest formats). The last frame, where the error was raised, always stays."""
+    while tb is not None and tb.tb_next is not None:
+        following = tb.tb_next
+        if following.tb_next is not None and _is_module_call(following.tb_frame.f_code):
+            tb.tb_next = following.tb_next
+        else:
+            tb = following
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """When learner code raised (rather than computed wrong numbers), say what the error usually means."""
+    """A failure as a student reads it: without nn.Module's dispatch frames; when learner code raised (rather
+    than computed wrong numbers), what the error usually means; a book test's failure in its context."""
+    shown = item.config.getoption("tbstyle", "no") != "no"  # ("no" also without the terminal plugin: grading)
+    if call.excinfo is not None and shown and not item.config.getoption("fulltrace", False):
+        skip_module_calls(call.excinfo.tb)
     report = yield
     if report.failed and note_time_limit(item, report):  # see "time limits" below
+        return report
+    if report.failed and note_book_failure(item, call, report):  # see "book tests" below
         return report
     if report.failed and call.excinfo is not None and not call.excinfo.errisinstance(AssertionError):
         hints = explain_error(str(report.longrepr))
         marker = item.get_closest_marker("hint")
-        if marker:
+        if marker and STUB not in hints:  # (a stub has nothing else to hint at)
             hints.append(marker.args[0])
         if hints and hasattr(report.longrepr, "addsection"):
             text = "\n".join(hints)
@@ -319,17 +350,76 @@ def pytest_runtest_setup(item):
 
 
 def pytest_runtest_teardown(item, nextitem):
-    """After the last check, forget which stages ran out of time: a grading worker runs its one
-    pytest session again for the next submission, which must start afresh."""
+    """After the last check, forget which stages ran out of time and which checks failed: a grading
+    worker runs its one pytest session again for the next submission, which must start afresh."""
     if nextitem is None:
         stages_out_of_time(item.config).clear()
+        failed_checks(item.config).clear()
+
+
+# ---------------------------------------------------------------- book tests
+#
+# A `book` test (no points) builds a module right after torch.manual_seed and expects the book's
+# printed numbers. They come out only if the module computes right AND creates its weights in the
+# book's order; the test's hint speaks of the order, which is the cause only when the stage's other
+# tests (they give the weights by name) pass. So those run first, and a book test that gets other
+# numbers while some of them failed says to fix those first. (Grading runs without book tests.)
+
+FAILED_CHECKS = pytest.StashKey[dict]()  # stage (sNN_topic) -> names of its failed non-book checks in this run
+
+
+def failed_checks(config) -> dict:
+    return config.stash.setdefault(FAILED_CHECKS, {})
+
+
+def _is_book(item) -> bool:
+    return item.get_closest_marker("book") is not None
+
+
+def pytest_collection_modifyitems(items):
+    """Each stage's book tests run after its other tests (the order is otherwise kept)."""
+    first = {}  # stage -> index of its first test
+    for index, item in enumerate(items):
+        first.setdefault(stage_of(item.nodeid), index)
+
+    def place(numbered):
+        index, item = numbered
+        stage = stage_of(item.nodeid)
+        return (first[stage] if stage else index, _is_book(item))
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=place)]
+
+
+def note_book_failure(item, call, report) -> bool:
+    """Called for every failed report not explained by the time limit: remember a stage's failed
+    non-book checks, and when a book test gets other numbers after some of them failed, say so in
+    place of its message (its hint would send the student the wrong way). True when done here."""
+    stage = stage_of(item.nodeid)
+    if stage is None:
+        return False
+    failed = failed_checks(item.config).setdefault(stage, [])
+    if not _is_book(item):
+        failed.append(item.name)
+        return False
+    if not failed or call.when != "call" or not call.excinfo.errisinstance(AssertionError):
+        return False  # an error (a stub, a crash) speaks for itself; after passing checks the hint holds
+    numbers = str(call.excinfo.value).splitlines()[0]
+    others = ", ".join(failed[:3]) + (f" and {len(failed) - 3} more" if len(failed) > 3 else "")
+    report.longrepr = (
+        f"{stage}: not the book's numbers: {numbers}\n"
+        f"Fix this stage's other failures first ({others}). This check (no points) builds the module after "
+        "torch.manual_seed and expects the book's printed numbers: that needs a module that computes right "
+        "with given weights, and only then does the order in which it creates its weights matter."
+    )
+    return True
 
 
 # ---------------------------------------------------------------- summary
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Per stage: how many tests pass, and which stage to work on next."""
+    """Per stage: how many tests pass, and which stage to work on next, in what words."""
     counts = defaultdict(lambda: [0, 0])  # stage -> [passed, total]
+    failing = {}  # failing stage -> True while every failure is its own stub's NotImplementedError
     for outcome in ("passed", "failed", "error"):
         for report in terminalreporter.stats.get(outcome, []):
             if getattr(report, "when", "call") != "call" and outcome != "error":
@@ -338,22 +428,60 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             if stage:
                 counts[stage][0] += outcome == "passed"
                 counts[stage][1] += 1
+                if outcome != "passed":
+                    own = _crash_message(report).startswith(f"NotImplementedError: {stage}: ")
+                    failing[stage] = failing.get(stage, True) and own
     if not counts:
         return
+    impl = Path(config.getoption("impl"))
     tr = terminalreporter
     tr.section("attention-kit stages")
-    tr.write_line(f"implementation: {config.getoption('impl')}")
-    todo = None
+    tr.write_line(f"implementation: {impl}")
+    unchecked = {}  # failing stage -> the stages it builds on that this run did not check
     for stage in sorted(counts):
         passed, total = counts[stage]
-        mark = "done" if passed == total else "    "
-        tr.write_line(f"  {mark}  {stage:<28} {passed:>3}/{total:<3} tests pass")
-        if todo is None and passed < total:
-            todo = stage
-    if todo:
-        tr.write_line(
-            f"Next: stage {todo}. Open {todo}.py, fill in its TODOs, then run "
-            f"`pytest tests/test_{todo}.py` (the failures above say what is expected)."
-        )
+        line = f"  {'    ' if stage in failing else 'done'}  {stage:<28} {passed:>3}/{total:<3} tests pass"
+        for earlier in _builds_on(impl, stage) if stage in failing else []:  # its failures may be the earlier one's
+            if earlier in failing:
+                line += f"  (builds on {earlier}: make that pass first)"
+            elif earlier not in counts:
+                line += f"  (builds on {earlier}, not checked in this run)"
+                unchecked.setdefault(stage, []).append(earlier)
+        tr.write_line(line)
+    todo = min(failing, default=None)
+    if todo is None:
+        every = len(counts) == len(STAGE_TEST_FILES)
+        tr.write_line("Every stage passes." if every else
+                      f"Every stage checked passes ({len(counts)} of {len(STAGE_TEST_FILES)}: `pytest` checks all).")
+        return
+    module, command = _shown(impl / f"{todo}.py"), stage_command(todo)
+    for earlier in unchecked.get(todo, []):
+        tr.write_line(f"First: run `{stage_command(earlier)}`: {todo} builds on {earlier}, whose mistakes fail "
+                      f"{todo}'s tests too.")
+    if failing[todo]:  # still a stub
+        tr.write_line(f"Next: stage {todo}: fill in the TODOs of {module},\n"
+                      f"      then run `{command}` (the failures above say what is expected).")
     else:
-        tr.write_line("Every stage passes.")
+        tr.write_line(f"Next: stage {todo}: fix {module},\n"
+                      f"      then run `{command}` (the failures above say what is wrong).")
+
+
+def _crash_message(report) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    return crash.message if crash is not None else str(report.longrepr)
+
+
+def _builds_on(impl: Path, stage) -> list[str]:
+    """The stages whose modules the student's module of ``stage`` imports."""
+    try:
+        return builds_on((impl / f"{stage}.py").read_text(errors="replace"))
+    except OSError:  # missing: its tests say so
+        return []
+
+
+def _shown(path: Path) -> str:
+    """``path`` as the student would type it: relative to the folder pytest runs in, when inside it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

@@ -25,6 +25,12 @@ def marker(stage: str) -> str:
     return stage.split("_", 1)[1]
 
 
+def stage_command(stage: str) -> str:
+    """The command that runs one stage's tests, as the notebook and the summary of a pytest run suggest
+    it: s08_causal_attention -> ``pytest -m causal_attention``."""
+    return f"pytest -m {marker(stage)}"
+
+
 def stage_test_file(stage: str) -> str:
     """The name of the stage's test file: s08_causal_attention -> test_s08_causal_attention.py."""
     return f"test_{stage}.py"
@@ -41,3 +47,21 @@ def module_files(folder) -> list[Path]:
     symbolic link is not one (it could point anywhere), nor is a folder named like a module."""
     return sorted(p for p in Path(folder).iterdir()
                   if p.suffix == ".py" and is_stage_module(p.stem) and p.is_file() and not p.is_symlink())
+
+
+def builds_on(source: str) -> list[str]:
+    """The stage modules that a stage module's ``source`` imports (stage 9's wrapper imports stage 8's
+    ``CausalAttention``: ``["s08_causal_attention"]``), in the order they are imported. A stage is
+    graded with the reference versions of these, so that a mistake costs points on its own stage only."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):  # (ValueError: null bytes) the import fails and says so
+        return []
+    found = []
+    for node in ast.walk(tree):
+        names = ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                 else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        found += [n for n in names if is_stage_module(n) and n not in found]
+    return found

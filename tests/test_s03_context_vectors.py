@@ -7,10 +7,19 @@ import numpy as np
 import pytest
 
 from cases import normal
-from checks import assert_close
+from checks import assert_close, softmax
 
 pytestmark = pytest.mark.context_vectors
 STAGE = "s03_context_vectors"
+AGAIN = "softmax was applied to weights that are already normalised: use attn_weights as they are"
+
+
+def context_mistakes(weights, inputs):
+    """weights: one query's (num_tokens,) or every query's (num_tokens, num_tokens)."""
+    mistakes = {AGAIN: softmax(weights) @ inputs}
+    if weights.ndim == 2:
+        mistakes["attn_weights.T @ inputs: the weights were transposed; row i belongs to query i"] = weights.T @ inputs
+    return mistakes
 
 
 @pytest.mark.public
@@ -18,7 +27,8 @@ def test_journey_context_vector(stage, public_fx):
     assert_close(
         "context_vec_2", stage.context_vector(public_fx.attn_weights_2, public_fx.inputs), public_fx.context_vec_2,
         mistakes={"the inputs were averaged without their weights": public_fx.inputs.mean(axis=0),
-                  "the inputs were summed without their weights": public_fx.inputs.sum(axis=0)},
+                  "the inputs were summed without their weights": public_fx.inputs.sum(axis=0),
+                  **context_mistakes(public_fx.attn_weights_2, public_fx.inputs)},
     )
 
 
@@ -27,21 +37,21 @@ def test_journey_all_context_vectors(stage, public_fx):
     assert_close(
         "all_context_vecs", stage.all_context_vectors(public_fx.attn_weights, public_fx.inputs),
         public_fx.all_context_vecs,
-        mistakes={"attn_weights.T @ inputs: row i of the weights belongs to query i, do not transpose":
-                  public_fx.attn_weights.T @ public_fx.inputs},
+        mistakes=context_mistakes(public_fx.attn_weights, public_fx.inputs),
     )
 
 
 def test_context_vector_for_other_weights(stage, hidden_fx):
     weights, inputs = hidden_fx.attn_weights, hidden_fx.inputs
-    assert_close("context_vec_3", stage.context_vector(weights[3], inputs), hidden_fx.context_vec_3)
+    assert_close("context_vec_3", stage.context_vector(weights[3], inputs), hidden_fx.context_vec_3,
+                 mistakes=context_mistakes(weights[3], inputs))
 
 
 def test_all_context_vectors_for_other_weights(stage, hidden_fx):
     weights, inputs = hidden_fx.attn_weights, hidden_fx.inputs
     assert_close(
         "all_context_vecs", stage.all_context_vectors(weights, inputs), hidden_fx.all_context_vecs,
-        mistakes={"attn_weights.T @ inputs: the weights were transposed": weights.T @ inputs},
+        mistakes=context_mistakes(weights, inputs),
     )
 
 
@@ -52,6 +62,6 @@ def test_random_cases(stage, reference, rng):
     weights = rng.dirichlet(np.ones(t), size=t).astype(np.float32)
     i = rng.integers(t)
     assert_close(f"context vector of token {i}", stage.context_vector(weights[i], inputs),
-                 ref.context_vector(weights[i], inputs))
+                 ref.context_vector(weights[i], inputs), mistakes=context_mistakes(weights[i], inputs))
     assert_close("all context vectors", stage.all_context_vectors(weights, inputs),
-                 ref.all_context_vectors(weights, inputs))
+                 ref.all_context_vectors(weights, inputs), mistakes=context_mistakes(weights, inputs))

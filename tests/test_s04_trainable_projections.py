@@ -22,6 +22,14 @@ def scaling_mistakes(scores, d_k):
     }
 
 
+def context_mistakes(weights, inputs, values):
+    return {
+        "the weights mixed the inputs; they must mix the values": weights @ inputs,
+        "softmax was applied to weights that are already normalised: use attn_weights as they are":
+            softmax(weights) @ values,
+    }
+
+
 def check_projections(stage, fx, name):
     assert_close(f"query ({name})", stage.project(fx.x_query, fx.W_query), fx.query)
     assert_close(f"keys ({name})", stage.project(fx.inputs, fx.W_key), fx.keys)
@@ -41,7 +49,7 @@ def check_weights(stage, fx, name):
 def check_context(stage, fx, name):
     assert_close(
         f"context_vec ({name})", stage.context_for_query(fx.attn_weights, fx.values), fx.context_vec,
-        mistakes={"the weights mixed the inputs; they must mix the values": fx.attn_weights @ fx.inputs},
+        mistakes=context_mistakes(fx.attn_weights, fx.inputs, fx.values),
     )
 
 
@@ -73,4 +81,5 @@ def test_random_cases(stage, reference, rng):
     weights = ref.scaled_weights(scores, int(d_out))
     assert_close("attn_weights", stage.scaled_weights(scores, int(d_out)), weights,
                  mistakes=scaling_mistakes(scores, int(d_out)))
-    assert_close("context_vec", stage.context_for_query(weights, values), ref.context_for_query(weights, values))
+    assert_close("context_vec", stage.context_for_query(weights, values), ref.context_for_query(weights, values),
+                 mistakes=context_mistakes(weights, inputs, values))

@@ -9,21 +9,36 @@ import numpy as np
 import pytest
 
 from cases import draw_weights, normal
-from checks import assert_close, softmax
+from checks import assert_close, linear, softmax
 
 pytestmark = pytest.mark.self_attention
 STAGE = "s05_self_attention"
 NAMES = ("W_query", "W_key", "W_value")
 
 
-def v1_mistakes(x, w):
-    q, k, v = x @ w["W_query"], x @ w["W_key"], x @ w["W_value"]
+def attention_mistakes(q, k, v):
+    """What typical mistakes make of self-attention with these queries, keys and values."""
     d_k = k.shape[-1]
     return {
         "the scores were not scaled by 1 / sqrt(d_k)": softmax(q @ k.T) @ v,
+        "the scores were multiplied by sqrt(d_k); divide by it": softmax(q @ k.T * np.sqrt(d_k)) @ v,
         "softmax over dim 0 instead of the last dim": softmax(q @ k.T / np.sqrt(d_k), axis=0) @ v,
         "keys @ queries.T: the scores are transposed (row i must be query i)": softmax(k @ q.T / np.sqrt(d_k)) @ v,
+        "softmax was applied twice: the weights were already normalised": softmax(softmax(q @ k.T / np.sqrt(d_k))) @ v,
     }
+
+
+def v1_mistakes(x, w):
+    """w: SelfAttention_v1's (d_in, d_out) matrices."""
+    return attention_mistakes(x @ w["W_query"], x @ w["W_key"], x @ w["W_value"])
+
+
+def v2_mistakes(x, w):
+    """w: SelfAttention_v2's state_dict (nn.Linear weights, biases if any)."""
+    return attention_mistakes(*(linear(x, w, n) for n in NAMES))
+
+
+MISTAKES = {"SelfAttention_v1": v1_mistakes, "SelfAttention_v2": v2_mistakes}
 
 
 def as_v1(v2_weights):
@@ -42,8 +57,7 @@ def test_v1_with_the_books_weights(stage, public_fx):
 def test_v2_with_the_books_weights(stage, public_fx):
     w = public_fx.sub("v2/weights/")
     out = stage.forward("SelfAttention_v2", dict(d_in=3, d_out=2), public_fx.inputs, w)
-    assert_close("SelfAttention_v2(inputs)", out, public_fx["v2/output"],
-                 mistakes=v1_mistakes(public_fx.inputs, as_v1(w)))
+    assert_close("SelfAttention_v2(inputs)", out, public_fx["v2/output"], mistakes=v2_mistakes(public_fx.inputs, w))
 
 
 @pytest.mark.public
@@ -99,7 +113,7 @@ def test_v1_other_sizes(stage, hidden_fx):
 def test_v2_other_sizes_with_bias(stage, hidden_fx):
     w = hidden_fx.sub("v2/weights/")
     out = stage.forward("SelfAttention_v2", dict(d_in=5, d_out=3, qkv_bias=True), hidden_fx.inputs, w)
-    assert_close("SelfAttention_v2(x)", out, hidden_fx["v2/output"])
+    assert_close("SelfAttention_v2(x)", out, hidden_fx["v2/output"], mistakes=v2_mistakes(hidden_fx.inputs, w))
 
 
 def test_transfer_other_sizes(stage, hidden_fx):
@@ -118,4 +132,5 @@ def test_random_cases(stage, reference, rng, cls):
         init["qkv_bias"] = bool(rng.integers(2))
     x = normal(rng, rng.integers(1, 10), d_in)
     weights = draw_weights(rng, ref, cls, init)
-    assert_close(f"{cls}({init})(x)", stage.forward(cls, init, x, weights), ref.forward(cls, init, x, weights))
+    assert_close(f"{cls}({init})(x)", stage.forward(cls, init, x, weights), ref.forward(cls, init, x, weights),
+                 mistakes=MISTAKES[cls](x, weights))

@@ -31,15 +31,31 @@ def mask_mistakes(scores, d_k):
         "softmax over the wrong dimension (dim=1 of a batch is the query axis; use dim=-1)":
             softmax(causal(scaled), axis=-2),
         "the scores were not scaled by 1 / sqrt(d_k) before the softmax": softmax(causal(scores)),
+        "the scores were multiplied by sqrt(d_k); divide by it": softmax(causal(scores * np.sqrt(d_k))),
+    }
+
+
+def simple_mistakes(weights):
+    """What typical mistakes make of the simple mask on already-normalised weights (..., T, T)."""
+    t = weights.shape[-1]
+    lower = np.tril(np.ones((t, t), np.float32))
+    again = "softmax was applied to weights that are already normalised: mask them, then divide each row by its sum"
+
+    def renormalised(w):
+        return w / w.sum(axis=-1, keepdims=True)
+
+    return {
+        "the rows were not renormalised after masking": weights * lower,
+        again: renormalised(softmax(weights) * lower),
+        again + " (a softmax of the masked weights gives their zeros weight exp(0) > 0)": softmax(weights * lower),
+        again + " (a softmax of the weights masked with -inf)": softmax(np.where(lower > 0, weights, -np.inf)),
     }
 
 
 @pytest.mark.public
 def test_simple_mask_on_the_journey_weights(stage, public_fx):
     out = stage.causal_weights_simple(public_fx.attn_weights)
-    assert_close("masked_simple_norm", out, public_fx.masked_weights,
-                 mistakes={"the rows were not renormalised after masking": public_fx.attn_weights
-                           * np.tril(np.ones((6, 6), np.float32))})
+    assert_close("masked_simple_norm", out, public_fx.masked_weights, mistakes=simple_mistakes(public_fx.attn_weights))
 
 
 @pytest.mark.public
@@ -65,7 +81,8 @@ def test_efficient_mask_on_a_batch(stage, hidden_fx):
 
 def test_simple_mask_on_a_batch(stage, hidden_fx):
     out = stage.causal_weights_simple(hidden_fx.attn_weights)
-    assert_close("masked weights (batch of 3)", out, hidden_fx.masked_weights)
+    assert_close("masked weights (batch of 3)", out, hidden_fx.masked_weights,
+                 mistakes=simple_mistakes(hidden_fx.attn_weights))
 
 
 @pytest.mark.parametrize("form", ["simple", "efficient"])
@@ -99,4 +116,5 @@ def test_random_cases(stage, reference, rng):
     assert_close(f"efficient mask ({t} tokens, d_k={d_k})", stage.causal_weights_efficient(scores, d_k), expected,
                  mistakes=mask_mistakes(scores, d_k))
     weights = softmax(scores / np.sqrt(d_k))
-    assert_close(f"simple mask ({t} tokens)", stage.causal_weights_simple(weights), expected, rtol=1e-4, atol=1e-5)
+    assert_close(f"simple mask ({t} tokens)", stage.causal_weights_simple(weights), expected, rtol=1e-4, atol=1e-5,
+                 mistakes=simple_mistakes(weights))

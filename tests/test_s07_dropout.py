@@ -8,26 +8,11 @@ exactly 1 / (1 - p); in eval mode (or with p = 0) the input comes back unchanged
 import numpy as np
 import pytest
 
-from checks import assert_close
+from checks import assert_close, check_dropout
 
 pytestmark = pytest.mark.dropout
 STAGE = "s07_dropout"
 ONES = np.ones((200, 200), np.float32)  # 40,000 draws: the kept fraction is within ±0.01 of 1-p
-
-
-def check_dropout_properties(out, x, p, name):
-    assert out.shape == x.shape, f"{name}: shape {out.shape}, expected {x.shape}"
-    kept = out != 0
-    fraction = kept.mean()
-    assert abs(fraction - (1 - p)) < 0.02, (
-        f"{name}: {fraction:.3f} of the elements were kept, expected about {1 - p:.2f} for p={p}. "
-        "p is the probability of DROPPING an element."
-    )
-    ratio = out[kept] / x[kept]
-    assert_close(f"{name}: kept values / input", ratio, np.full(ratio.shape, 1 / (1 - p), np.float32),
-                 mistakes={"the kept values were not rescaled by 1 / (1 - p)": np.ones(ratio.shape, np.float32),
-                           "the kept values were multiplied by (1 - p) instead of divided":
-                               np.full(ratio.shape, 1 - p, np.float32)})
 
 
 @pytest.mark.public
@@ -41,13 +26,13 @@ def test_eval_mode_returns_the_weights_unchanged(stage):
 @pytest.mark.public
 @pytest.mark.parametrize("p", [0.5, 0.2])
 def test_training_mode_drops_a_fraction_p_and_rescales(stage, p):
-    check_dropout_properties(stage.attention_dropout(ONES, p, training=True, seed=123), ONES, p, "attention_dropout")
+    check_dropout(stage.attention_dropout(ONES, p, training=True, seed=123), ONES, p, "attention_dropout")
 
 
 @pytest.mark.parametrize("p", [0.5, 0.1])
 def test_dropout_by_hand_drops_a_fraction_p_and_rescales(stage, p):
     x = np.random.default_rng(1).uniform(0.5, 2.0, size=ONES.shape).astype(np.float32)
-    check_dropout_properties(stage.dropout_by_hand(x, p, seed=7), x, p, "dropout_by_hand")
+    check_dropout(stage.dropout_by_hand(x, p, seed=7), x, p, "dropout_by_hand")
 
 
 def test_p_zero_keeps_everything(stage):
@@ -80,7 +65,7 @@ def test_masks_differ_between_calls(stage):
 
 def test_random_rates(stage, rng):
     p = float(rng.uniform(0.05, 0.8))
-    check_dropout_properties(stage.attention_dropout(ONES, p, training=True, seed=int(rng.integers(2**31))),
-                             ONES, p, f"attention_dropout(p={p:.3f})")
-    check_dropout_properties(stage.dropout_by_hand(ONES, p, seed=int(rng.integers(2**31))),
-                             ONES, p, f"dropout_by_hand(p={p:.3f})")
+    check_dropout(stage.attention_dropout(ONES, p, training=True, seed=int(rng.integers(2**31))),
+                  ONES, p, f"attention_dropout(p={p:.3f})")
+    check_dropout(stage.dropout_by_hand(ONES, p, seed=int(rng.integers(2**31))),
+                  ONES, p, f"dropout_by_hand(p={p:.3f})")

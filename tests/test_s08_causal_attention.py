@@ -12,8 +12,15 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import module_case, qkv_shapes, random_weights
-from checks import assert_close, check_causal_mask, multihead_mistakes, parameter_count
+from cases import exposed_weights, exposing_case, module_case, qkv_shapes, random_weights
+from checks import (
+    assert_close,
+    check_causal_mask,
+    check_module_dropout,
+    check_sizes_from_arguments,
+    parameter_count,
+    single_head_mistakes,
+)
 
 pytestmark = pytest.mark.causal_attention
 STAGE = "s08_causal_attention"
@@ -31,7 +38,7 @@ def random_case(seed, b, t, d_in, d_out, context_length):
 def test_book_weights_on_the_batch_of_two(stage, public_fx):
     out = stage.forward(CLS, public_fx.init(), public_fx.x, public_fx.sub("weights/"))
     assert_close("context_vecs", out, public_fx.output,
-                 mistakes=lambda: multihead_mistakes(public_fx.x, public_fx.sub("weights/"), 1, out_proj=False))
+                 mistakes=lambda: single_head_mistakes(public_fx.x, public_fx.sub("weights/")))
 
 
 @pytest.mark.public
@@ -51,7 +58,7 @@ def test_other_sizes(stage, hidden_fx, case):
     x, weights = hidden_fx[f"{case}/x"], hidden_fx.sub(f"{case}/weights/")
     out = stage.forward(CLS, hidden_fx.init(f"{case}/"), x, weights)
     assert_close("context_vecs", out, hidden_fx[f"{case}/output"],
-                 mistakes=lambda: multihead_mistakes(x, weights, 1, out_proj=False))
+                 mistakes=lambda: single_head_mistakes(x, weights))
 
 
 @pytest.mark.parametrize("num_tokens", [1, 3, 8])
@@ -60,6 +67,7 @@ def test_any_length_up_to_context_length(stage, reference, num_tokens):
     expected = reference.stage(STAGE).forward(CLS, init, x, weights)
     out = stage.forward(CLS, init, x, weights)
     assert_close(f"context_vecs for {num_tokens} of 8 tokens", out, expected,
+                 mistakes=partial(single_head_mistakes, x, weights),
                  hint="Cut the mask to the actual length: self.mask.bool()[:num_tokens, :num_tokens].")
 
 
@@ -90,17 +98,18 @@ def test_dropout_layer_uses_the_given_rate(stage):
     )
 
 
-def test_dropout_acts_in_training_mode_only(stage):
-    init, x, weights = random_case(5, b=2, t=6, d_in=4, d_out=3, context_length=6)
-    plain = stage.forward(CLS, init, x, weights)
-    init = dict(init, dropout=0.5)
-    assert_close("eval-mode output with dropout=0.5", stage.forward(CLS, init, x, weights), plain,
-                 hint="In eval mode dropout must do nothing.")
-    trained = stage.forward(CLS, init, x, weights, train=True, seed=0)
-    assert not np.allclose(trained, plain), (
-        "in training mode with dropout=0.5 the output equals the eval output: apply self.dropout "
-        "to the attention weights in forward"
-    )
+def test_dropout_acts_on_the_weights_in_training_mode_only(stage, device):
+    """With values that are the one-hot inputs the output is the attention weights: dropout=0.5 drops
+    about half of them and doubles the rest in training mode, and changes nothing in eval mode."""
+    init, x, weights = exposing_case(np.random.default_rng(8), num_heads=1, num_tokens=8, batch=64)
+    del init["num_heads"]
+    weights = {k: v for k, v in weights.items() if k.startswith("W_")}
+    check_module_dropout(stage, CLS, init, x, weights, 0.5, exposed_weights(init, x, weights), device)
+
+
+def test_sizes_come_from_the_constructor(stage):
+    init = dict(d_in=7, d_out=5, context_length=11, dropout=0.0)  # without biases: their own check
+    check_sizes_from_arguments(stage.inspect(CLS, init), init, 3 * 7 * 5, CLS)
 
 
 def test_output_of_a_token_ignores_later_tokens(stage):
@@ -119,4 +128,4 @@ def test_random_cases(stage, reference, rng):
         init, x, weights = module_case(rng, reference.stage(STAGE), CLS)
         assert_close(f"CausalAttention({init}) on x {x.shape}", stage.forward(CLS, init, x, weights),
                      reference.stage(STAGE).forward(CLS, init, x, weights),
-                     mistakes=partial(multihead_mistakes, x, weights, 1, out_proj=False))
+                     mistakes=partial(single_head_mistakes, x, weights))

@@ -13,8 +13,15 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import mha_shapes, module_case, normal, random_weights
-from checks import assert_close, check_causal_mask, multihead_mistakes, parameter_count
+from cases import exposed_weights, exposing_case, mha_shapes, module_case, normal, random_weights
+from checks import (
+    assert_close,
+    check_causal_mask,
+    check_module_dropout,
+    check_sizes_from_arguments,
+    multihead_mistakes,
+    parameter_count,
+)
 
 pytestmark = pytest.mark.multihead_attention
 STAGE = "s10_multihead_attention"
@@ -101,14 +108,16 @@ def test_head_counts_and_lengths(stage, reference, num_heads, num_tokens):
                  expected, mistakes=lambda: multihead_mistakes(x, weights, num_heads))
 
 
-def test_dropout_acts_in_training_mode_only(stage):
-    init, x, weights = mha_case(4, b=2, t=6, d_in=4, d_out=4, context_length=6, num_heads=2, qkv_bias=False)
-    plain = stage.forward(CLS, init, x, weights)
-    init = dict(init, dropout=0.5)
-    assert_close("eval-mode output with dropout=0.5", stage.forward(CLS, init, x, weights), plain)
-    assert not np.allclose(stage.forward(CLS, init, x, weights, train=True, seed=0), plain), (
-        "training mode with dropout=0.5 changed nothing: apply self.dropout to the attention weights"
-    )
+def test_dropout_acts_on_the_weights_in_training_mode_only(stage, device):
+    """Every head's values are the one-hot inputs and out_proj is the identity, so the output is the
+    heads' attention weights: dropout=0.5 drops about half and doubles the rest in training mode only."""
+    init, x, weights = exposing_case(np.random.default_rng(10), num_heads=2, num_tokens=8, batch=32)
+    check_module_dropout(stage, CLS, init, x, weights, 0.5, exposed_weights(init, x, weights), device)
+
+
+def test_sizes_come_from_the_constructor(stage):
+    init = dict(d_in=7, d_out=9, context_length=11, dropout=0.0, num_heads=3)  # qkv_bias: its own check
+    check_sizes_from_arguments(stage.inspect(CLS, init), init, 3 * 7 * 9 + 9 * 9 + 9, CLS)
 
 
 def test_output_of_a_token_ignores_later_tokens(stage):

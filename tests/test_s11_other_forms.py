@@ -9,12 +9,13 @@ Head(d_in, head_dim, context_length, dropout, qkv_bias) takes every size from
 its arguments.
 """
 import itertools
+from functools import partial
 
 import numpy as np
 import pytest
 
-from cases import module_case, qkv_shapes, random_weights
-from checks import assert_close, multihead_mistakes
+from cases import exposed_weights, exposing_case, mha_shapes, module_case, qkv_shapes, random_weights
+from checks import assert_close, check_module_dropout, check_sizes_from_arguments, multihead_mistakes
 
 pytestmark = pytest.mark.other_forms
 STAGE = "s11_other_forms"
@@ -93,9 +94,10 @@ def test_same_output_as_multihead_attention(stage, hidden_fx, cls, case, device)
 @pytest.mark.parametrize("cls", FORMS)
 def test_own_mapping_and_own_class_reproduce_multihead_attention(stage, hidden_fx, cls):
     init, x = hidden_fx.init("case0/"), hidden_fx["case0/x"]
-    weights = mapping(stage, cls, hidden_fx.sub("case0/mha/weights/"), init["num_heads"])
+    mha = hidden_fx.sub("case0/mha/weights/")
+    weights = mapping(stage, cls, mha, init["num_heads"])
     assert_close(f"{cls} output with your mapped weights", stage.forward(cls, init, x, weights),
-                 hidden_fx["case0/output"])
+                 hidden_fx["case0/output"], mistakes=lambda: multihead_mistakes(x, mha, init["num_heads"]))
 
 
 @pytest.mark.hint("take every size from the constructor arguments (d_in, head_dim, context_length), never from globals")
@@ -128,8 +130,51 @@ def test_random_cases(stage, reference, rng, cls, device):
     init, x, weights = module_case(rng, mha, "MultiHeadAttention", heads=True, head_dim=True)
     expected = mha.forward("MultiHeadAttention", init, x, weights)
     mapped = mapping(reference.stage(STAGE), cls, weights, init["num_heads"])
-    assert_close(f"{cls}({init}) on x {x.shape}", stage.forward(cls, init, x, mapped, device=device), expected)
+    assert_close(f"{cls}({init}) on x {x.shape}", stage.forward(cls, init, x, mapped, device=device), expected,
+                 mistakes=lambda: multihead_mistakes(x, weights, init["num_heads"]))
     mine = mapping(stage, cls, weights, init["num_heads"])
     assert sorted(mine) == sorted(mapped), f"{FORMS[cls][0]} keys: expected {sorted(mapped)}, got {sorted(mine)}"
     for key in mapped:
         assert_close(f"{FORMS[cls][0]}(...)[{key!r}]", mine[key], mapped[key])
+
+
+@pytest.mark.parametrize("cls", FORMS)
+def test_dropout_acts_on_the_weights_in_training_mode_only(stage, reference, cls, device):
+    """Every head's values are the one-hot inputs and out_proj is the identity, so the output is the
+    heads' attention weights: dropout=0.5 drops about half and doubles the rest in training mode only."""
+    init, x, weights = exposing_case(np.random.default_rng(12), num_heads=2, num_tokens=8, batch=32)
+    mapped = mapping(reference.stage(STAGE), cls, weights, init["num_heads"])
+    check_module_dropout(stage, cls, init, x, mapped, 0.5, exposed_weights(init, x, weights), device)
+
+
+WIDTH = ("the output has width d_out even when the input's width d_in differs: take it from the constructor "
+         "(self.d_out), never from x's last size")
+
+
+@pytest.mark.hint(WIDTH)
+@pytest.mark.parametrize("cls", FORMS)
+def test_output_width_is_d_out_when_d_in_differs(stage, reference, cls, device):
+    mha = reference.stage("s10_multihead_attention")
+    for d_in in (8, 5):  # d_in == d_out first: a width taken from x passes that one, not the next
+        r = np.random.default_rng(d_in)
+        init = dict(d_in=d_in, d_out=8, context_length=6, dropout=0.0, num_heads=2, qkv_bias=True)
+        x, weights = r.normal(size=(2, 6, d_in)).astype(np.float32), random_weights(r, mha_shapes(d_in, 8, True))
+        mapped = mapping(reference.stage(STAGE), cls, weights, init["num_heads"])
+        assert_close(f"{cls}(d_in={d_in}, d_out=8) output", stage.forward(cls, init, x, mapped, device=device),
+                     mha.forward("MultiHeadAttention", init, x, weights),
+                     mistakes=partial(multihead_mistakes, x, weights, 2), hint=WIDTH)
+
+
+SIZES = {  # unlike the book's, so that a size read from a global shows; qkv_bias=False (biases: other checks)
+    "MultiHeadAttentionCombinedQKV": (dict(d_in=7, d_out=9, context_length=11, dropout=0.0, num_heads=3),
+                                      7 * 27 + 9 * 9 + 9),
+    "MultiHeadAttentionPerHead": (dict(d_in=7, d_out=9, context_length=11, dropout=0.0, num_heads=3),
+                                  3 * 7 * 9 + 9 * 9 + 9),
+    "Head": (dict(d_in=7, head_dim=4, context_length=11, dropout=0.0), 3 * 7 * 4),
+}
+
+
+@pytest.mark.parametrize("cls", SIZES)
+def test_sizes_come_from_the_constructor(stage, cls):
+    init, count = SIZES[cls]
+    check_sizes_from_arguments(stage.inspect(cls, init), init, count, cls)
