@@ -10,6 +10,8 @@ write to a root-owned file).
 Each controller is taken from whichever hierarchy has it, cgroup v2 (unified) or v1:
 
 - CPU time: v2 ``cpu.stat`` (every v2 cgroup has it), else v1 ``cpuacct.usage``;
+- time spent waiting for a processor: v2 ``cpu.pressure`` (where the kernel has pressure stall
+  information), so that waiting limits do not charge a loaded machine's delays to the learner;
 - memory: v2 ``memory.max`` or v1 ``memory.limit_in_bytes`` (the box's processes together);
 - processes: v2 or v1 ``pids.max``;
 - a fair share of the processors for the box as a whole: being a cgroup of its own (v2 ``cpu``
@@ -63,6 +65,7 @@ class BoxGroup:
     def __init__(self, folders: dict[str, Path]):
         self.folders = folders  # role -> folder: "cpu" (CPU time), "memory", "pids", "share"
         self._usage = None  # the open CPU-time file (read often: kept open, read with pread)
+        self._pressure = None  # the open cpu.pressure file; -1 where there is none
 
     @classmethod
     def create(cls, memory_bytes: int, processes: int) -> BoxGroup | None:
@@ -126,11 +129,31 @@ class BoxGroup:
         except (OSError, ValueError, IndexError, KeyError):
             return None
 
+    def stalled_seconds(self) -> float | None:
+        """How long the box's processes were ready to run but waited for a processor (v2
+        ``cpu.pressure``, its "some" total): the machine's load, not the learner's doing. None where
+        the kernel does not report it (v1, or no pressure stall information)."""
+        try:
+            if self._pressure is None:
+                try:
+                    self._pressure = os.open(self.folders["cpu"] / "cpu.pressure", os.O_RDONLY)
+                except OSError:
+                    self._pressure = -1
+            if self._pressure < 0:
+                return None
+            text = os.pread(self._pressure, 4096, 0).decode()  # "some avg10=... total=<microseconds>\n..."
+            return int(text.split("total=", 1)[1].split(None, 1)[0]) / 1e6
+        except (OSError, ValueError, IndexError, KeyError):
+            return None
+
     def remove(self):
         """Remove the cgroups once their processes are gone (the box is killed first)."""
         if self._usage is not None:
             os.close(self._usage[1])
             self._usage = None
+        if self._pressure is not None and self._pressure >= 0:
+            os.close(self._pressure)
+        self._pressure = None
         for folder in set(self.folders.values()):
             for _ in range(50):
                 try:

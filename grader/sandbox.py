@@ -32,11 +32,14 @@ weaker than the README promises):
 ``plain``       neither: a child process with resource limits, and no isolation at all
 
 Time (``Limits``): one check may use ``check_seconds`` of CPU time in the box (all its
-processes), a whole submission ``budget``; wall-clock limits of WALL_FACTOR times those only
-stop code that waits or sleeps. A box's start-up is never counted, and the machine's load
-changes no CPU time. Other limits: address space (RLIMIT_AS), processes (RLIMIT_NPROC of the
-box's uid), the box's tmpfs and the files it writes (RLIMIT_FSIZE), captured output (drained
-by a thread, the first ``output_bytes`` kept), the size of an answer.
+processes), a whole submission ``budget``; limits of WALL_FACTOR times those on waiting only
+stop code that waits or sleeps. Waiting is wall-clock time less the time the box's processes
+were ready to run but waited for a processor (its cgroup's pressure stall count, where the
+kernel keeps one): a loaded machine's delays are not the learner's. A box's start-up is never
+counted, and the machine's load changes no CPU time. Other limits: address space (RLIMIT_AS),
+processes (RLIMIT_NPROC of the box's uid), the box's tmpfs and the files it writes
+(RLIMIT_FSIZE), captured output (drained by a thread, the first ``output_bytes`` kept), the size
+of an answer.
 """
 from __future__ import annotations
 
@@ -76,7 +79,10 @@ TEST_TIMEOUT = 10.0  # CPU seconds one check may use, unless a course or a run s
 MAX_HEADER_BYTES = 1 << 20  # an answer's JSON (arrays travel as blobs beside it)
 MESSAGE_CHARS = 4000  # of an error message or traceback from a box, kept
 UID_RANGE = (1_500_000_000, 2_100_000_000)  # fresh uids for boxes (no real user lives there)
-WALL_FACTOR = 5  # wall-clock limits are this many times the CPU limits
+WALL_FACTOR = 5  # limits on waiting (wall-clock time less the time spent waiting for a processor) are this
+# many times the CPU limits
+LOAD_FACTOR = 4  # an operation is stopped after this many times its waiting limit of wall-clock time, whatever
+# the load (a backstop: a box whose processes always seem to wait for a processor)
 BUDGET_CHECKS = 12  # the default budget of a submission: this many checks at their limit
 START_SECONDS = 180.0  # a template must be ready within this (importing torch on a loaded machine)
 BOX_SECONDS = 30.0  # a box must be ready, or gone, within this
@@ -368,7 +374,16 @@ class _Box:
     init: int | None = None  # pid of the box's first process (for its CPU time), None if unknown
     group: BoxGroup | None = None  # its cgroup (the CPU time of all its processes), if one could be made
     last_cpu: float = 0.0  # the CPU time last read (what a box that died before its count had used)
+    last_stalled: float = 0.0  # the time waiting for a processor last read
     fresh: bool = True  # no learner code has run in it yet
+
+    def stalled(self) -> float:
+        """Seconds the box's processes were ready to run but waited for a processor (its cgroup's
+        pressure stall count), 0 where the kernel does not say."""
+        seconds = self.group.stalled_seconds() if self.group is not None else None
+        if seconds is not None:
+            self.last_stalled = max(self.last_stalled, seconds)
+        return self.last_stalled
 
     def cpu(self) -> float:
         """CPU seconds the box has used: its cgroup's count, else what /proc shows of its processes."""
@@ -694,6 +709,18 @@ def _first_message(box: _Box, deadline) -> dict:
         return {"kind": "failed", "message": type(exc).__name__.strip("_")}
 
 
+class _Waiting:
+    """The time an operation on ``box`` has waited so far: wall-clock seconds since it began, less
+    the time the box's processes were ready to run but waited for a processor. On a loaded machine
+    a working box waits for a processor; that is the machine's load, not the learner's time."""
+
+    def __init__(self, box: _Box):
+        self.box, self.started, self.stalled = box, time.monotonic(), box.stalled()
+
+    def __call__(self) -> float:
+        return time.monotonic() - self.started - (self.box.stalled() - self.stalled)
+
+
 class _OutOfTime(Exception):
     def __init__(self, what):
         super().__init__(what)
@@ -838,14 +865,14 @@ class IsolatedBackend:
         if self._check_cpu >= self.limits.budget or self._wall >= self.limits.budget_wall:
             self._exhausted = True
 
-    def _charger(self, started, closing=False):
-        """The function that ends an operation begun at ``started`` once a time limit is reached: the
-        check's own limits and the submission's budget; ``closing`` (a stage's end, no check's
-        time): the budget and CLOSE_SECONDS."""
+    def _charger(self, waited: _Waiting, closing=False):
+        """The function that ends an operation once a time limit is reached (``waited``: its waiting
+        so far): the check's own limits and the submission's budget; ``closing`` (a stage's end, no
+        check's time): the budget and CLOSE_SECONDS."""
         limits, cpu_at_start = self.limits, self.cpu_used() if closing else self._check_cpu
 
         def charge():
-            wall = time.monotonic() - started
+            wall = waited()
             cpu = self.cpu_used()
             if cpu >= limits.budget or self._wall + wall >= limits.budget_wall:
                 raise _OutOfTime("budget")
@@ -866,7 +893,7 @@ class IsolatedBackend:
                     f"{limits.budget_wall:g} s of waiting, for all its checks together); this check and the "
                     "remaining ones were not run")
         if what == "wall":
-            return (f"{module}: time limit of {limits.check_wall:g} s (wall clock) exceeded while the code "
+            return (f"{module}: time limit of {limits.check_wall:g} s (wall clock, waiting) exceeded while the code "
                     "was waiting or sleeping (time.sleep, input(), a lock?)")
         return (f"{module}: time limit of {limits.check_seconds:g} s of CPU time for one check exceeded — an "
                 "infinite loop? (or very slow code: keep the work in vectorized torch operations)")
@@ -886,7 +913,7 @@ class IsolatedBackend:
                 self._begin_check()
             if self._exhausted:
                 raise a.SubmissionError(self._time_message(module, "budget"))
-            box = started = None
+            box = waited = None
             try:
                 if self._box is None or self._module != module:
                     before = self.cpu_used()
@@ -896,9 +923,9 @@ class IsolatedBackend:
                 else:
                     box = self._box
                 box.capture.reset()
-                started = time.monotonic()
-                charge = self._charger(started)
-                deadline = started + self.limits.check_wall + 1
+                waited = _Waiting(box)
+                charge = self._charger(waited)
+                deadline = waited.started + LOAD_FACTOR * self.limits.check_wall + 1
                 token = secrets.token_hex(8)  # this operation's: a reply sent ahead answers nothing
                 _send(box, pack({"cmd": "op", "op": op, "kwargs": value, "token": token}, blobs), deadline, charge)
                 while True:
@@ -926,8 +953,8 @@ class IsolatedBackend:
                 self._end_box()  # e.g. interrupted: the box is in an unknown state
                 raise
             finally:
-                if started is not None:
-                    elapsed = time.monotonic() - started
+                if waited is not None:
+                    elapsed = waited()
                     self._wall += elapsed
                     self._check_wall += elapsed
                     self.stats["wall_seconds"] = round(self._wall, 3)
@@ -1014,10 +1041,10 @@ class IsolatedBackend:
         """End the current stage: its worker then stays for the next ("parked") or leaves. False if
         the box misbehaved (no answer in time, garbage, gone)."""
         box, token = self._box, self._token
-        started = time.monotonic()
-        charge = self._charger(started, closing=True)
+        waited = _Waiting(box)
+        charge = self._charger(waited, closing=True)
         try:
-            deadline = started + WALL_FACTOR * CLOSE_SECONDS
+            deadline = waited.started + LOAD_FACTOR * WALL_FACTOR * CLOSE_SECONDS
             _send(box, pack({"cmd": "close", "token": token}), deadline, charge)
             while True:
                 header, _ = _receive(box, deadline, charge, 0)
@@ -1029,7 +1056,7 @@ class IsolatedBackend:
                 self._exhausted = True
             return False
         finally:
-            self._wall += time.monotonic() - started
+            self._wall += waited()
         if kind != "parked":
             self._worker = None  # the box forks a fresh one for the next stage
         if kind == "leaving":
@@ -1053,11 +1080,11 @@ class IsolatedBackend:
         token = secrets.token_hex(8)
         provided = self.provided.get(module, {})
         self._held.update(provided)
-        started = time.monotonic()
+        waited = _Waiting(self._box)
         try:
             # (a request this small, a few kB, waits for nothing but a pipe jammed on purpose)
             _send(self._box, pack({"cmd": "open", "module": module, "token": token, "provided": provided}),
-                  started + CLOSE_SECONDS, self._charger(started, closing=True))
+                  waited.started + CLOSE_SECONDS, self._charger(waited, closing=True))
         except _OutOfTime as exc:
             if exc.what == "budget":
                 raise
@@ -1065,7 +1092,7 @@ class IsolatedBackend:
         except _BoxGone:
             return False
         finally:
-            self._wall += time.monotonic() - started
+            self._wall += waited()
         self._box.fresh = False
         self._token, self._module = token, module
         self.stats["stages"] += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -272,7 +273,7 @@ def test_code_that_waits_hits_the_wall_clock_limit(hostile_root, sandbox):
     with IsolatedBackend(hostile_root, limits, sandbox=sandbox) as backend:
         started = time.monotonic()
         with pytest.raises(SubmissionError,
-                           match=r"time limit of 1.5 s \(wall clock\) exceeded while the code was waiting"):
+                           match=r"time limit of 1.5 s \(wall clock, waiting\) exceeded while the code was waiting"):
             call(backend, "nap")
         assert time.monotonic() - started < 1.5 + 1.0
         good_call_works(backend)
@@ -749,6 +750,43 @@ def test_another_box_s_hidden_load_fails_no_honest_check(hostile_root, sandbox, 
             call(attacker, "hog_in_background", 8, 6)
             honest.start_check()
             call(honest, "burn", 0.5)  # 0.5 s of CPU time: 2.5 s of wall clock on an idle core
+
+
+def test_a_busy_machine_s_delays_are_not_the_learner_s_waiting(hostile_root, sandbox):
+    """Sixteen boxes compute at once, each for 0.3 s of CPU time, on this machine's cores: each box (a
+    cgroup with one share of the processors) gets a fraction of a core, so its check takes longer in
+    wall-clock time than its limit on waiting (5 x 0.4 s). The time a box spent ready to run but
+    waiting for a processor is the machine's load, not waiting by the learner's code: every check passes."""
+    if not Path("/proc/pressure/cpu").exists():
+        pytest.skip("this kernel keeps no pressure stall information: waiting is plain wall-clock time here")
+    limits, count = Limits(check_seconds=0.4), 16
+    backends = [IsolatedBackend(hostile_root, limits, sandbox=sandbox) for _ in range(count)]
+    try:
+        for backend in backends:
+            good_call_works(backend)  # every box is up before they all compute
+        took, errors = [0.0] * count, []
+        start = threading.Barrier(count)
+
+        def check(i):
+            start.wait()
+            backends[i].start_check()
+            began = time.monotonic()
+            try:
+                call(backends[i], "burn", 0.3)
+            except SubmissionError as exc:
+                errors.append(str(exc))
+            took[i] = time.monotonic() - began
+
+        threads = [threading.Thread(target=check, args=(i,)) for i in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for backend in backends:
+            backend.close()
+    assert not errors, errors[:2]
+    assert max(took) > limits.check_wall, f"the slowest check took {max(took):.2f} s: no box waited (test void)"
 
 
 def test_a_box_s_memory_is_bounded_as_a_whole(hostile_root, sandbox):
