@@ -38,6 +38,16 @@ S01, S02, S03, S04 = "s01_attention_scores", "s02_normalization", "s03_context_v
 S05, S06, S07, S08 = "s05_self_attention", "s06_causal_mask", "s07_dropout", "s08_causal_attention"
 S09, S10, S11 = "s09_multihead_wrapper", "s10_multihead_attention", "s11_other_forms"
 
+# Stage 10's attention from the scores to the context vectors (what an SDPA-based module replaces).
+S10_ATTENTION = """        attn_scores = queries @ keys.transpose(2, 3)  # (b, num_heads, num_tokens, num_tokens)
+        mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
+        attn_scores = attn_scores.masked_fill(mask_bool, -torch.inf)
+        # Scale by the width of one head, the d_k of each head's dot products.
+        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
+        attn_weights = self.dropout(attn_weights)
+
+        context_vec = (attn_weights @ values).transpose(1, 2)"""
+
 BUGS = [
     Submission("scores_against_journey_always", S01,
                (("scores[i] = torch.dot(x_i, query)", "scores[i] = torch.dot(x_i, inputs[1])"),),
@@ -226,14 +236,7 @@ BUGS = [
                (("nn.Linear(d_in, d_out, bias=qkv_bias)", "nn.Linear(d_in, d_out, bias=False)"),),
                "MultiHeadAttention never creates the projections' biases", "bias=qkv_bias"),
     Submission("sdpa_mask_not_inverted", S10,
-               (("""        attn_scores = queries @ keys.transpose(2, 3)  # (b, num_heads, num_tokens, num_tokens)
-        mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
-        attn_scores = attn_scores.masked_fill(mask_bool, -torch.inf)
-        # Scale by the width of one head, the d_k of each head's dot products.
-        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
-        attn_weights = self.dropout(attn_weights)
-
-        context_vec = (attn_weights @ values).transpose(1, 2)""",
+               ((S10_ATTENTION,
                  """        context_vec = torch.nn.functional.scaled_dot_product_attention(
             queries, keys, values, attn_mask=self.mask.bool()[:num_tokens, :num_tokens],
             dropout_p=self.dropout.p if self.training else 0.0,
@@ -303,14 +306,7 @@ VARIANTS = [
                ((".view(", ".reshape("), (".contiguous()", "")),
                "reshape everywhere instead of contiguous + view"),
     Submission("sdpa_inside", S10,
-               (("""        attn_scores = queries @ keys.transpose(2, 3)  # (b, num_heads, num_tokens, num_tokens)
-        mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
-        attn_scores = attn_scores.masked_fill(mask_bool, -torch.inf)
-        # Scale by the width of one head, the d_k of each head's dot products.
-        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
-        attn_weights = self.dropout(attn_weights)
-
-        context_vec = (attn_weights @ values).transpose(1, 2)""",
+               ((S10_ATTENTION,
                  """        allowed = ~self.mask.bool()[:num_tokens, :num_tokens]
         context_vec = torch.nn.functional.scaled_dot_product_attention(
             queries, keys, values, attn_mask=allowed, dropout_p=self.dropout.p if self.training else 0.0
