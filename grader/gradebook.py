@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 
@@ -82,7 +83,13 @@ class GradebookSync:
                     notebook = gb.find_submission_notebook(self.notebook, self.assignment, student)
                 except MissingEntry:
                     extra = {"timestamp": timestamps[student]} if timestamps.get(student) else {}
-                    gb.add_submission(self.assignment, student, **extra)
+                    with warnings.catch_warnings():
+                        # nbgrader's add_submission links each new row before the session holds it, and
+                        # SQLAlchemy 2's autoflush warns "... not in session, add operation ... will not
+                        # proceed" (several lines per new student, on the instructor's terminal). The rows
+                        # are all added by add_submission itself: the find below reads them back.
+                        warnings.filterwarnings("ignore", message=r".* not in session, add operation along ")
+                        gb.add_submission(self.assignment, student, **extra)
                     notebook = gb.find_submission_notebook(self.notebook, self.assignment, student)
                 grades = {grade.name: grade for grade in notebook.grades}
                 for stage in record["stages"]:
