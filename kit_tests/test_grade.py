@@ -40,11 +40,12 @@ STUDENTS = ("reference", "softmax-dim0", "tril-for-triu", "endless-loop")
 ATTNKIT = [sys.executable, "-m", "grader.cli"]
 
 
-def attnkit(*args, cwd=None, tmpdir=None):
+def attnkit(*args, cwd=None, tmpdir=None, stderr=False):
+    """The command's output (and its error output too, with ``stderr``); it must succeed."""
     env = dict(os.environ, TMPDIR=str(tmpdir)) if tmpdir else None
     run = subprocess.run([*ATTNKIT, *args], cwd=cwd, capture_output=True, text=True, env=env)
     assert run.returncode == 0, f"attnkit {' '.join(args)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    return run.stdout
+    return (run.stdout, run.stderr) if stderr else run.stdout
 
 
 def records(out: Path) -> dict[str, dict]:
@@ -129,13 +130,13 @@ def course(tmp_path_factory):
     tmpdir = tmp_path_factory.mktemp("tmpdir")  # to see what the run leaves there
     start = time.monotonic()
     with cpu_hogs():  # a loaded machine: the grades below are those of an idle one
-        stdout = attnkit("grade", "--course", str(root), "--quiet", tmpdir=tmpdir)
-    return root, stdout, time.monotonic() - start, tmpdir
+        stdout, stderr = attnkit("grade", "--course", str(root), "--quiet", tmpdir=tmpdir, stderr=True)
+    return root, stdout, time.monotonic() - start, tmpdir, stderr
 
 
 @pytest.mark.slow
 def test_every_student_is_graded_and_the_bad_one_costs_only_its_limit(course):
-    root, stdout, seconds, tmpdir = course
+    root, stdout, seconds, tmpdir, _ = course
     assert f"graded {len(STUDENTS)}, already graded 0, errors 0" in stdout
     found = records(root / "attnkit-grades" / ASSIGNMENT)
     assert sorted(found) == sorted(STUDENTS)
@@ -153,6 +154,14 @@ def test_every_student_is_graded_and_the_bad_one_costs_only_its_limit(course):
     for record in found.values():
         assert record["confinement"] == {"mode": PROMISED, "missing": [] if PROMISED == "namespaces" else ["uid"]}
     assert list(tmpdir.iterdir()) == [], "the run left files in TMPDIR"
+
+
+@pytest.mark.slow
+def test_the_instructor_s_terminal_shows_no_library_warnings(course):
+    """Grading students new to the gradebook (--quiet) prints nothing on stderr that would make an
+    instructor suspect a problem: no warnings of SQLAlchemy, nbgrader or torch."""
+    stderr = course[4]
+    assert "Warning" not in stderr, stderr[-3000:]
 
 
 @pytest.mark.slow
