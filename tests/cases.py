@@ -93,22 +93,6 @@ def exposing_case(rng, num_heads, num_tokens, batch):
     return init, x, weights
 
 
-def exposed_weights(init, x, weights):
-    """What a module computes on an ``exposing_case`` without dropout: every head's causally masked
-    attention weights side by side, (batch, T, num_heads * T), worked out here in NumPy (float64)."""
-    num_heads = init.get("num_heads", 1)
-    w_query, w_key = weights["W_query.weight"].astype(np.float64), weights["W_key.weight"].astype(np.float64)
-    head_dim = w_query.shape[0] // num_heads
-    future = np.triu(np.ones((x.shape[1], x.shape[1]), dtype=bool), k=1)
-    per_head = []
-    for first in range(0, num_heads * head_dim, head_dim):  # this head's rows of W_query and W_key
-        q, k = x @ w_query[first:first + head_dim].T, x @ w_key[first:first + head_dim].T
-        scores = np.where(future, -np.inf, q @ k.transpose(0, 2, 1) / np.sqrt(head_dim))
-        exp = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        per_head.append(exp / exp.sum(axis=-1, keepdims=True))
-    return np.concatenate(per_head, axis=-1).astype(np.float32)
-
-
 def single_heads(weights, num_heads, prefix="heads."):
     """A MultiHeadAttention state_dict's projections as num_heads single heads (heads.{h}.W_query...):
     head h owns rows h*head_dim .. (h+1)*head_dim - 1 of each projection; out_proj is left out."""

@@ -276,7 +276,7 @@ def check_dropout(trained, plain, p, name, *, atol=1e-6):
 
 def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu"):
     """A module's dropout, by its properties. Give a case whose output exposes the attention weights
-    (cases.exposing_case) and those weights (``exposed``, cases.exposed_weights): in training mode with
+    (cases.exposing_case) and those weights (``exposed``: ``multihead`` on that case): in training mode with
     dropout=p each output value is dropped or scaled by 1 / (1 - p) (check_dropout); in eval mode the
     output is the dropout=0 module's, whatever the seed."""
     plain = stage.forward(cls, dict(init, dropout=0.0), x, weights, device=device)

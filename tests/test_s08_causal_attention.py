@@ -12,12 +12,13 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import exposed_weights, exposing_case, module_case, qkv_shapes, random_weights
+from cases import exposing_case, module_case, qkv_shapes, random_weights
 from checks import (
     assert_close,
     check_causal_mask,
     check_module_dropout,
     check_sizes_from_arguments,
+    multihead,
     parameter_count,
     single_head_mistakes,
 )
@@ -104,7 +105,7 @@ def test_dropout_acts_on_the_weights_in_training_mode_only(stage, device):
     init, x, weights = exposing_case(np.random.default_rng(8), num_heads=1, num_tokens=8, batch=64)
     del init["num_heads"]
     weights = {k: v for k, v in weights.items() if k.startswith("W_")}
-    check_module_dropout(stage, CLS, init, x, weights, 0.5, exposed_weights(init, x, weights), device)
+    check_module_dropout(stage, CLS, init, x, weights, 0.5, multihead(x, weights, 1, out_proj=False), device)
 
 
 def test_sizes_come_from_the_constructor(stage):

@@ -7,8 +7,8 @@ along the last dimension: (b, num_tokens, num_heads * d_out).
 import numpy as np
 import pytest
 
-from cases import exposed_weights, exposing_case, module_case, qkv_shapes, random_weights, single_heads
-from checks import assert_close, check_module_dropout
+from cases import exposing_case, module_case, qkv_shapes, random_weights, single_heads
+from checks import assert_close, check_module_dropout, multihead
 
 pytestmark = pytest.mark.multihead_wrapper
 STAGE = "s09_multihead_wrapper"
@@ -84,4 +84,5 @@ def test_every_head_drops_in_training_mode_only(stage, device):
     by side: the wrapper must hand dropout to its heads, which apply it in training mode only."""
     init, x, weights = exposing_case(np.random.default_rng(9), num_heads=3, num_tokens=7, batch=32)
     init["d_out"] = 7  # each head's width
-    check_module_dropout(stage, CLS, init, x, single_heads(weights, 3), 0.5, exposed_weights(init, x, weights), device)
+    exposed = multihead(x, weights, 3, out_proj=False)  # the heads' weights side by side
+    check_module_dropout(stage, CLS, init, x, single_heads(weights, 3), 0.5, exposed, device)

@@ -13,12 +13,13 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import exposed_weights, exposing_case, mha_shapes, module_case, normal, random_weights
+from cases import exposing_case, mha_shapes, module_case, normal, random_weights
 from checks import (
     assert_close,
     check_causal_mask,
     check_module_dropout,
     check_sizes_from_arguments,
+    multihead,
     multihead_mistakes,
     parameter_count,
 )
@@ -112,7 +113,7 @@ def test_dropout_acts_on_the_weights_in_training_mode_only(stage, device):
     """Every head's values are the one-hot inputs and out_proj is the identity, so the output is the
     heads' attention weights: dropout=0.5 drops about half and doubles the rest in training mode only."""
     init, x, weights = exposing_case(np.random.default_rng(10), num_heads=2, num_tokens=8, batch=32)
-    check_module_dropout(stage, CLS, init, x, weights, 0.5, exposed_weights(init, x, weights), device)
+    check_module_dropout(stage, CLS, init, x, weights, 0.5, multihead(x, weights, 2), device)
 
 
 def test_sizes_come_from_the_constructor(stage):

@@ -14,8 +14,14 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import exposed_weights, exposing_case, mha_shapes, module_case, qkv_shapes, random_weights
-from checks import assert_close, check_module_dropout, check_sizes_from_arguments, multihead_mistakes
+from cases import exposing_case, mha_shapes, module_case, qkv_shapes, random_weights
+from checks import (
+    assert_close,
+    check_module_dropout,
+    check_sizes_from_arguments,
+    multihead,
+    multihead_mistakes,
+)
 
 pytestmark = pytest.mark.other_forms
 STAGE = "s11_other_forms"
@@ -144,7 +150,7 @@ def test_dropout_acts_on_the_weights_in_training_mode_only(stage, reference, cls
     heads' attention weights: dropout=0.5 drops about half and doubles the rest in training mode only."""
     init, x, weights = exposing_case(np.random.default_rng(12), num_heads=2, num_tokens=8, batch=32)
     mapped = mapping(reference.stage(STAGE), cls, weights, init["num_heads"])
-    check_module_dropout(stage, cls, init, x, mapped, 0.5, exposed_weights(init, x, weights), device)
+    check_module_dropout(stage, cls, init, x, mapped, 0.5, multihead(x, weights, init["num_heads"]), device)
 
 
 WIDTH = ("the output has width d_out even when the input's width d_in differs: take it from the constructor "
