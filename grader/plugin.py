@@ -14,7 +14,8 @@ import re
 
 import pytest
 
-from .sandbox import IsolatedBackend, Limits, Sandbox
+from .kit import SOLUTIONS
+from .sandbox import IsolatedBackend, Limits, Sandbox, reference_imports
 from .scoring import check_entry
 
 RECORDED_CHARS = 8000  # of one failure message, kept in the record (a learner's exception can be huge)
@@ -27,6 +28,8 @@ class GradingPlugin:
 
     def __init__(self, limits: Limits, sandbox: Sandbox | None):
         self.limits, self.sandbox = limits, sandbox
+        # What each stage is run beside, read once for every submission this session grades.
+        self.provided = reference_imports(SOLUTIONS)
         self.checks: list[dict] = []  # every collected check of a stage, in order
         self.collection_errors: list[str] = []
         self.begin()
@@ -57,7 +60,7 @@ class GradingPlugin:
         self.implementations += 1
         if self.sandbox is None:
             return None
-        self.backend = IsolatedBackend(root, self.limits, sandbox=self.sandbox)
+        self.backend = IsolatedBackend(root, self.limits, sandbox=self.sandbox, provided=self.provided)
         return self.backend
 
     # -- pytest's hooks

@@ -794,18 +794,18 @@ class IsolatedBackend:
     own. ``last_output`` holds what the learner printed during the most recent operation.
 
     A stage that builds on others (stage 9's wrapper imports stage 8's ``CausalAttention``) is run
-    with the ``reference`` versions of those (``provided``: stage -> {module: source}), so that a
-    mistake costs points on its own stage only. What it builds on is what its reference imports,
-    read here; without a ``reference`` folder (a release has no solutions/), nothing is provided.
-    No box that was given the reference of a stage ever serves that stage.
+    with the reference versions of those (``provided``: stage -> {module: source},
+    ``reference_imports``; default: those of the kit's solutions/), so that a mistake costs points
+    on its own stage only. Without solutions/ (a release has none), nothing is provided. No box that
+    was given the reference of a stage ever serves that stage.
     """
 
     def __init__(self, root, limits: Limits | None = None, *, sandbox: Sandbox | None = None, confine=None,
-                 reference: Path | None = SOLUTIONS):
+                 provided: dict[str, dict[str, str]] | None = None):
         self.root = Path(root).resolve()
         self.limits = limits or Limits()
         self.sources = sources(self.root)
-        self.provided = reference_imports(reference) if reference is not None and Path(reference).is_dir() else {}
+        self.provided = reference_imports(SOLUTIONS) if provided is None else provided
         self.sandbox = sandbox or Sandbox(confine=confine)
         self._own_sandbox = sandbox is None
         import adapters  # (torch: imported where a backend is made, not where the sandbox is merely named)
@@ -1117,7 +1117,10 @@ class IsolatedBackend:
 def reference_imports(folder) -> dict[str, dict[str, str]]:
     """For each stage module of ``folder`` (the reference solutions), the sources of the stage modules
     it builds on: those it imports, and those they import in turn, each after the ones it imports
-    (the order ``adapters.load_stage_module`` runs them in). A stage is never among its own."""
+    (the order ``adapters.load_stage_module`` runs them in). A stage is never among its own. Nothing
+    where there is no such folder (a student's release)."""
+    if not Path(folder).is_dir():
+        return {}
     texts = {path.stem: path.read_text() for path in module_files(folder)}
 
     def built_on(stage):

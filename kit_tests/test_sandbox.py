@@ -622,11 +622,11 @@ def test_a_stage_never_sees_the_reference_of_its_own_stage(tmp_path, sandbox):
         assert {"memory", "module", "sys.modules", "os", "/tmp"} <= set(backend.run("call", s09, func="reference_seen"))
         assert backend.run("call", s08, func="reference_seen") == ()
         assert backend.stats["boxes"] == 2
-    # Without solutions/ (reference=None, or a folder that does not exist) nothing is given: stage 9
+    # Without solutions/ (a folder that does not exist, or nothing provided) nothing is given: stage 9
     # imports the learner's stage 8, which has no CausalAttention here.
-    with IsolatedBackend(root, LIMITS, sandbox=sandbox, reference=tmp_path / "nowhere") as backend:
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox, provided=reference_imports(tmp_path / "nowhere")) as backend:
         assert backend.provided == {}
-    with IsolatedBackend(root, LIMITS, sandbox=sandbox, reference=None) as backend:
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox, provided={}) as backend:
         with pytest.raises(SubmissionError, match="cannot import name 'CausalAttention' from 's08_causal_attention'"):
             backend.run("call", s09, func="reference_seen")
 
