@@ -868,7 +868,7 @@ class IsolatedBackend:
     def _charger(self, waited: _Waiting, closing=False):
         """The function that ends an operation once a time limit is reached (``waited``: its waiting
         so far): the check's own limits and the submission's budget; ``closing`` (a stage's end, no
-        check's time): the budget and CLOSE_SECONDS."""
+        check's time): the budget, CLOSE_SECONDS of CPU time and WALL_FACTOR times that of waiting."""
         limits, cpu_at_start = self.limits, self.cpu_used() if closing else self._check_cpu
 
         def charge():
@@ -877,7 +877,7 @@ class IsolatedBackend:
             if cpu >= limits.budget or self._wall + wall >= limits.budget_wall:
                 raise _OutOfTime("budget")
             if closing:
-                if cpu - cpu_at_start >= CLOSE_SECONDS:
+                if cpu - cpu_at_start >= CLOSE_SECONDS or wall >= WALL_FACTOR * CLOSE_SECONDS:
                     raise _OutOfTime("close")
             elif cpu - cpu_at_start >= limits.check_seconds:
                 raise _OutOfTime("check")
