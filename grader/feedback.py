@@ -23,11 +23,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from nbconvert.exporters import HTMLExporter
-from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from nbgrader.utils import is_grade, is_solution
 from traitlets import Unicode, default
 
 from . import results as R
+from .preprocessors import without_hidden_tests
 from .scoring import stage_report
 from .submission import defuse_links
 
@@ -50,12 +51,10 @@ class FeedbackCells(NbGraderPreprocessor):
 
     def preprocess(self, nb, resources):
         headings = resources.setdefault(HEADINGS, {})
-        clear = ClearHiddenTests(parent=self, enforce_metadata=False)
-        for index, cell in enumerate(nb.cells):
+        for cell in nb.cells:
             if cell.cell_type != "code" or not is_grade(cell) or is_solution(cell):
                 continue
-            clear.preprocess_cell(cell, resources, index)
-            cell.source = cell.source.rstrip()
+            cell.source = without_hidden_tests(cell.source, self).rstrip()
             cell.outputs = [o for o in cell.outputs if o.output_type != "execute_result"]
             name = heading(cell.source)
             if name:

@@ -54,7 +54,7 @@ class KeepCourseCells(NbGraderPreprocessor):
                 if restored != {k: meta.get(k) for k in restored}:
                     self.log.warning("Restoring the nbgrader metadata of cell %s", grade_id)
                 cell.metadata["nbgrader"] = restored
-                if restored["locked"] and cell.source == self.released(cells[grade_id].source):
+                if restored["locked"] and cell.source == without_hidden_tests(cells[grade_id].source, self):
                     cell.source = cells[grade_id].source
                 kept.append(cell)
             elif cell.cell_type == "code":
@@ -65,11 +65,13 @@ class KeepCourseCells(NbGraderPreprocessor):
         nb.cells = kept
         return nb, resources
 
-    def released(self, source: str) -> str:
-        """A cell's source as ``generate_assignment`` released it: without its hidden tests."""
-        cell = NotebookNode(cell_type="code", source=source, metadata={})
-        ClearHiddenTests(parent=self, enforce_metadata=False).preprocess_cell(cell, {}, 0)
-        return cell.source
+
+def without_hidden_tests(source: str, parent) -> str:
+    """A cell's source as ``generate_assignment`` releases it: without its hidden tests (nbgrader's
+    ClearHiddenTests, configured like ``parent``, the preprocessor asking)."""
+    cell = NotebookNode(cell_type="code", source=source, metadata={})
+    ClearHiddenTests(parent=parent, enforce_metadata=False).preprocess_cell(cell, {}, 0)
+    return cell.source
 
 
 class SafePathExecute(Execute):
