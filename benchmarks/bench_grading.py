@@ -170,7 +170,7 @@ def floor_cpu(root: Path, course, students, k: int) -> float:
     jobs = []
     for student, _, _ in students[:k + 1]:
         sources = S.sources(root / "submitted" / student / course.assignment)
-        jobs.append({"sources": sources, "seed": S.seed_of(S.fingerprint(sources))})
+        jobs.append({"sources": sources, "seed": S.seed_of(S.fingerprint(sources)), "stages": list(course.points)})
     answered = []  # CPU time when each answer came
     serve(jobs, lambda answer: answered.append(time.process_time()), Limits(), isolate=False)
     graded = answered[1:]  # the first answer says the session is ready

@@ -24,6 +24,7 @@ import warnings
 from pathlib import Path
 
 from . import submission as S
+from .kit import stages
 from .sandbox import TEST_TIMEOUT, Limits
 from .scoring import stage_report, stage_score
 from .worker import WorkerError, WorkerProcess
@@ -35,14 +36,16 @@ class Grading:
     """The grades of the submission in ``folder`` (default: the working folder, where nbgrader runs
     the notebook). ``test_timeout``: CPU seconds per check; ``time_budget``: for the whole submission."""
 
-    def __init__(self, test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None, folder=None):
+    def __init__(self, test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None, folder=None,
+                 assignment: str = "attention"):
         self.folder = Path(folder or os.getcwd()).resolve()
         self.error: WorkerError | None = None
         with _no_stderr():
             with contextlib.suppress(OSError):
                 S.defuse_links(self.folder)  # before any feedback is made from this folder
             try:
-                self.graded = grade_folder(self.folder, Limits(check_seconds=test_timeout, budget_seconds=time_budget))
+                self.graded = grade_folder(self.folder, Limits(check_seconds=test_timeout, budget_seconds=time_budget),
+                                           stages(assignment))
             except WorkerError as exc:
                 self.error = exc  # every stage's cell fails the same way, without grading again
             else:
@@ -62,12 +65,13 @@ class Grading:
         return score
 
 
-def grade_folder(folder: Path, limits: Limits) -> dict:
-    """The verdicts of the submission in nbgrader's autograded copy ``folder``, graded by a worker of
-    its own: {"fingerprint", "seed", "tests", "output_capped", "confinement", "seconds"}."""
+def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None = None) -> dict:
+    """The verdicts of the submission in nbgrader's autograded copy ``folder`` on ``graded_stages`` (None:
+    every stage), graded by a worker of its own: {"fingerprint", "seed", "tests", "output_capped",
+    "confinement", "seconds"}."""
     sources = S.autograded_sources(folder)
     fingerprint = S.fingerprint(sources)
-    job = {"sources": sources, "seed": S.seed_of(fingerprint)}
+    job = {"sources": sources, "seed": S.seed_of(fingerprint), "stages": graded_stages}
     worker = WorkerProcess(limits)
     try:
         return {"fingerprint": fingerprint, "seed": job["seed"], **worker.grade(job)}

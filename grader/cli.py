@@ -13,6 +13,8 @@ import argparse
 import sys
 from shlex import quote
 
+from stage_names import ASSIGNMENTS, is_stage_module
+
 from .sandbox import BUDGET_CHECKS, TEST_TIMEOUT
 
 
@@ -40,7 +42,7 @@ def _points(text):
     if not sep or points is None:
         raise argparse.ArgumentTypeError(f"{text!r}: expected STAGE=POINTS, e.g. causal_attention=12")
     name = name.strip()
-    if name[:1] == "s" and name[1:3].isdigit() and "_" in name:
+    if is_stage_module(name):
         name = name.split("_", 1)[1]
     return name, points
 
@@ -63,7 +65,7 @@ def cmd_course_build(args):
 
     try:
         course = build(
-            args.dir, course_id=args.course_id, assignment=args.assignment, total=args.total,
+            args.dir, course_id=args.course_id, assignments=args.assignment, total=args.total,
             points=dict(args.points or []), test_timeout=args.test_timeout, time_budget=args.time_budget,
             exchange_root=args.exchange, db_url=args.db_url,
         )
@@ -71,11 +73,14 @@ def cmd_course_build(args):
         print(f"attnkit course build: error: {exc}", file=sys.stderr)
         return 2
     print(f"built course {course.course_id!r} in {course.root}")
-    print(f"  source/{course.assignment}/: notebook {course.notebook}.ipynb, {len(course.points)} stage stubs, "
-          f"public tests, public fixtures ({course.total:g} points)")
-    for stage, points in course.points.items():
-        print(f"    {stage:<28} {points:>6g}")
-    print(f"next: cd {quote(str(course.root))} && nbgrader generate_assignment {course.assignment}")
+    built = list(dict.fromkeys(args.assignment or course.assignments))
+    for name in built:
+        one = course.of(name)
+        print(f"  source/{name}/: notebook {one.notebook}.ipynb, {len(one.points)} stage stubs, "
+              f"public tests, public fixtures ({one.total:g} points)")
+        for stage, points in one.points.items():
+            print(f"    {stage:<28} {points:>6g}")
+    print(f"next: cd {quote(str(course.root))} && " + " && ".join(f"nbgrader generate_assignment {n}" for n in built))
     return 0
 
 
@@ -134,7 +139,7 @@ def cmd_grade(args):
         if args.submissions:
             if not args.out:
                 raise GradeError("--submissions needs --out DIR (where the grades go)")
-            points = load_course(args.course).points if args.course else None
+            points = load_course(args.course, args.assignment).points if args.course else None
             target = folder_target(args.submissions, args.out, args.assignment, points=points,
                                    test_timeout=args.test_timeout or TEST_TIMEOUT, time_budget=args.time_budget)
         else:
@@ -196,7 +201,8 @@ def main(argv=None):
     )
     b.add_argument("dir", metavar="DIR")
     b.add_argument("--course-id", default="attention-kit", help="nbgrader course id (default: %(default)s)")
-    b.add_argument("--assignment", default="attention", help="assignment name (default: %(default)s)")
+    b.add_argument("--assignment", action="append", choices=list(ASSIGNMENTS),
+                   help="an assignment to build (repeat for several; default: all of them, %(choices)s)")
     b.add_argument("--total", type=float, default=100,
                    help="total points; stages without --points share what is left (default: %(default)s)")
     b.add_argument("--points", type=_points, action="append", metavar="STAGE=POINTS",

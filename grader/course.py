@@ -3,18 +3,20 @@
     DIR/
       nbgrader_config.py          course id, root, timeouts, kernel, exchange, grading hooks
       attnkit-course.json         marks DIR as an attnkit course (rebuilds are allowed)
-      source/<assignment>/        what a student gets:
-        attention.ipynb           stage explanations, demos, one locked autograder cell per stage
-        sNN_topic.py              the stubs (from exercises/)
+      source/<assignment>/        what a student gets, for each assignment built (attention: chapter 3 of
+                                  the book; modern-attention: the attention of today's LLMs):
+        <assignment>.ipynb        stage explanations, demos, one locked autograder cell per stage
+        sNN_topic.py              the stubs (from exercises/; mNN_topic.py for modern-attention)
         conftest.py               the kit's root conftest (pytest options)
         tests/                    public tests only, conftest.py and the support modules they import
         fixtures/public/          the published numbers
         pytest.ini                `pytest` there runs the public tests on the student's modules,
                                   each check limited to the course's test_timeout
 
-Rebuilding rewrites the config and ``source/<assignment>/`` and leaves the gradebook, submissions
-and everything nbgrader made alone. The release is checked for leaks before the build returns: no
-solution line, no hidden test name, no hidden fixture.
+Rebuilding rewrites the config and the ``source/<assignment>/`` folders it builds, keeps the other
+assignments the course had, and leaves the gradebook, submissions and everything nbgrader made
+alone. Each release is checked for leaks before the build returns: no solution line, no hidden test
+name, no hidden fixture.
 
 Two preprocessors (``grader.preprocessors``) plug into nbgrader's autograde through the config
 (nbgrader itself is used unmodified): code cells the source notebook does not have are dropped
@@ -27,11 +29,12 @@ nbformat at the top: reading a course (``Course.load``) stays quick.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import re
 import shlex
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 try:
@@ -39,14 +42,13 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
-from .kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, marker, stage_test_file, stages, suite_files
+from .kit import ASSIGNMENTS, EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, marker, stage_test_file, stages, suite_files
 from .sandbox import TEST_TIMEOUT, Limits
 from .stubs import BEGIN, END, out_of_sync
 from .worker import READY_SECONDS
 
 MARKER_FILE = "attnkit-course.json"
-ASSIGNMENT = "attention"
-NOTEBOOK = "attention"  # attention.ipynb
+ASSIGNMENT = "attention"  # the course's first assignment, where a command is given none
 SUPPORT_FILES = ("conftest.py", "adapters.py", "checks.py")
 
 # Relative weights of the stages (harder stages weigh more); they add up to 100.
@@ -54,6 +56,8 @@ DEFAULT_WEIGHTS = {
     "attention_scores": 5, "normalization": 8, "context_vectors": 5, "trainable_projections": 8,
     "self_attention": 10, "causal_mask": 8, "dropout": 8, "causal_attention": 12,
     "multihead_wrapper": 8, "multihead_attention": 16, "other_forms": 12,
+    "pytorch_attention": 12, "padding_and_cross": 14, "kv_cache": 16, "grouped_query": 14,
+    "rotary_embeddings": 16, "sliding_window": 12, "tiled_attention": 16,
 }
 
 
@@ -63,10 +67,12 @@ class CourseError(Exception):
 
 @dataclass
 class Course:
+    """A course and one of its assignments (``assignment``, with its ``points``): ``Course.load(root, name)``."""
     root: Path
     course_id: str = "attention-kit"
     assignment: str = ASSIGNMENT
-    points: dict = field(default_factory=dict)  # stage module -> points
+    points: dict = field(default_factory=dict)  # the assignment's stage modules -> points
+    assignments: dict = field(default_factory=dict)  # every assignment of the course -> its points
     test_timeout: float = TEST_TIMEOUT  # CPU seconds per check (also the students' own limit per check)
     time_budget: float | None = None  # CPU seconds per submission when grading (None: from test_timeout)
     exchange_root: str | None = None
@@ -78,7 +84,8 @@ class Course:
 
     @property
     def notebook(self) -> str:
-        return NOTEBOOK
+        """The assignment's notebook, named after it (attention.ipynb)."""
+        return self.assignment
 
     @property
     def total(self) -> float:
@@ -87,8 +94,14 @@ class Course:
     def stage_files(self) -> list[str]:
         return [f"{s}.py" for s in self.points]
 
+    def of(self, assignment: str) -> Course:
+        """The same course, describing ``assignment`` (one of ``assignments``)."""
+        return replace(self, assignment=assignment, points=dict(self.assignments[assignment]))
+
     @classmethod
-    def load(cls, root) -> Course:
+    def load(cls, root, assignment: str | None = None) -> Course:
+        """The course in ``root``, describing ``assignment`` (default: its first); an assignment the
+        course does not have is a CourseError naming those it has."""
         root = Path(root).resolve()
         path = root / MARKER_FILE
         if not path.is_file():
@@ -101,20 +114,30 @@ class Course:
             raise CourseError(f"{path} is not readable JSON ({exc}): rebuild the course with "
                               f"`attnkit course build {shlex.quote(str(root))}` (it keeps the gradebook and "
                               "submissions)") from None
-        return cls(root=root, **{k: v for k, v in data.items() if k != "root"})
+        if "assignments" not in data:  # a course built before the kit had two assignments
+            data["assignments"] = {data.get("assignment", ASSIGNMENT): data.pop("points", {})}
+        data = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)} - {"root", "assignment", "points"}}
+        course = cls(root=root, **data)
+        name = assignment or next(iter(course.assignments))
+        if name not in course.assignments:
+            raise CourseError(f"the course in {shlex.quote(str(root))} has no assignment {name!r}; its assignments: "
+                              f"{', '.join(course.assignments)}")
+        return course.of(name)
 
 
 # ---------------------------------------------------------------- points
 
-def plan_points(total: float | None = 100, overrides: dict[str, float] | None = None) -> dict[str, float]:
-    """Points per stage module. ``overrides`` (marker -> points) fixes some stages; the others share
-    what is left of ``total`` in proportion to DEFAULT_WEIGHTS. total=None: overrides + defaults as is."""
+def plan_points(total: float | None = 100, overrides: dict[str, float] | None = None,
+                assignment: str = ASSIGNMENT) -> dict[str, float]:
+    """Points per stage module of ``assignment``. ``overrides`` (marker -> points) fixes some stages (those
+    of other assignments are left to them); the others share what is left of ``total`` in proportion to
+    DEFAULT_WEIGHTS. total=None: overrides + defaults as is."""
     overrides = dict(overrides or {})
-    all_stages = stages()
-    by_marker = {marker(s): s for s in all_stages}
-    unknown = sorted(set(overrides) - set(by_marker))
+    unknown = sorted(set(overrides) - {marker(s) for s in stages()})
     if unknown:
-        raise CourseError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(by_marker)}")
+        raise CourseError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(map(marker, stages()))}")
+    all_stages = stages(assignment)
+    overrides = {m: p for m, p in overrides.items() if m in {marker(s) for s in all_stages}}
     for m, p in overrides.items():
         if not p >= 0:
             raise CourseError(f"points for {m} must be >= 0, got {p}")
@@ -302,7 +325,7 @@ def find_leaks(folder: Path, hidden_names, sol_lines=None) -> list[str]:
 # ---------------------------------------------------------------- building
 
 def nbgrader_config(course: Course) -> str:
-    stage_files = ", ".join(repr(f) for f in course.stage_files())
+    exclude = {name: [f"{s}.py" for s in points] for name, points in course.assignments.items()}
     # The first autograder cell starts a grading worker and grades the whole submission.
     limits = Limits(check_seconds=course.test_timeout, budget_seconds=course.time_budget)
     execute_timeout = int(READY_SECONDS + limits.run_wall + 60)
@@ -348,7 +371,7 @@ def nbgrader_config(course: Course) -> str:
         f"c.Execute.timeout = {execute_timeout}",
         "c.OverwriteCells.add_missing_cells = True",
         "# Keep the student's modules: nbgrader otherwise overwrites every file with the source's.",
-        f"c.Autograde.exclude_overwriting = {{{course.assignment!r}: [{stage_files}]}}",
+        f"c.Autograde.exclude_overwriting = {exclude!r}",
         "c.Autograde.sanitize_preprocessors = [",
         "    ClearOutput, KeepCourseCells, DeduplicateIds, OverwriteKernelspec, OverwriteCells, CheckCellMetadata,",
         "]",
@@ -426,26 +449,50 @@ def _check_target(root: Path):
         )
 
 
-def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, points=None,
+def build(root, *, course_id="attention-kit", assignments=None, total=100, points=None,
           test_timeout=TEST_TIMEOUT, time_budget=None, exchange_root=None, db_url=None) -> Course:
-    """(Re)create the course at ``root``; returns its description. Raises CourseError on bad input."""
+    """(Re)create the course at ``root`` with ``assignments`` (names in ``ASSIGNMENTS``; default: all of
+    them), keeping any other assignment it had; returns it, describing the first assignment built.
+    ``total`` and ``points`` (marker -> points) apply to each assignment. Raises CourseError on bad input."""
     root = Path(root).expanduser().resolve()
     _check_target(root)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", assignment):
-        raise CourseError(f"assignment name {assignment!r}: use letters, digits, '_', '.', '-'")
+    chosen = list(dict.fromkeys(assignments or ASSIGNMENTS))
+    unknown = [a for a in chosen if a not in ASSIGNMENTS]
+    if unknown:
+        raise CourseError(f"no assignment {', '.join(map(repr, unknown))} in the kit; its assignments: "
+                          f"{', '.join(ASSIGNMENTS)}")
     if not test_timeout > 0:
         raise CourseError("test_timeout must be positive")
     if time_budget is not None and not time_budget >= test_timeout:
         raise CourseError(f"the time budget ({time_budget:g} s) must be at least the time limit of one check "
                           f"({test_timeout:g} s)")
-    stale = out_of_sync()
+    stale = out_of_sync(assignments=chosen)
     if stale:
         raise CourseError(f"exercises/ is out of date with solutions/ ({', '.join(stale)}): run `attnkit stubs`")
-    course = Course(root=root, course_id=course_id, assignment=assignment, points=plan_points(total, points),
-                    test_timeout=float(test_timeout), time_budget=None if time_budget is None else float(time_budget),
+    planned = {name: plan_points(total, points, name) for name in chosen}
+    kept = {}
+    if (root / MARKER_FILE).is_file():
+        with contextlib.suppress(CourseError):  # a damaged course file: rebuilt from what is asked now
+            kept = {name: p for name, p in Course.load(root).assignments.items() if name not in planned}
+    every = {**planned, **kept}
+    course = Course(root=root, course_id=course_id, assignment=chosen[0], points=planned[chosen[0]],
+                    assignments={name: every[name] for name in ASSIGNMENTS if name in every},
+                    test_timeout=float(test_timeout),
+                    time_budget=None if time_budget is None else float(time_budget),
                     exchange_root=exchange_root, db_url=db_url)
-
     root.mkdir(parents=True, exist_ok=True)
+    for name in chosen:
+        write_release_source(course.of(name))
+    (root / "nbgrader_config.py").write_text(nbgrader_config(course))
+    data = asdict(course)
+    for key in ("root", "assignment", "points"):
+        data.pop(key)
+    (root / MARKER_FILE).write_text(json.dumps(data, indent=1) + "\n")
+    return course
+
+
+def write_release_source(course: Course):
+    """``source/<assignment>/`` of the assignment ``course`` describes, checked for leaks."""
     if course.source.exists():
         shutil.rmtree(course.source)
     src = course.source
@@ -465,27 +512,25 @@ def build(root, *, course_id="attention-kit", assignment=ASSIGNMENT, total=100, 
     for name in support_files(src / "tests"):
         shutil.copyfile(SUITE / name, src / "tests" / name)
     shutil.copyfile(KIT / "conftest.py", src / "conftest.py")  # the --impl and --seed options
-    for npz in sorted((FIXTURES / "public").glob("*.npz")):
-        shutil.copyfile(npz, src / "fixtures" / "public" / npz.name)
+    for stage in course.points:
+        npz = FIXTURES / "public" / f"{stage}.npz"
+        if npz.is_file():
+            shutil.copyfile(npz, src / "fixtures" / "public" / npz.name)
     (src / "pytest.ini").write_text(pytest_ini(course.test_timeout, src / "tests"))
     import nbformat
 
     from .notebook import build_notebook
 
-    nbformat.write(build_notebook(course.points, course.test_timeout, course.time_budget), src / f"{NOTEBOOK}.ipynb")
+    nbformat.write(build_notebook(course.points, course.test_timeout, course.time_budget, course.assignment),
+                   src / f"{course.notebook}.ipynb")
 
     # A hidden name that is also public somewhere (another stage) is not a leak.
-    public_names = {n for p in suite_files() for n in public_tests(p).public}
+    public_names = {n for p in suite_files(list(course.points)) for n in public_tests(p).public}
     leaks = find_leaks(src, set(hidden_names) - public_names)
     if leaks:
         shutil.rmtree(src)
-        raise CourseError("the release would leak instructor-only material:\n  " + "\n  ".join(leaks[:20]))
-
-    (root / "nbgrader_config.py").write_text(nbgrader_config(course))
-    data = asdict(course)
-    data.pop("root")
-    (root / MARKER_FILE).write_text(json.dumps(data, indent=1) + "\n")
-    return course
+        raise CourseError(f"the release of {course.assignment} would leak instructor-only material:\n  "
+                          + "\n  ".join(leaks[:20]))
 
 
 def hidden_test_names() -> set[str]:

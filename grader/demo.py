@@ -1,9 +1,10 @@
 """``attnkit demo``: a whole nbgrader grading round on the built-in sample submissions.
 
-Builds a course, releases the assignment with ``generate_assignment``, puts one submission per
-sample (grader/samples.py) in ``submitted/``, then runs nbgrader's own autograde,
-generate_feedback and export, grades the class again through ``attnkit grade`` (the scores must be
-the same) and writes the class report; prints a table of students x stages from the gradebook.
+Builds a course with both assignments; for each, releases it with ``generate_assignment``, puts one
+submission per sample (grader/samples.py) in ``submitted/`` and runs nbgrader's own autograde and
+generate_feedback; then nbgrader export, and for each assignment grades the class again through
+``attnkit grade`` (the scores must be the same) and writes the class report; prints a table of
+students x stages per assignment from the gradebook.
 """
 from __future__ import annotations
 
@@ -103,34 +104,14 @@ def run(root="attnkit-demo", out=print) -> dict:
     return result
 
 
-def _run(root: Path, c: course_mod.Course, start: float, out) -> dict:
+def _run(root: Path, course: course_mod.Course, start: float, out) -> dict:
+    """Every assignment of the course through nbgrader's round, then again through ``attnkit grade``."""
 
     def step(message):
         out(f"[{time.monotonic() - start:5.1f}s] {message}", flush=True)
 
     api = load_api(root)
-
-    t = time.monotonic()
-    check(api.generate_assignment(c.assignment, force=True), "generate_assignment")
-    step(f"nbgrader generate_assignment {c.assignment}: {time.monotonic() - t:.1f} s")
-
-    release = root / "release" / c.assignment
-    for sample in SAMPLES:
-        dest = write_submission(sample, release, root / "submitted" / sample.student / c.assignment)
-        (dest / "timestamp.txt").write_text("2026-01-15 12:00:00.000000 UTC")
-    step(f"{len(SAMPLES)} sample submissions in submitted/")
-
-    timings = {}
-    for i, sample in enumerate(SAMPLES, start=1):
-        t = time.monotonic()
-        check(api.autograde(c.assignment, sample.student, force=True), f"autograde {sample.student}")
-        timings[sample.student] = time.monotonic() - t
-        step(f"autograde {i}/{len(SAMPLES)} {sample.student:<18} {timings[sample.student]:5.1f} s  "
-             f"({sample.description})")
-
-    t = time.monotonic()
-    check(api.generate_feedback(c.assignment, force=True), "generate_feedback")
-    step(f"nbgrader generate_feedback: {time.monotonic() - t:.1f} s")
+    rounds = {name: _nbgrader_round(api, root, course.of(name), step) for name in course.assignments}
 
     t = time.monotonic()
     grades_csv = root / "grades.csv"
@@ -142,37 +123,71 @@ def _run(root: Path, c: course_mod.Course, start: float, out) -> dict:
         raise RuntimeError(f"nbgrader export failed:\n{export.stderr[-3000:]}")
     step(f"nbgrader export: {time.monotonic() - t:.1f} s")
 
-    scores = stage_scores(root, c, [s.student for s in SAMPLES])
-
-    # The same class through the fast path (same suite and sandbox), whose records feed the class report.
+    # The same classes through the fast path (same suite and sandbox), whose records feed the class reports.
     from .grade import grade
     from .report import build_report
     from .targets import course_target
 
-    t = time.monotonic()
-    outcome = grade(course_target(root, c.assignment), quiet=True)
-    if outcome.errors:
-        raise RuntimeError(f"attnkit grade failed for {sorted(outcome.errors)}")
-    differ = sorted(student for student, record in outcome.records.items()
-                    if any(abs(s["points"] - scores[student][s["stage"]]) > 1e-6 for s in record["stages"]))
-    step(f"attnkit grade: {len(outcome.records)} in {time.monotonic() - t:.1f} s, "
-         + (f"DIFFERENT from nbgrader's autograde for {', '.join(differ)}" if differ else
-            "every stage score equal to nbgrader's autograde"))
-    t = time.monotonic()
-    report, _ = build_report(root, c.assignment)
-    step(f"attnkit report: {time.monotonic() - t:.1f} s")
+    differ, reports = [], {}
+    for name, (_, scores, _) in rounds.items():
+        t = time.monotonic()
+        outcome = grade(course_target(root, name), quiet=True)
+        if outcome.errors:
+            raise RuntimeError(f"attnkit grade {name} failed for {sorted(outcome.errors)}")
+        different = sorted(student for student, record in outcome.records.items()
+                           if any(abs(s["points"] - scores[student][s["stage"]]) > 1e-6 for s in record["stages"]))
+        differ += [f"{name}/{student}" for student in different]
+        step(f"attnkit grade {name}: {len(outcome.records)} in {time.monotonic() - t:.1f} s, "
+             + (f"DIFFERENT from nbgrader's autograde for {', '.join(different)}" if different else
+                "every stage score equal to nbgrader's autograde"))
+        t = time.monotonic()
+        reports[name], _ = build_report(root, name)
+        step(f"attnkit report {name}: {time.monotonic() - t:.1f} s")
 
+    timings = [seconds for _, _, times in rounds.values() for seconds in times.values()]
+    for name, (c, scores, _) in rounds.items():
+        out("")
+        out(f"{name}:")
+        out(table(c, scores))
     out("")
-    out(table(c, scores))
-    out("")
-    out(f"grades.csv:    {quote(str(grades_csv))}")
-    out(f"class report:  {quote(str(report))}")
-    out(f"feedback HTML: {quote(str(root / 'feedback'))}/<student>/{c.assignment}/{c.notebook}.html, e.g.")
-    out(f"               {quote(str(root / 'feedback' / SAMPLES[2].student / c.assignment / (c.notebook + '.html')))}")
-    out(f"autograde: {sum(timings.values()) / len(timings):.1f} s per submission on average; "
+    out(f"grades.csv:     {quote(str(grades_csv))}")
+    for report in reports.values():
+        out(f"class report:   {quote(str(report))}")
+    example = next(s.student for s in SAMPLES if s.breaks and "*" not in s.breaks)
+    out(f"feedback HTML:  {quote(str(root / 'feedback'))}/<student>/<assignment>/<assignment>.html, e.g.")
+    out(f"                {quote(str(root / 'feedback' / example / course.assignment / (course.notebook + '.html')))}")
+    out(f"autograde: {sum(timings) / len(timings):.1f} s per submission on average; "
         f"whole demo {time.monotonic() - start:.0f} s")
-    return {"course": c, "scores": scores, "timings": timings, "grades_csv": grades_csv, "report": report,
+    return {"course": course, "rounds": rounds, "grades_csv": grades_csv, "reports": reports,
             "fast_path_differs": differ}
+
+
+def _nbgrader_round(api, root: Path, c: course_mod.Course, step) -> tuple:
+    """nbgrader's generate_assignment, autograde and generate_feedback of one assignment on its samples:
+    (the course describing it, {student: {stage: score}}, {student: autograde seconds})."""
+    t = time.monotonic()
+    check(api.generate_assignment(c.assignment, force=True), "generate_assignment")
+    step(f"nbgrader generate_assignment {c.assignment}: {time.monotonic() - t:.1f} s")
+
+    samples = [s for s in SAMPLES if s.assignment == c.assignment]
+    release = root / "release" / c.assignment
+    for sample in samples:
+        dest = write_submission(sample, release, root / "submitted" / sample.student / c.assignment)
+        (dest / "timestamp.txt").write_text("2026-01-15 12:00:00.000000 UTC")
+    step(f"{len(samples)} sample submissions of {c.assignment} in submitted/")
+
+    timings = {}
+    for i, sample in enumerate(samples, start=1):
+        t = time.monotonic()
+        check(api.autograde(c.assignment, sample.student, force=True), f"autograde {sample.student}")
+        timings[sample.student] = time.monotonic() - t
+        step(f"autograde {c.assignment} {i}/{len(samples)} {sample.student:<18} {timings[sample.student]:5.1f} s  "
+             f"({sample.description})")
+
+    t = time.monotonic()
+    check(api.generate_feedback(c.assignment, force=True), "generate_feedback")
+    step(f"nbgrader generate_feedback {c.assignment}: {time.monotonic() - t:.1f} s")
+    return c, stage_scores(root, c, [s.student for s in samples]), timings
 
 
 def table(c: course_mod.Course, scores: dict) -> str:
@@ -181,7 +196,7 @@ def table(c: course_mod.Course, scores: dict) -> str:
     stages = list(c.points)
     head = f"{'student':<18}" + "".join(f"{s[:3]:>7}" for s in stages) + f"{'total':>8}  as expected?"
     lines = [head, f"{'(max)':<18}" + "".join(f"{c.points[s]:>7g}" for s in stages) + f"{c.total:>8g}"]
-    samples = {s.student: s for s in SAMPLES}
+    samples = {s.student: s for s in SAMPLES if s.assignment == c.assignment}
     for student, row in scores.items():
         sample = samples.get(student)
         lost = {marker(s) for s in stages if (row[s] or 0) < c.points[s] - 1e-9}

@@ -21,24 +21,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adapters import Implementation, LocalBackend, load_stage_module
+from adapters import Implementation, LocalBackend
 from cases import mha_shapes, qkv_shapes, random_weights
 
+from . import fixtures_modern
+from .book import BATCH, BOOK_SEED_MODULES, BOOK_SEED_V1, BOOK_SEED_V2, HEADS_EXAMPLE, JOURNEY, book_state
 from .kit import FIXTURES, SOLUTIONS, stages
-
-BOOK_SEED_V1, BOOK_SEED_V2, BOOK_SEED_MODULES = 123, 789, 123
-JOURNEY = np.array(
-    [[0.43, 0.15, 0.89], [0.55, 0.87, 0.66], [0.57, 0.85, 0.64],
-     [0.22, 0.58, 0.33], [0.77, 0.25, 0.10], [0.05, 0.80, 0.55]],
-    dtype=np.float32,
-)
-BATCH = np.stack([JOURNEY, JOURNEY])  # the book's batch of two identical sequences
-# The (b, num_heads, num_tokens, head_dim) = (1, 2, 3, 4) tensor of the batched-matmul example.
-HEADS_EXAMPLE = np.array(
-    [[[[0.2745, 0.6584, 0.2775, 0.8573], [0.8993, 0.0390, 0.9268, 0.7388], [0.7179, 0.7058, 0.9156, 0.4340]],
-      [[0.0772, 0.3565, 0.1479, 0.5331], [0.4066, 0.2318, 0.4545, 0.9737], [0.4606, 0.5159, 0.4220, 0.5786]]]],
-    dtype=np.float32,
-)
 
 
 class Arrays:
@@ -66,14 +54,6 @@ class Arrays:
 
 def rng(seed):
     return np.random.default_rng(seed)
-
-
-def book_state(module, cls, seed, *args, **kwargs):
-    """The weights the book's code draws: torch.manual_seed(seed), then the reference constructor."""
-    mod = load_stage_module(SOLUTIONS, module)
-    torch.manual_seed(seed)
-    model = getattr(mod, cls)(*args, **kwargs)
-    return {k: v.numpy().copy() for k, v in model.state_dict().items() if k in dict(model.named_parameters())}
 
 
 # ---------------------------------------------------------------- per stage
@@ -271,7 +251,7 @@ GENERATORS = {f.__name__: f for f in (
     s01_attention_scores, s02_normalization, s03_context_vectors, s04_trainable_projections,
     s05_self_attention, s06_causal_mask, s08_causal_attention, s09_multihead_wrapper,
     s10_multihead_attention, s11_other_forms,
-)}
+)} | fixtures_modern.GENERATORS
 NO_FIXTURE = {"s07_dropout": "dropout is tested by its properties; stored masks would differ across platforms"}
 
 

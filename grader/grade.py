@@ -79,7 +79,8 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
         if not force and _up_to_date(R.read_record(R.record_path(target.out, student)), fp, target.points):
             outcome.skipped.append(student)
             continue
-        jobs.append({"student": student, "fingerprint": fp, "seed": S.seed_of(fp), "sources": sources})
+        jobs.append({"student": student, "fingerprint": fp, "seed": S.seed_of(fp), "sources": sources,
+                     "stages": list(target.points)})
 
     limits = Limits(check_seconds=target.test_timeout, budget_seconds=target.time_budget)
     scratch.sweep()  # what killed runs left in TMPDIR

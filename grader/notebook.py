@@ -23,6 +23,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from stage_names import MODULE, stage_command
 
+from . import notebook_modern
 from .kit import marker
 
 INTRO = """\
@@ -414,6 +415,11 @@ did not, and the points of its stage.
 """
 
 
+# Per assignment: (introduction, its stages' lessons, closing words).
+LESSONS = {"attention": (INTRO, STAGES, OUTRO),
+           "modern-attention": (notebook_modern.INTRO, notebook_modern.STAGES, notebook_modern.OUTRO)}
+
+
 def _meta(grade_id, *, grade=False, points=None):
     nb = {"grade": grade, "grade_id": grade_id, "locked": True, "schema_version": 3, "solution": False, "task": False}
     if grade:
@@ -427,7 +433,7 @@ def stage_heading(number: int, title: str) -> str:
 
 
 def grade_source(stage: str, number: int, title: str, points: float, test_timeout: float,
-                 time_budget: float | None = None) -> str:
+                 time_budget: float | None = None, assignment: str = "attention") -> str:
     """An autograder cell. The first grades the submission (grader.cells.Grading); each reports its stage.
 
     Its first line is the stage's heading, which the feedback page shows as the cell's name (see
@@ -435,7 +441,8 @@ def grade_source(stage: str, number: int, title: str, points: float, test_timeou
     release, puts it back for grading, and the feedback page leaves it out again."""
     m = marker(stage)
     budget = f", time_budget={time_budget!r}" if time_budget is not None else ""
-    grading = f"from grader.cells import Grading\ngrading = Grading(test_timeout={test_timeout!r}{budget})\n"
+    grading = (f"from grader.cells import Grading\n"
+               f"grading = Grading(test_timeout={test_timeout!r}{budget}, assignment={assignment!r})\n")
     return (
         f"# {stage_heading(number, title)}\n"
         f"# Autograder cell ({points:g} points): graded with the public and hidden tests when you submit;\n"
@@ -448,16 +455,18 @@ def grade_source(stage: str, number: int, title: str, points: float, test_timeou
     )
 
 
-def build_notebook(points: dict[str, float], test_timeout: float,
-                   time_budget: float | None = None) -> nbformat.NotebookNode:
-    """The source notebook; ``points`` maps each stage module name to its points (teaching order);
-    ``test_timeout`` and ``time_budget`` are the course's time limits (see grader.sandbox.Limits)."""
+def build_notebook(points: dict[str, float], test_timeout: float, time_budget: float | None = None,
+                   assignment: str = "attention") -> nbformat.NotebookNode:
+    """The source notebook of ``assignment``; ``points`` maps each of its stage modules to its points
+    (teaching order); ``test_timeout`` and ``time_budget`` are the course's time limits (see
+    grader.sandbox.Limits)."""
+    intro, stages, outro = LESSONS[assignment]
     setup = (SETUP.replace("__TIME_LIMIT__", repr(float(test_timeout)))
              .replace("__STAGE_MODULE__", f'r"{MODULE.pattern}"'))
-    cells = [new_markdown_cell(INTRO), new_code_cell(setup, metadata=_meta("setup"))]
+    cells = [new_markdown_cell(intro), new_code_cell(setup, metadata=_meta("setup"))]
     for number, (stage, stage_points) in enumerate(points.items(), start=1):
         m = marker(stage)
-        title, text, body = STAGES.get(stage, (m.replace("_", " ").capitalize(), "", "pass"))
+        title, text, body = stages.get(stage, (m.replace("_", " ").capitalize(), "", "pass"))
         cells.append(new_markdown_cell(
             f"## {stage_heading(number, title)} ({stage_points:g} points)\n\n"
             f"Module: `{stage}.py` · tests: `{stage_command(stage)}`\n\n{text}"
@@ -466,9 +475,10 @@ def build_notebook(points: dict[str, float], test_timeout: float,
         demo += "".join(f"    {line}\n" if line else "\n" for line in body.splitlines())
         demo += f"\n\ncheck({m!r})  # this stage's public tests on your module"
         cells.append(new_code_cell(demo, metadata=_meta(f"demo_{stage}")))
-        cells.append(new_code_cell(grade_source(stage, number, title, stage_points, test_timeout, time_budget),
+        cells.append(new_code_cell(grade_source(stage, number, title, stage_points, test_timeout, time_budget,
+                                                assignment),
                                    metadata=_meta(f"grade_{stage}", grade=True, points=stage_points)))
-    cells.append(new_markdown_cell(OUTRO))
+    cells.append(new_markdown_cell(outro))
     nb = new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}

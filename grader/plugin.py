@@ -14,6 +14,8 @@ import re
 
 import pytest
 
+from stage_names import stage_of
+
 from .kit import SOLUTIONS
 from .sandbox import IsolatedBackend, Limits, Sandbox, reference_imports
 from .scoring import check_entry
@@ -30,12 +32,14 @@ class GradingPlugin:
         self.limits, self.sandbox = limits, sandbox
         # What each stage is run beside, read once for every submission this session grades.
         self.provided = reference_imports(SOLUTIONS)
+        self.ceilings: dict[str, int] = {}  # stage -> the MEMORY_HEADROOM its test module declares
         self.checks: list[dict] = []  # every collected check of a stage, in order
         self.collection_errors: list[str] = []
         self.begin()
 
-    def begin(self):
-        """A new submission: nothing recorded yet."""
+    def begin(self, stages=None):
+        """A new submission, graded on ``stages`` (stage modules; None: every stage): nothing recorded yet."""
+        self.stages = None if stages is None else frozenset(stages)
         self.backend: IsolatedBackend | None = None
         self.implementations = 0  # how often the suite asked for the implementation (once per submission)
         self.outcomes: dict[str, dict] = {}
@@ -43,10 +47,16 @@ class GradingPlugin:
         self.infrastructure: str | None = None  # why the sandbox could not grade, if it could not
         self._dropped = 0
 
+    def grades(self, nodeid: str) -> bool:
+        """Whether the test ``nodeid`` is a check of a stage the current submission is graded on."""
+        stage = stage_of(nodeid)
+        return stage is not None and (self.stages is None or stage in self.stages)
+
     def verdicts(self) -> list[dict]:
-        """Every check with its verdict; a check that did not run has failed."""
+        """Every check of the graded stages with its verdict; a check that did not run has failed."""
         missing = {"outcome": "failed", "message": NOT_RUN}
-        return [{**check, **self.outcomes.get(check["nodeid"], missing)} for check in self.checks]
+        return [{**check, **self.outcomes.get(check["nodeid"], missing)} for check in self.checks
+                if self.grades(check["nodeid"])]
 
     @property
     def confinement(self) -> dict | None:
@@ -60,7 +70,8 @@ class GradingPlugin:
         self.implementations += 1
         if self.sandbox is None:
             return None
-        self.backend = IsolatedBackend(root, self.limits, sandbox=self.sandbox, provided=self.provided)
+        self.backend = IsolatedBackend(root, self.limits, sandbox=self.sandbox, provided=self.provided,
+                                       ceilings=self.ceilings)
         return self.backend
 
     # -- pytest's hooks
@@ -78,6 +89,12 @@ class GradingPlugin:
 
     def pytest_collection_finish(self, session):
         self.checks = [entry for entry in map(check_entry, (item.nodeid for item in session.items)) if entry]
+        # A stage's test module may declare how much memory the stage may allocate when graded (the
+        # sandbox holds its worker to it): the suite's word, read here in the trusted process.
+        for item in session.items:
+            headroom = getattr(getattr(item, "module", None), "MEMORY_HEADROOM", None)
+            if stage_of(item.nodeid) and isinstance(headroom, int) and headroom > 0:
+                self.ceilings[stage_of(item.nodeid)] = headroom
 
     def pytest_runtest_logstart(self, nodeid, location):
         self._dropped = self.sandbox.dropped_output if self.sandbox is not None else 0

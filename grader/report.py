@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from stage_names import teaching_order
+
 from . import results as R
 
 LIMIT_KINDS = ("time", "memory", "crash", "exit", "output")
@@ -201,7 +203,7 @@ def summarize(results: list[dict], gradebook: dict | None = None, assignment: st
     if gradebook is not None:
         for student in sorted(set(gradebook) - set(students)):
             mismatches.append(f"{student}: in the gradebook but has no result file")
-    order = sorted(stages)  # sNN_ prefixes sort in teaching order
+    order = sorted(stages, key=teaching_order)
     return ClassReport(assignment or (results[0].get("assignment") if results else ""), source,
                        {k: stages[k] for k in order}, students, limits, mismatches)
 

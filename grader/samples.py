@@ -22,6 +22,7 @@ class Sample:
     base: str = "solutions"  # or "exercises"
     edits: dict = field(default_factory=dict)  # stage module -> [(old, new), ...] (see ``edited``)
     breaks: tuple = ()  # markers of the stages this sample should lose points on ("*": all)
+    assignment: str = "attention"  # the assignment it is a submission of (stage_names.ASSIGNMENTS)
 
     @property
     def base_folder(self) -> Path:
@@ -34,7 +35,7 @@ class Sample:
 
     def write(self, dest: Path) -> Path:
         """The sample's stage modules in folder ``dest`` (created if needed)."""
-        return write_modules(dest, self.base_folder, self.modules())
+        return write_modules(dest, self.base_folder, self.modules(), self.assignment)
 
 
 SAMPLES = [
@@ -100,10 +101,41 @@ SAMPLES = [
     ),
 ]
 
+# The second assignment's samples (the same student ids: one student submits each assignment).
+M = "modern-attention"
+SAMPLES += [
+    Sample("reference", "the reference solutions", assignment=M),
+    Sample("untouched", "the stubs as released, nothing written", base="exercises", breaks=("*",), assignment=M),
+    Sample(
+        "sdpa-mask-inverted", "SDPA's boolean attn_mask passed as the 'future' mask (True = masked out)",
+        edits={"m01_pytorch_attention": [(
+            "allowed = ~mha.mask.bool()[:num_tokens, :num_tokens]",
+            "allowed = mha.mask.bool()[:num_tokens, :num_tokens]",
+        )]},
+        breaks=("pytorch_attention",), assignment=M,
+    ),
+    Sample(
+        "cache-positions-restart", "the causal mask of a cached step taken from row 0, not after the cached tokens",
+        edits={"m03_kv_cache": [(
+            "future = self.mask[start:start + num_new, :num_keys]", "future = self.mask[:num_new, :num_keys]",
+        )]},
+        breaks=("kv_cache",), assignment=M,
+    ),
+    Sample(
+        "kv-repeat", "key/value heads copied with repeat (h % groups) where repeat_interleave (h // size) is meant",
+        edits={"m04_grouped_query": [
+            ("keys = keys.repeat_interleave(self.group_size, dim=1)", "keys = keys.repeat(1, self.group_size, 1, 1)"),
+            ("values = values.repeat_interleave(self.group_size, dim=1)",
+             "values = values.repeat(1, self.group_size, 1, 1)"),
+        ]},
+        breaks=("grouped_query",), assignment=M,
+    ),
+]
 
-def by_student(student: str) -> Sample:
+
+def by_student(student: str, assignment: str = "attention") -> Sample:
     for sample in SAMPLES:
-        if sample.student == student:
+        if sample.student == student and sample.assignment == assignment:
             return sample
     raise KeyError(student)
 
@@ -118,16 +150,17 @@ def edited(text: str, edits, where: str) -> str:
     return text
 
 
-def write_modules(dest: Path, base: Path = SOLUTIONS, replaced: dict | None = None) -> Path:
-    """Every stage module of ``base`` into folder ``dest`` (created if needed), those named in
-    ``replaced`` (stage module -> source) replaced by theirs."""
+def write_modules(dest: Path, base: Path = SOLUTIONS, replaced: dict | None = None,
+                  assignment: str | None = None) -> Path:
+    """Every stage module of ``assignment`` (None: of every assignment) from ``base`` into folder
+    ``dest`` (created if needed), those named in ``replaced`` (stage module -> source) replaced by theirs."""
     replaced = dict(replaced or {})
-    unknown = set(replaced) - set(stages())
+    unknown = set(replaced) - set(stages(assignment))
     if unknown:
-        raise ValueError(f"not stage modules: {sorted(unknown)}")
+        raise ValueError(f"not stage modules of {assignment or 'the kit'}: {sorted(unknown)}")
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    for stage in stages():
+    for stage in stages(assignment):
         text = replaced[stage] if stage in replaced else (base / f"{stage}.py").read_text()
         (dest / f"{stage}.py").write_text(text)
     return dest

@@ -798,14 +798,20 @@ class IsolatedBackend:
     ``reference_imports``; default: those of the kit's solutions/), so that a mistake costs points
     on its own stage only. Without solutions/ (a release has none), nothing is provided. No box that
     was given the reference of a stage ever serves that stage.
+
+    A stage may come with a memory ceiling (``ceilings``: stage -> bytes, what its test module declares
+    as ``MEMORY_HEADROOM``): its worker's address space is then held by the kernel (RLIMIT_AS) to what it
+    was when the stage started plus that much, before the learner's module is imported. Code inside the
+    learner's process can hide what it allocates from any measurement taken there, not from that.
     """
 
     def __init__(self, root, limits: Limits | None = None, *, sandbox: Sandbox | None = None, confine=None,
-                 provided: dict[str, dict[str, str]] | None = None):
+                 provided: dict[str, dict[str, str]] | None = None, ceilings: dict[str, int] | None = None):
         self.root = Path(root).resolve()
         self.limits = limits or Limits()
         self.sources = sources(self.root)
         self.provided = reference_imports(SOLUTIONS) if provided is None else provided
+        self.ceilings = dict(ceilings or {})
         self.sandbox = sandbox or Sandbox(confine=confine)
         self._own_sandbox = sandbox is None
         import adapters  # (torch: imported where a backend is made, not where the sandbox is merely named)
@@ -979,7 +985,11 @@ class IsolatedBackend:
             return a.SubmissionError(_clip(header.get("message")))
         if kind == "exception":
             what = f"{_clip(header.get('type'), 200)}: {_clip(header.get('message'))}"
-            if header.get("memory"):
+            if header.get("memory") and module in self.ceilings:
+                what = (f"{module}: out of memory: when graded, this stage may allocate "
+                        f"{self.ceilings[module] / 2**20:g} MiB beyond what its process held when the stage "
+                        f"started ({what})")
+            elif header.get("memory"):
                 what = f"{module}: memory limit of {self.limits.memory_bytes / 2**30:g} GiB exceeded ({what})"
             trace = _clip(header.get("traceback") or "")
             return a.SubmissionError(what + (f"\nwhere (most recent call last):\n{trace.rstrip()}" if trace else ""))
@@ -1083,7 +1093,8 @@ class IsolatedBackend:
         waited = _Waiting(self._box)
         try:
             # (a request this small, a few kB, waits for nothing but a pipe jammed on purpose)
-            _send(self._box, pack({"cmd": "open", "module": module, "token": token, "provided": provided}),
+            _send(self._box, pack({"cmd": "open", "module": module, "token": token, "provided": provided,
+                                   "memory_headroom": self.ceilings.get(module)}),
                   waited.started + CLOSE_SECONDS, self._charger(waited, closing=True))
         except _OutOfTime as exc:
             if exc.what == "budget":

@@ -641,6 +641,19 @@ def set_limits(limits):
             resource.setrlimit(which, (value, value))
 
 
+def hold_address_space(headroom):
+    """Lower this process's RLIMIT_AS to its address space now plus ``headroom`` bytes (never above the
+    limit it has). Hard as well as soft: a process without privileges cannot raise it again, so
+    whatever the learner's code does, an allocation beyond it fails."""
+    import resource
+
+    with open("/proc/self/statm") as statm:
+        size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = size + headroom if hard == resource.RLIM_INFINITY else min(hard, size + headroom)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def drop_privileges(lib, how, uid):
     """Give up every privilege for good: a fresh uid, or a nested user namespace that owns nothing."""
     if how == "uid":
@@ -771,10 +784,13 @@ def serve(adapters, box, opened):
     header = opened
     while header is not None and header.get("cmd") == "open":
         restore_random_states(randomness)  # every stage starts from the template's random state
+        ceiling = header.get("memory_headroom")
         header = serve_stage(adapters, box, header)
         if header is None or header.get("cmd") != "close":
             return
         changed = changes(baseline, process_state(adapters)) if baseline is not None else ["no private /proc to check"]
+        if ceiling:
+            changed.append("memory ceiling")  # it cannot be raised again: the next stage gets a fresh worker
         if changed:
             write_message(REPLIES, {"kind": "leaving", "token": header.get("token"), "changed": changed[:5]})
             return
@@ -794,6 +810,8 @@ def serve_stage(adapters, box, opened):
     import traceback
 
     submission, module = box["submission"], opened["module"]
+    if opened.get("memory_headroom"):
+        hold_address_space(int(opened["memory_headroom"]))
     try:
         loaded = adapters.load_stage_module(submission, module, opened.get("provided"))
     except adapters.SubmissionError as exc:
@@ -870,7 +888,7 @@ def process_state(adapters):
 
     nn = torch.nn
     spaces = [builtins, torch, nn, nn.functional, nn.init, torch.Tensor, nn.Module, nn.Linear, nn.Dropout,
-              nn.ModuleList, nn.Parameter, nn.modules.module, numpy, adapters,
+              nn.ModuleList, nn.Parameter, nn.modules.module, numpy, adapters, adapters.Allocations,
               sys.modules[__name__], json]
     # Copies of their dictionaries: comparing two is C code with an identity shortcut per entry.
     state = {f"names of {getattr(s, '__name__', s)}": dict(vars(s)) for s in spaces}

@@ -84,8 +84,10 @@ def stage_report(marker: str, points: float, tests: list[dict]) -> str:
             if shown < DETAILED_FAILURES:
                 shown += 1
                 message = t["message"].strip() or "the check failed (no message)"
-                if len(message) > MESSAGE_LIMIT:
-                    message = message[:MESSAGE_LIMIT] + " [...]"
+                if len(message) > MESSAGE_LIMIT:  # cut, but the mistakes it names are always shown
+                    cut = message[:MESSAGE_LIMIT]
+                    message = "\n".join([cut + " [...]"] + [f"Likely mistake: {m}" for m in mistakes(message)
+                                                             if m not in cut])
                 lines.extend("        " + m for m in message.splitlines())
         elif not needs_cuda(t["nodeid"]):
             lines.append(f"  skip  {t['label']} ({t['message'].strip() or 'skipped'})")

@@ -92,10 +92,12 @@ def write_exercises(dest: Path = EXERCISES) -> list[Path]:
     return written
 
 
-def out_of_sync(dest: Path = EXERCISES) -> list[str]:
-    """Names of exercise files that differ from what solutions/ implies (or are missing/extra)."""
-    expected = expected_exercises()
-    present = {p.name for p in module_files(dest)}
+def out_of_sync(dest: Path = EXERCISES, assignments=None) -> list[str]:
+    """Names of exercise files (of ``assignments``; None: of all) that differ from what solutions/
+    implies (or are missing/extra)."""
+    chosen = {f"{s}.py" for name in assignments for s in stages(name)} if assignments is not None else None
+    expected = {n: text for n, text in expected_exercises().items() if chosen is None or n in chosen}
+    present = {p.name for p in module_files(dest) if chosen is None or p.name in chosen}
     stale = [n for n, text in expected.items()
              if not (Path(dest) / n).is_file() or (Path(dest) / n).read_text() != text]
     return sorted(stale + sorted(present - set(expected)))

@@ -7,6 +7,7 @@ from shlex import quote
 
 from . import results as R
 from .gradebook import GradebookSync
+from .kit import ASSIGNMENTS
 from .sandbox import TEST_TIMEOUT
 
 
@@ -29,19 +30,20 @@ class Target:
     where: str = "the target"  # where the submissions were looked for, and how they get there (said if none)
 
 
-def load_course(course_dir):
-    """The attnkit course in ``course_dir``, or a TargetError saying what to do."""
+def load_course(course_dir, assignment: str | None = None):
+    """The attnkit course in ``course_dir`` describing ``assignment`` (default: its first), or a
+    TargetError saying what to do."""
     from .course import Course, CourseError
 
     try:
-        return Course.load(course_dir)
+        return Course.load(course_dir, assignment)
     except CourseError as exc:
         raise TargetError(str(exc)) from None
 
 
 def assignments(course) -> list[str]:
-    """The course's assignment, and any other it holds sources or grades of (from an earlier build)."""
-    names = {course.assignment}
+    """The course's assignments, and any other it holds sources or grades of (from an earlier build)."""
+    names = set(course.assignments) | {course.assignment}
     for folder in (course.root / "source", course.root / R.GRADES_DIR):
         if folder.is_dir():
             names |= {p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")}
@@ -64,6 +66,8 @@ def course_target(course_dir, assignment: str | None) -> Target:
     """nbgrader's layout: COURSE/submitted/<student>/<assignment>/."""
     course = load_course(course_dir)
     assignment = course_assignment(course, assignment, "grade")
+    if assignment in course.assignments:
+        course = course.of(assignment)
     submitted = course.root / "submitted"
     found = {}
     if submitted.is_dir():
@@ -101,7 +105,12 @@ def folder_target(submissions_dir, out, assignment: str | None = None, points=No
         raise TargetError(f"--out {quote(str(out))} is inside --submissions {quote(str(root))}: "
                           "put the grades somewhere else")
     found = {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and not p.name.startswith(".")}
-    return Target(submissions=found, assignment=assignment or ASSIGNMENT, out=out,
-                  points=dict(points or plan_points()), test_timeout=test_timeout, time_budget=time_budget,
+    assignment = assignment or ASSIGNMENT
+    if points is None and assignment not in ASSIGNMENTS:
+        raise TargetError(f"the kit has no assignment {assignment!r}: its assignments are {', '.join(ASSIGNMENTS)} "
+                          "(or give --course, whose assignment's points are used)")
+    return Target(submissions=found, assignment=assignment, out=out,
+                  points=dict(points or plan_points(assignment=assignment)), test_timeout=test_timeout,
+                  time_budget=time_budget,
                   where=f"{quote(str(root))} holds no submission folder (it should hold one folder per student, "
-                        "named after the student, with the student's sNN_*.py modules)")
+                        "named after the student, with the student's stage modules, sNN_*.py or mNN_*.py)")

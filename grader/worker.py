@@ -108,9 +108,9 @@ class JobLoop:
             (self.staging / name).write_bytes(data)
         session.config.option.seed = job["seed"]
         grading = self.grading
-        grading.begin()
+        grading.begin(job.get("stages"))
         started = time.monotonic()
-        items = session.items
+        items = [item for item in session.items if grading.grades(item.nodeid)]
         for index, item in enumerate(items):
             following = items[index + 1] if index + 1 < len(items) else None
             # nextitem=None after the last item tears the session's fixtures down: this submission's
@@ -132,7 +132,8 @@ class JobLoop:
 
 
 def serve(jobs, answer, limits: Limits, *, isolate: bool = True, started: float | None = None) -> int:
-    """Grade ``jobs`` ({"sources": {file name: bytes}, "seed"}) in one pytest session in this process,
+    """Grade ``jobs`` ({"sources": {file name: bytes}, "seed", "stages": the stage modules to grade, None:
+    every stage of the kit}) in one pytest session in this process,
     passing each answer to ``answer``. ``isolate=False`` runs the learner's code in this process
     itself, each stage with the learner's own earlier stages (no reference versions of those, see
     grader/sandbox.py): for measurements (benchmarks/bench_grading.py's floor), never for grading."""
@@ -163,7 +164,8 @@ def main(argv=None) -> int:
     # One thread per worker, as in the boxes: workers share the cores; pinning them to cores
     # (sched_setaffinity) measured no better, and worse on a busy machine.
     torch.set_num_threads(1)
-    decoded = ({"seed": job["seed"], "sources": {name: base64.b64decode(data) for name, data in job["sources"].items()}}
+    decoded = ({"seed": job["seed"], "stages": job.get("stages"),
+                "sources": {name: base64.b64decode(data) for name, data in job["sources"].items()}}
                for job in map(json.loads, jobs))
     return serve(decoded, lambda answer: answers.write(json.dumps(answer) + "\n"), Limits(**settings["limits"]),
                  isolate=settings["isolate"], started=started)
@@ -210,7 +212,7 @@ class WorkerProcess:
         self.start_seconds, self.confinement = answer.get("seconds"), answer.get("confinement")
 
     def grade(self, job: dict) -> dict:
-        """Grade ``job`` ({"sources": {file name: bytes}, "seed"}): {"tests", "output_capped",
+        """Grade ``job`` ({"sources": {file name: bytes}, "seed", "stages"}): {"tests", "output_capped",
         "confinement", "seconds"}. Raises WorkerError if the worker could not grade it."""
         self.busy = True
         try:
@@ -222,7 +224,7 @@ class WorkerProcess:
         if self.proc is None or self.proc.poll() is not None:
             self.close()
             self.start()
-        line = json.dumps({"seed": job["seed"], "sources": {
+        line = json.dumps({"seed": job["seed"], "stages": job.get("stages"), "sources": {
             name: base64.b64encode(data).decode() for name, data in job["sources"].items()}})
         try:
             self.proc.stdin.write(line.encode() + b"\n")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from grader.kit import SOLUTIONS
+from grader.kit import SOLUTIONS, assignment_of
 from grader.samples import edited, write_modules
 
 
@@ -31,7 +31,11 @@ class Submission:
 
     def build(self, dest: Path) -> Path:
         """The submission folder: the reference with the edits applied."""
-        return write_modules(dest, replaced=self.modules())
+        return write_modules(dest, replaced=self.modules(), assignment=self.assignment)
+
+    @property
+    def assignment(self) -> str:
+        return assignment_of(self.stage)
 
 
 S01, S02, S03, S04 = "s01_attention_scores", "s02_normalization", "s03_context_vectors", "s04_trainable_projections"
@@ -372,4 +376,291 @@ VARIANTS = [
                  'self.register_buffer("mask", mask.bool().view(1, 1, context_length, context_length), '
                  'persistent=False)')),
                "chunk instead of split, a boolean non-persistent mask"),
+]
+
+# ---------------------------------------------------------------- modern-attention
+M01, M02, M03, M04 = "m01_pytorch_attention", "m02_padding_and_cross", "m03_kv_cache", "m04_grouped_query"
+M05, M06, M07 = "m05_rotary_embeddings", "m06_sliding_window", "m07_tiled_attention"
+
+BUGS += [
+    # m01_pytorch_attention
+    Submission("sdpa_given_the_future_mask", M01,
+               (("allowed = ~mha.mask.bool()[:num_tokens, :num_tokens]",
+                 "allowed = mha.mask.bool()[:num_tokens, :num_tokens]"),),
+               "F.scaled_dot_product_attention given chapter 3's mask as it is (True = the future, masked out)",
+               "True where a token takes part"),
+    Submission("torch_mha_given_the_sdpa_mask", M01,
+               (("attn_mask=future, need_weights=False", "attn_mask=~future, need_weights=False"),),
+               "nn.MultiheadAttention given the allowed positions (SDPA's convention; its own is True = masked out)",
+               "True where a key is NOT allowed"),
+    Submission("sdpa_queries_prescaled", M01,
+               (("F.scaled_dot_product_attention(queries, keys",
+                 "F.scaled_dot_product_attention(queries / mha.head_dim**0.5, keys"),),
+               "the queries are divided by sqrt(head_dim) before SDPA, which scales them again", "scaled twice"),
+    Submission("sdpa_not_causal", M01, (("is_causal=True", "is_causal=False"),),
+               "SDPA called without is_causal=True: tokens see the future", "causal mask is missing"),
+    Submission("sdpa_dropout_in_eval_mode", M01,
+               (("dropout_p = mha.dropout.p if mha.training else 0.0", "dropout_p = mha.dropout.p"),),
+               "SDPA's dropout_p passed in eval mode too", "In eval mode dropout must do nothing"),
+    Submission("in_proj_keys_first", M01,
+               (("projections = (mha.W_query, mha.W_key, mha.W_value)",
+                 "projections = (mha.W_key, mha.W_query, mha.W_value)"),),
+               "in_proj_weight stacks the key weights before the query weights",
+               "stack W_query, W_key and W_value in this order"),
+    # m02_padding_and_cross
+    Submission("empty_rows_give_nan", M02,
+               (("    attn_weights = attn_weights.masked_fill(nothing_to_attend, 0.0)\n", ""),),
+               "a query with every key masked keeps the NaN of its softmax row", "got NaN"),
+    Submission("padding_mask_inverted", M02,
+               (("allowed & key_padding_mask.bool()[:, None, None, :]",
+                 "allowed & ~key_padding_mask.bool()[:, None, None, :]"),),
+               "key_padding_mask read as True = padding (nn.MultiheadAttention's convention)",
+               "key_padding_mask is inverted"),
+    Submission("padding_mask_on_query_axis", M02,
+               (("key_padding_mask.bool()[:, None, None, :]", "key_padding_mask.bool()[:, None, :, None]"),),
+               "the padding mask hides query rows instead of key columns", "applied on the query axis"),
+    Submission("large_negative_fill_keeps_empty_rows", M02,
+               (("attn_scores.masked_fill(~allowed, -torch.inf)", "attn_scores.masked_fill(~allowed, -1e9)"),
+                ("    attn_weights = attn_weights.masked_fill(nothing_to_attend, 0.0)\n", "")),
+               "masked with -1e9 (no NaN), so a query with nothing to attend to averages every value, padding "
+               "included", "spreads its weight evenly"),
+    # m03_kv_cache
+    Submission("cache_positions_off_by_one", M03,
+               (("start = num_keys - num_new  # the position of the first new token",
+                 "start = num_keys - num_new + 1  # the position of the first new token"),),
+               "the new tokens' positions are counted one too far: each new query also sees the next token",
+               "one position late"),
+    Submission("cache_mask_not_offset", M03,
+               (("future = self.mask[start:start + num_new, :num_keys]", "future = self.mask[:num_new, :num_keys]"),),
+               "the mask's rows start at 0 at every step: a single new token sees only the first key",
+               "not offset by the cache length"),
+    Submission("reset_cache_does_nothing", M03,
+               (("        self.cache_k, self.cache_v = None, None\n", "        pass\n"),),
+               "reset_cache leaves the cache full: the next sequence attends to the previous one's tokens",
+               "the cache was not reset"),
+    Submission("cache_overwritten", M03,
+               (("self.cache_k = torch.cat([self.cache_k, keys], dim=2)", "self.cache_k = keys"),
+                ("self.cache_v = torch.cat([self.cache_v, values], dim=2)", "self.cache_v = values")),
+               "each step replaces the cache with its new tokens instead of appending them",
+               "attended to its own new tokens only"),
+    # m04_grouped_query
+    Submission("gqa_repeat_instead_of_repeat_interleave", M04,
+               (("keys = keys.repeat_interleave(self.group_size, dim=1)",
+                 "keys = keys.repeat(1, self.group_size, 1, 1)"),
+                ("values = values.repeat_interleave(self.group_size, dim=1)",
+                 "values = values.repeat(1, self.group_size, 1, 1)")),
+               "the kv heads tiled with repeat: query head h gets kv head h % num_kv_groups, not h // group_size",
+               "expanded with `repeat`"),
+    Submission("gqa_kv_as_wide_as_queries", M04,
+               (("nn.Linear(d_in, num_kv_groups * self.head_dim, bias=qkv_bias)",
+                 "nn.Linear(d_in, d_out, bias=qkv_bias)"),
+                ("self.split_heads(self.W_key(x), self.num_kv_groups)",
+                 "self.split_heads(self.W_key(x), self.num_heads)"),
+                ("self.split_heads(self.W_value(x), self.num_kv_groups)",
+                 "self.split_heads(self.W_value(x), self.num_heads)"),
+                ("        keys = keys.repeat_interleave(self.group_size, dim=1)\n"
+                 "        values = values.repeat_interleave(self.group_size, dim=1)\n", "")),
+               "keys and values keep num_heads heads: multi-head attention, no smaller projections or cache",
+               "keys and values get num_kv_groups heads, not num_heads"),
+    Submission("gqa_cache_of_expanded_heads", M04,
+               (("self.split_heads(self.W_key(x), self.num_kv_groups)",
+                 "self.split_heads(self.W_key(x), self.num_kv_groups).repeat_interleave(self.group_size, dim=1)"),
+                ("self.split_heads(self.W_value(x), self.num_kv_groups)",
+                 "self.split_heads(self.W_value(x), self.num_kv_groups).repeat_interleave(self.group_size, dim=1)"),
+                ("        keys = keys.repeat_interleave(self.group_size, dim=1)\n"
+                 "        values = values.repeat_interleave(self.group_size, dim=1)\n", "")),
+               "the kv heads expanded before the cache: right outputs, a cache as large as multi-head attention's",
+               "expand them after the cache"),
+    # m05_rotary_embeddings
+    Submission("rope_on_values", M05,
+               (("        keys = apply_rope(keys, self.cos, self.sin, offset)\n",
+                 "        keys = apply_rope(keys, self.cos, self.sin, offset)\n"
+                 "        values = apply_rope(values, self.cos, self.sin, offset)\n"),),
+               "the values are rotated too", "RoPE was applied to the values"),
+    Submission("rope_interleaved_pairs", M05,
+               (("    x1, x2 = x.chunk(2, dim=-1)  # first and second halves, (b, heads, num_tokens, head_dim/2) each\n"
+                 "    rotated = torch.cat([-x2, x1], dim=-1)  # rotate_half(x)\n"
+                 "    return x * cos + rotated * sin\n",
+                 "    half = x.shape[-1] // 2\n"
+                 "    x1, x2 = x[..., ::2], x[..., 1::2]  # neighbours (2i, 2i + 1), as in the RoFormer code\n"
+                 "    c, s = cos[..., :half], sin[..., :half]\n"
+                 "    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)\n"),),
+               "apply_rope rotates neighbouring features (2i, 2i + 1), the original RoPE layout, not Llama's halves",
+               "where Llama's halves layout is meant"),
+    Submission("rope_mixed_layouts", M05,
+               (("angles = torch.cat([freqs, freqs], dim=-1)", "angles = freqs.repeat_interleave(2, dim=-1)"),),
+               "rope_angles lays the angles out interleaved while apply_rope pairs the halves (rotate_half)",
+               "cos and sin are in the interleaved layout"),
+    Submission("rope_positions_restart", M05,
+               (("offset = self.cache_k.shape[2] if use_cache and self.cache_k is not None else 0", "offset = 0"),),
+               "cached steps rotate their tokens from position 0 again", "positions restart at 0"),
+    Submission("rope_theta_ignored", M05,
+               (("inv_freq = theta_base ** (-torch.arange", "inv_freq = 10_000.0 ** (-torch.arange"),),
+               "rope_angles always uses 10_000 as theta_base", "theta_base was ignored"),
+    # m06_sliding_window
+    Submission("window_off_by_one", M06,
+               (("return (j <= i) & (i - j < window)", "return (j <= i) & (i - j <= window)"),),
+               "the window lets window + 1 tokens take part", "the window is off by one: i - j <= window"),
+    Submission("window_cache_not_bounded", M06,
+               (("self.cache_k, self.cache_v = keys[:, :, -self.window:], values[:, :, -self.window:]",
+                 "self.cache_k, self.cache_v = keys, values"),),
+               "the cache keeps every position (the outputs stay right, the memory grows)", "the cache is not bounded"),
+    Submission("window_cache_keeps_oldest", M06,
+               (("[:, :, -self.window:]", "[:, :, :self.window]"),),
+               "the cache keeps the first window positions instead of the last", "kept the OLDEST window positions"),
+    Submission("window_rows_not_offset", M06,
+               (("allowed = self.mask[num_cached:num_cached + num_new, :num_cached + num_new]",
+                 "allowed = self.mask[:num_new, :num_cached + num_new]"),),
+               "cached steps take the band's first rows for the new queries", "took the band's first rows"),
+    # m07_tiled_attention
+    Submission("tiled_max_not_carried", M07,
+               (("new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))",
+                 "new_max = s.amax(dim=-1, keepdim=True)"),),
+               "the new max is the tile's alone: exact until exp(old max - new max) overflows on large logits",
+               "running max was not carried"),
+    Submission("tiled_sum_not_rescaled", M07,
+               (("row_sum = row_sum * correction + p.sum(dim=-1, keepdim=True)",
+                 "row_sum = row_sum + p.sum(dim=-1, keepdim=True)"),),
+               "the running sum is not rescaled when the max grows", "running sum row_sum was not rescaled"),
+    Submission("tiled_acc_not_rescaled", M07,
+               (("acc = acc * correction + p @ v_blk", "acc = acc + p @ v_blk"),),
+               "the accumulator is not rescaled when the max grows", "accumulator acc was not rescaled"),
+    Submission("tiled_full_score_matrix", M07,
+               (("    out = torch.empty_like(q)\n",
+                 "    scores = (q @ k.transpose(-2, -1)) * scale  # (b, num_heads, n_q, n_kv): what tiling avoids\n"
+                 "    if is_causal:\n"
+                 "        keep = torch.ones(n_q, n_kv, dtype=torch.bool, device=q.device).tril()\n"
+                 "        scores = scores.masked_fill(~keep, -torch.inf)\n"
+                 "    return torch.softmax(scores, dim=-1) @ v\n"),),
+               "right output, computed from the full score matrix", "full score matrix was materialised"),
+    Submission("tiled_calls_sdpa", M07,
+               (("    out = torch.empty_like(q)\n",
+                 "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)\n"),),
+               "right output, from the fused kernel the stage explains", "called F.scaled_dot_product_attention"),
+    Submission("tiled_nan_from_masked_rows", M07,
+               (("kv_end = min(n_kv, q_end) if is_causal else n_kv", "kv_end = n_kv"),
+                ("for k_start in range(0, kv_end, block_size):",
+                 "for k_start in reversed(range(0, kv_end, block_size)):"),
+                ("shift = torch.where(new_max == -torch.inf, 0.0, new_max)", "shift = new_max")),
+               "every key tile, last to first, masked tiles included: a row with all scores masked so far "
+               "computes exp(-inf - (-inf)) = NaN", "subtract 0 there"),
+]
+
+VARIANTS += [
+    # m01_pytorch_attention
+    Submission("sdpa_additive_float_mask", M01,
+               (("allowed = ~mha.mask.bool()[:num_tokens, :num_tokens]",
+                 "allowed = torch.zeros(num_tokens, num_tokens, dtype=queries.dtype, device=queries.device)\n"
+                 "        allowed = allowed.masked_fill(mha.mask.bool()[:num_tokens, :num_tokens], -torch.inf)"),),
+               "SDPA with an additive float mask (0 = takes part, -inf = masked out) instead of a boolean one"),
+    Submission("torch_mha_float_causal_mask", M01,
+               (("out, _ = torch_mha(x, x, x, attn_mask=future, need_weights=False)",
+                 "future = nn.Transformer.generate_square_subsequent_mask(num_tokens, device=x.device, dtype=x.dtype)\n"
+                 "    out, _ = torch_mha(x, x, x, attn_mask=future, need_weights=False, is_causal=True)"),),
+               "nn.MultiheadAttention with nn.Transformer's float causal mask and the is_causal hint"),
+    # m02_padding_and_cross
+    Submission("empty_rows_by_nan_to_num", M02,
+               (("    nothing_to_attend = ~allowed.any(dim=-1, keepdim=True)  # (..., n_q, 1)\n"
+                 "    attn_weights = attn_weights.masked_fill(nothing_to_attend, 0.0)\n",
+                 "    attn_weights = attn_weights.nan_to_num(0.0)  # NaN rows: those with nothing to attend to\n"),),
+               "fully masked rows zeroed by nan_to_num after the softmax instead of masked_fill"),
+    Submission("empty_rows_by_where", M02,
+               (("attn_weights = attn_weights.masked_fill(nothing_to_attend, 0.0)",
+                 "attn_weights = torch.where(nothing_to_attend, torch.zeros_like(attn_weights), attn_weights)"),),
+               "fully masked rows zeroed with torch.where"),
+    Submission("large_negative_fill_and_zeroed_rows", M02,
+               (("attn_scores.masked_fill(~allowed, -torch.inf)",
+                 "attn_scores.masked_fill(~allowed, torch.finfo(attn_scores.dtype).min)"),),
+               "masked with the dtype's most negative number (no -inf), fully masked rows still zeroed"),
+    # m03_kv_cache
+    Submission("preallocated_cache_with_position", M03,
+               (('        self.register_buffer("cache_k", None, persistent=False)\n'
+                 '        self.register_buffer("cache_v", None, persistent=False)\n',
+                 "        self.reset_cache()\n"),
+                ("    def reset_cache(self):", """    @property
+    def cache_k(self):
+        return None if self.k_buffer is None else self.k_buffer[:, :, :self.position]
+
+    @property
+    def cache_v(self):
+        return None if self.v_buffer is None else self.v_buffer[:, :, :self.position]
+
+    def reset_cache(self):"""),
+                ("self.cache_k, self.cache_v = None, None",
+                 "self.k_buffer, self.v_buffer, self.position = None, None, 0"),
+                ("""            if self.cache_k is None:
+                self.cache_k, self.cache_v = keys, values
+            else:
+                self.cache_k = torch.cat([self.cache_k, keys], dim=2)
+                self.cache_v = torch.cat([self.cache_v, values], dim=2)
+""", """            b, _, num_new, _ = keys.shape
+            if self.k_buffer is None:  # room for a whole context, allocated once
+                shape = (b, self.num_heads, self.mask.shape[0], self.head_dim)
+                self.k_buffer, self.v_buffer = keys.new_empty(shape), values.new_empty(shape)
+            end = self.position + num_new
+            self.k_buffer[:, :, self.position:end] = keys
+            self.v_buffer[:, :, self.position:end] = values
+            self.position = end
+""")),
+               "a cache buffer allocated once for the whole context, filled up to a position counter"),
+    Submission("mask_from_positions", M03,
+               (("future = self.mask[start:start + num_new, :num_keys]",
+                 "positions = torch.arange(num_keys, device=x.device)\n"
+                 "        future = positions[None, :] > positions[start:, None]"),),
+               "the causal mask compared from the positions of the new queries and of the keys"),
+    # m04_grouped_query
+    Submission("gqa_expand_and_reshape", M04,
+               (("keys = keys.repeat_interleave(self.group_size, dim=1)",
+                 "keys = keys[:, :, None].expand(-1, -1, self.group_size, -1, -1).flatten(1, 2)"),
+                ("values = values.repeat_interleave(self.group_size, dim=1)",
+                 "values = values[:, :, None].expand(-1, -1, self.group_size, -1, -1).flatten(1, 2)")),
+               "expand a new group axis and merge it into the head axis instead of repeat_interleave"),
+    Submission("gqa_sdpa_enable_gqa", M04,
+               (("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.nn.functional as F\n"),
+                ("        keys = keys.repeat_interleave(self.group_size, dim=1)\n"
+                 "        values = values.repeat_interleave(self.group_size, dim=1)\n", ""),
+                ("num_keys = keys.shape[2]",
+                 "num_keys = keys.shape[2]\n        dropout_p = self.dropout.p if self.training else 0.0"),
+                ("""        attn_scores = queries @ keys.transpose(2, 3)  # (b, num_heads, num_new, num_keys)
+        future = self.mask[start:start + num_new, :num_keys]  # (num_new, num_keys), True = a later position
+        attn_scores = attn_scores.masked_fill(future, -torch.inf)
+        attn_weights = torch.softmax(attn_scores / self.head_dim**0.5, dim=-1)
+        attn_weights = self.dropout(attn_weights)
+        context_vec = attn_weights @ values  # (b, num_heads, num_new, head_dim)
+""", """        future = self.mask[start:start + num_new, :num_keys]  # (num_new, num_keys), True = a later position
+        context_vec = F.scaled_dot_product_attention(queries, keys, values, attn_mask=~future, dropout_p=dropout_p,
+                                                     enable_gqa=True)
+""")),
+               "F.scaled_dot_product_attention(enable_gqa=True) on the num_kv_groups heads, no explicit expansion"),
+    # m05_rotary_embeddings
+    Submission("rope_complex_halves", M05,
+               (("    x1, x2 = x.chunk(2, dim=-1)  # first and second halves, (b, heads, num_tokens, head_dim/2) each\n"
+                 "    rotated = torch.cat([-x2, x1], dim=-1)  # rotate_half(x)\n"
+                 "    return x * cos + rotated * sin\n",
+                 "    half = x.shape[-1] // 2\n"
+                 "    wide = torch.promote_types(x.dtype, torch.float32)  # complex parts: float32/float64\n"
+                 "    pairs = torch.complex(x[..., :half].to(wide), x[..., half:].to(wide))  # x[i] + 1j x[i + half]\n"
+                 "    turned = pairs * torch.complex(cos[..., :half].to(wide), sin[..., :half].to(wide))\n"
+                 "    return torch.cat([turned.real, turned.imag], dim=-1).to(x.dtype)\n"),),
+               "RoPE as a product with e^(1j angle) of the complex numbers x[i] + 1j x[i + head_dim/2] (halves)"),
+    # m06_sliding_window
+    Submission("window_mask_from_tril", M06,
+               (("    i = torch.arange(num_tokens)[:, None]  # (num_tokens, 1)\n"
+                 "    j = torch.arange(num_tokens)[None, :]  # (1, num_tokens)\n"
+                 "    return (j <= i) & (i - j < window)\n",
+                 "    ones = torch.ones(num_tokens, num_tokens, dtype=torch.bool)\n"
+                 "    return torch.tril(ones) & ~torch.tril(ones, diagonal=-window)\n"),),
+               "the band as the causal triangle minus the triangle window or more positions back"),
+    # m07_tiled_attention
+    Submission("tiled_exp2", M07,
+               (("q_blk = q[..., q_start:q_end, :].to(work) * scale",
+                 "q_blk = q[..., q_start:q_end, :].to(work) * (scale * math.log2(math.e))"),
+                ("p = torch.exp(s - shift)", "p = torch.exp2(s - shift)"),
+                ("correction = torch.exp(row_max - shift)", "correction = torch.exp2(row_max - shift)")),
+               "exp2 with log2(e) folded into the scale, as the fused kernels do"),
+    Submission("tiled_masked_tiles_last_to_first", M07,
+               (("kv_end = min(n_kv, q_end) if is_causal else n_kv", "kv_end = n_kv"),
+                ("for k_start in range(0, kv_end, block_size):",
+                 "for k_start in reversed(range(0, kv_end, block_size)):")),
+               "every key tile, last to first: tiles above the diagonal masked, not skipped"),
 ]

@@ -49,7 +49,7 @@ class Context:
         for student in self.bystanders:
             for top in ("submitted", "autograded"):
                 folder = self.course / top / student / self.assignment
-                out += [folder / "s01_attention_scores.py", folder / "pwned.txt"]
+                out += [folder / f"{stages(self.assignment)[0]}.py", folder / "pwned.txt"]
         return out
 
 
@@ -303,12 +303,47 @@ def corpus() -> list[Tamper]:
                    s09_multihead_wrapper=stealing_wrapper()),
                reason=STUB, expected={"causal_attention": 0}),
         Tamper(LATE + "stubs", "victim: the stubs, untouched, graded after every attacker",
-               lambda ctx: {stage: stub(stage) for stage in stages()},
-               reason=STUB, expected={marker(stage): 0 for stage in stages()}),
+               lambda ctx: {stage: stub(stage) for stage in stages("attention")},
+               reason=STUB, expected={marker(stage): 0 for stage in stages("attention")}),
         Tamper(LATE + "scavenge", "victim: the stubs, each of which looks in every channel for the source "
                "planted for it and runs it",
-               lambda ctx: {stage: attacked(stub(stage), "scavenge") for stage in stages()},
-               reason=STUB, expected={marker(stage): 0 for stage in stages()}),
+               lambda ctx: {stage: attacked(stub(stage), "scavenge") for stage in stages("attention")},
+               reason=STUB, expected={marker(stage): 0 for stage in stages("attention")}),
+    ]
+
+
+def modern_corpus() -> list[Tamper]:
+    """Entries aimed at the stages of modern-attention (graded in a course of its own by
+    kit_tests/test_tamper_modern.py), the same attacks on other modules, and one of its own: a stage-7
+    module that computes the full score matrix where no measurement in its process can see it."""
+    return [
+        Tamper("m-reach-outside", "stubs that look for the solutions and run theirs (m01, m03); write into the "
+               "gradebook, other students' folders and the kit (m02)",
+               lambda ctx: {
+                   "m01_pytorch_attention": attacked(stub("m01_pytorch_attention"), "read_solutions",
+                                                     context={"solutions": str(SOLUTIONS)}),
+                   "m02_padding_and_cross": attacked(stub("m02_padding_and_cross"), "write_everywhere", context={
+                       "targets": [str(p) for p in ctx.target_files()],
+                       "folders": [str(ctx.course / top / s / ctx.assignment)
+                                   for top in ("submitted", "autograded") for s in ctx.bystanders]}),
+                   "m03_kv_cache": attacked(stub("m03_kv_cache"), "read_solutions",
+                                            context={"solutions": str(SOLUTIONS)})},
+               reason=STUB, expected={"pytorch_attention": 0, "padding_and_cross": 0, "kv_cache": 0}),
+        Tamper("m-faults", "correct modules that, at import, loop forever (m04), dereference NULL (m05) or call "
+               "os._exit(0) (m06)", fixed(**armed(solution, m04_grouped_query="endless_loop",
+                                                   m05_rotary_embeddings="segfault", m06_sliding_window="os_exit")),
+               reason=("time limit", "SIGSEGV", "exited with code 0"),
+               expected={"grouped_query": 0, "rotary_embeddings": 0, "sliding_window": 0}),
+        Tamper("m-hidden-matrix", "an m07 that computes the whole score matrix in NumPy with torch's function "
+               "modes off (correct values; no measurement in its process sees the matrix): only the kernel's "
+               "memory ceiling of its graded checks catches it", fixed(m07_tiled_attention=payload("hidden_matrix")),
+               # Its public memory check (256 tokens, measured in its process) passes: an honest limit.
+               reason="ran out of memory at 8192 tokens", expected={"tiled_attention": Fraction(20, 22)}),
+        Tamper("m-print-flood", "a correct m01 that prints 1 GiB on stdout and 1 GiB on stderr at import",
+               fixed(**armed(solution, m01_pytorch_attention="print_flood")), reason="Stage pytorch_attention: "),
+        Tamper(LATE + "m-stubs", "victim: the stubs, untouched, graded after every attacker",
+               lambda ctx: {stage: stub(stage) for stage in stages("modern-attention")},
+               reason=STUB, expected={marker(stage): 0 for stage in stages("modern-attention")}),
     ]
 
 
@@ -328,7 +363,7 @@ def write_entry(entry: Tamper, ctx: Context, release: Path, dest: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(release, dest)
-    write_modules(dest, replaced=entry.modules(ctx))
+    write_modules(dest, replaced=entry.modules(ctx), assignment=ctx.assignment)
     for name, text in (entry.extra_files(ctx) if entry.extra_files else {}).items():
         (dest / name).parent.mkdir(parents=True, exist_ok=True)
         (dest / name).write_text(text)

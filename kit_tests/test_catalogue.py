@@ -10,7 +10,7 @@ from verdicts import verdicts
 
 from catalogue import BUGS, VARIANTS
 from grader.grade import grade
-from grader.kit import stages
+from grader.kit import ASSIGNMENTS, stages
 from grader.samples import SAMPLES
 from grader.scoring import stage_score
 from grader.targets import folder_target
@@ -24,14 +24,21 @@ def records(tmp_path_factory):
     """name -> record of every catalogue entry and sample, all graded in one run of attnkit grade's
     warm workers (torch imported once per worker)."""
     root = tmp_path_factory.mktemp("catalogue")
-    for entry in BUGS + VARIANTS:
-        entry.build(root / "submissions" / entry.name)
-    for sample in SAMPLES:
-        sample.write(root / "submissions" / (SAMPLE + sample.student))
-    target = folder_target(root / "submissions", root / "grades", points={stage: 1.0 for stage in stages()})
-    outcome = grade(target, quiet=True)
-    assert not outcome.errors, outcome.errors
-    return outcome.records
+    records = {}
+    for assignment in ASSIGNMENTS:  # each graded on its own assignment's stages, as a course grades it
+        folder = root / assignment
+        for entry in BUGS + VARIANTS:
+            if entry.assignment == assignment:
+                entry.build(folder / "submissions" / entry.name)
+        for sample in SAMPLES:
+            if sample.assignment == assignment:
+                sample.write(folder / "submissions" / (SAMPLE + assignment + "-" + sample.student))
+        target = folder_target(folder / "submissions", folder / "grades", assignment,
+                               points={stage: 1.0 for stage in stages(assignment)})
+        outcome = grade(target, quiet=True)
+        assert not outcome.errors, outcome.errors
+        records |= outcome.records
+    return records
 
 
 @pytest.fixture(scope="module")

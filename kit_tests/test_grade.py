@@ -172,7 +172,7 @@ def test_verdicts_are_those_of_nbgrader_s_cells(course):
     compared = ("reference", "softmax-dim0")
     with ThreadPoolExecutor(max_workers=2) as pool:
         cells = dict(zip(compared, pool.map(
-            lambda s: grade_folder(root / "submitted" / s / ASSIGNMENT, Limits()), compared)))
+            lambda s: grade_folder(root / "submitted" / s / ASSIGNMENT, Limits(), stages(ASSIGNMENT)), compared)))
     for student in compared:
         assert outcomes(found[student]) == {t["nodeid"]: t["outcome"] for t in cells[student]["tests"]}, student
         assert (found[student]["fingerprint"], found[student]["seed"]) == \
@@ -269,7 +269,7 @@ def submissions(tmp_path_factory):
     for number in range(CLASS):
         folder = root / f"student{number:02d}"
         folder.mkdir(parents=True)
-        for stage in stages():
+        for stage in stages("attention"):
             text = (SOLUTIONS / f"{stage}.py").read_text()
             if stage == "s01_attention_scores":
                 text += f"\n# submission {number}\n"
@@ -454,7 +454,8 @@ def test_hints_quote_paths_so_they_can_be_pasted(spaced_course):
     root, stdout = spaced_course
     (hint,) = [line for line in stdout.splitlines() if line.startswith("next: ")]
     assert shlex.split(hint.removeprefix("next: ")) == ["cd", str(root), "&&", "nbgrader", "generate_assignment",
-                                                        ASSIGNMENT]
+                                                        ASSIGNMENT, "&&", "nbgrader", "generate_assignment",
+                                                        "modern-attention"]
     missing = root / "not a course"
     said = attnkit_refuses("grade", "--course", str(missing))
     assert f"`attnkit course build {shlex.quote(str(missing))}`" in said
@@ -499,8 +500,8 @@ def test_an_assignment_the_course_lacks_is_named_with_those_it_has(spaced_course
     root = spaced_course[0]
     for command in ("report", "grade"):
         said = attnkit_refuses(command, "WRONG", "--course", str(root))
-        assert f"the course in {shlex.quote(str(root))} has no assignment 'WRONG'; its assignments: {ASSIGNMENT} " \
-               f"(e.g. `attnkit {command} {ASSIGNMENT}`)" in said, command
+        assert f"the course in {shlex.quote(str(root))} has no assignment 'WRONG'; its assignments: " \
+               f"{ASSIGNMENT}, modern-attention (e.g. `attnkit {command} {ASSIGNMENT}`)" in said, command
 
 
 def test_other_bad_input_gets_an_error_that_says_what_to_do(spaced_course, tmp_path):

@@ -105,7 +105,7 @@ def graded(tmp_path_factory):
     archive = course / "downloaded" / ASSIGNMENT / "archive"
     archive.mkdir(parents=True)
     with zipfile.ZipFile(archive / "lms.zip", "w") as z:
-        for f in [f"{ASSIGNMENT}.ipynb"] + [f"{s}.py" for s in stages()]:
+        for f in [f"{ASSIGNMENT}.ipynb"] + [f"{s}.py" for s in stages(ASSIGNMENT)]:
             z.write(staged / f, f"{VIA_ZIP}_{f}")
     nbgrader("zip_collect", ASSIGNMENT)
 
@@ -205,7 +205,7 @@ def test_reference_and_warning_submission_get_full_marks(graded):
 def test_warning_submission_cells_have_no_stderr(graded):
     nb = nbformat.read(graded["root"] / "autograded" / VIA_ZIP / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
     grade_cells = [cell for cell in nb.cells if cell.metadata.get("nbgrader", {}).get("grade")]
-    assert len(grade_cells) == len(stages())
+    assert len(grade_cells) == len(stages(ASSIGNMENT))
     for cell in grade_cells:
         kinds = [(o.output_type, o.get("name")) for o in cell.outputs]
         assert ("stream", "stderr") not in kinds and not any(k == "error" for k, _ in kinds), kinds
@@ -229,7 +229,7 @@ def test_mistake_scores_are_exact_and_tampering_changes_nothing(graded, tmp_path
     scores exactly what the suite gives its modules when run directly."""
     c = graded["course"]
     modules = by_student(TAMPERED).write(tmp_path / "modules")
-    direct = grade_folder(modules, Limits())
+    direct = grade_folder(modules, Limits(), list(c.points))
     expected = {stage: stage_score([t for t in direct["tests"] if t["stage"] == stage], points)
                 for stage, points in c.points.items()}
     assert expected["s06_causal_mask"] < c.points["s06_causal_mask"]
@@ -290,7 +290,7 @@ def test_feedback_names_each_stage_and_shows_no_grading_code(graded):
     shown as something the student should go and do."""
     from grader.notebook import STAGES, stage_heading
 
-    headings = [stage_heading(n, STAGES[s][0]) for n, s in enumerate(stages(), start=1)]
+    headings = [stage_heading(n, STAGES[s][0]) for n, s in enumerate(stages(ASSIGNMENT), start=1)]
     for student in STUDENTS:
         page = html.unescape((graded["root"] / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text())
         text = html.unescape(re.sub(r"<[^>]+>", "", page))
@@ -315,4 +315,4 @@ def test_autograde_warns_only_about_a_locked_cell_that_was_edited(graded):
 
 def test_grading_record_kept_for_the_instructor(graded):
     record = json.loads((graded["root"] / "autograded" / TAMPERED / ASSIGNMENT / "attnkit-grading.json").read_text())
-    assert {t["marker"] for t in record["tests"]} == {marker(s) for s in stages()}
+    assert {t["marker"] for t in record["tests"]} == {marker(s) for s in stages(ASSIGNMENT)}

@@ -306,3 +306,15 @@ def test_check_names_and_cuda_checks_in_words():
     assert "PASS  other sizes (case 1, CPU)" in text and "FAIL  random cases (CPU)" in text
     assert "CUDA)" not in text and "run on a GPU" not in text
     assert text.splitlines()[-1] == "  (2 more checks need a CUDA GPU: not run here, so they count for no points)"
+
+
+def test_a_long_message_is_cut_in_feedback_but_keeps_the_mistakes_it_names():
+    """Big arrays make long messages; the named mistakes come last, and feedback still shows them."""
+    nodeid = "tests/test_m07_tiled_attention.py::test_random_cases[cpu]"
+    message = ("out differs from the expected values\n" + "  expected: [" + "0.1234, " * 200 + "]\n"
+               "Likely mistake: the running max is not carried from one tile of keys to the next")
+    text = stage_report("tiled_attention", 16, [
+        {"nodeid": nodeid, "label": label(nodeid), "outcome": "failed", "message": message}])
+    assert " [...]" in text and len(text) < len(message)
+    assert text.splitlines()[-1].strip() == \
+        "Likely mistake: the running max is not carried from one tile of keys to the next"

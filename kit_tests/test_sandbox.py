@@ -11,6 +11,7 @@ import os
 import shutil
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -543,7 +544,7 @@ LOADED_AT_IMPORT = '''
 import sys as _sys
 
 LOADED = {name: str(getattr(module, "__file__", "")) for name, module in list(_sys.modules.items())
-          if name[:1] == "s" and name[1:3].isdigit()}
+          if name[:1] in "sm" and name[1:3].isdigit() and "_" in name}
 
 
 def loaded():
@@ -888,3 +889,26 @@ def test_a_sweep_never_takes_a_folder_being_made(tmp_path, monkeypatch):
     for folder in folders:
         folder.remove()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_memory_ceiling_is_held_by_the_kernel_whatever_the_stage_hides(sandbox, tmp_path):
+    """A stage with a ceiling (its test module's MEMORY_HEADROOM) runs in a worker whose address space the
+    kernel holds: the full 8192 x 8192 score matrix (512 MiB in float64, NumPy) is refused, however it is computed,
+    while the reference's tiles fit. The same code without a ceiling computes it (the control), and the
+    stage after a ceiling gets a worker of its own, without it."""
+    m07 = "m07_tiled_attention"
+    hidden = (Path(__file__).with_name("tamper_payloads") / "hidden_matrix.py").read_text()
+    root = write_modules(tmp_path / "hidden", replaced={m07: hidden}, assignment="modern-attention")
+    q = np.random.default_rng(0).normal(size=(1, 1, 8192, 8)).astype(np.float32)
+    ceiling = {m07: 128 << 20}
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox, ceilings=ceiling) as held:
+        with pytest.raises(Exception, match="out of memory: when graded, this stage may allocate 128 MiB"):
+            held.run("call", m07, func="tiled_attention", args=[q, q, q], kwargs={"is_causal": True})
+        held.run("call", "m06_sliding_window", func="sliding_window_mask", args=[4, 2])
+        assert held.stats["leaving"].get("memory ceiling") == 1 and held.stats["workers"] == 2, held.stats
+    with IsolatedBackend(root, replace(LIMITS, check_seconds=30.0, memory_bytes=8 << 30), sandbox=sandbox) as free:
+        assert free.run("call", m07, func="tiled_attention", args=[q, q, q], kwargs={"is_causal": True}).shape == \
+            q.shape
+    with IsolatedBackend(SOLUTIONS, LIMITS, sandbox=sandbox, ceilings=ceiling) as reference:
+        assert reference.run("call", m07, func="tiled_attention", args=[q, q, q],
+                             kwargs={"is_causal": True, "block_size": 256}).shape == q.shape

@@ -20,7 +20,8 @@ import nbformat
 import pytest
 
 from grader.course import build
-from grader.kit import SOLUTIONS
+from grader.kit import KIT, SOLUTIONS
+from grader.samples import write_modules
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -72,6 +73,28 @@ def junit_results(path):
         name = f"{case.get('classname').split('.')[-1]}::{case.get('name')}"
         results[name] = (outcome, message, float(case.get("time")))
     return results
+
+
+def test_after_a_stop_the_stage_s_cuda_cases_stay_skipped(tmp_path):
+    """Stage 10 loops at import: its checks after the first fail at once, but its CUDA cases are skipped as
+    on any machine without CUDA, so that they count for nothing there either way (a student who hit the
+    limit loses the checks that ran, not those that never could)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the CUDA cases run instead of being skipped")
+    s10 = "s10_multihead_attention"
+    folder = write_modules(tmp_path / "student", replaced={s10: LOOP_AT_IMPORT}, assignment="attention")
+    junit = tmp_path / "junit.xml"
+    subprocess.run([sys.executable, "-m", "pytest", str(KIT / "tests" / f"test_{s10}.py"), f"--impl={folder}",
+                    "-p", "no:cacheprovider", "-o", f"timeout={LIMIT:g}", f"--junitxml={junit}"],
+                   cwd=KIT, capture_output=True, text=True, timeout=180)
+    results = junit_results(junit)
+    cuda = {name: r for name, r in results.items() if "cuda" in name}
+    cpu = [r for name, r in results.items() if "cuda" not in name]
+    assert cuda and all(outcome == "skipped" for outcome, _, _ in cuda.values()), cuda
+    assert cpu[0][0] == "failure" and all(outcome == "error" and NOT_RUN in message
+                                          for outcome, message, _ in cpu[1:]), cpu[:3]
 
 
 def test_release_pytest_ini_carries_the_time_limit(release):

@@ -38,10 +38,10 @@ TEST_TIMEOUT = 3.0  # CPU seconds per check: the learner's own time, so a loaded
 CORPUS = corpus()
 
 
-def attnkit_grade(root, tmpdir):
+def attnkit_grade(root, tmpdir, assignment=ASSIGNMENT):
     env = dict(os.environ, TMPDIR=str(tmpdir))
-    run = subprocess.run([sys.executable, "-m", "grader.cli", "grade", "--course", str(root), "--workers", "1",
-                          "--quiet"], capture_output=True, text=True, env=env)
+    run = subprocess.run([sys.executable, "-m", "grader.cli", "grade", assignment, "--course", str(root),
+                          "--workers", "1", "--quiet"], capture_output=True, text=True, env=env)
     assert run.returncode == 0, f"attnkit grade failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     return run
 
@@ -179,4 +179,4 @@ def test_the_run_leaves_nothing_behind(graded):
 def test_every_stage_of_the_corpus_is_attacked():
     """The corpus covers every stage module, so that a channel left open in any stage would show."""
     attacked = {marker(stage) for entry in CORPUS for stage in entry.modules(Context(KIT, ASSIGNMENT, ()))}
-    assert attacked == {marker(s) for s in stages()}
+    assert attacked == {marker(s) for s in stages(ASSIGNMENT)}

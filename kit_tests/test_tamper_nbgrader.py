@@ -240,7 +240,7 @@ def test_learner_code_never_ran_in_the_kernel(graded):
         sources = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
         assert MARK not in sources, entry.name
         grade_cells = [cell for cell in nb.cells if cell.metadata.get("nbgrader", {}).get("grade")]
-        assert len(grade_cells) == len(stages()), entry.name
+        assert len(grade_cells) == len(stages(ASSIGNMENT)), entry.name
         for cell in grade_cells:
             assert "grading.stage(" in cell.source, entry.name
             kinds = [o.output_type for o in cell.outputs]

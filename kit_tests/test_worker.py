@@ -14,8 +14,9 @@ from grader.worker import JobLoop, WorkerProcess
 
 
 def job(folder):
+    """A job grading the submission in ``folder`` on chapter 3's stages."""
     sources = S.sources(folder)
-    return {"sources": sources, "seed": S.seed_of(S.fingerprint(sources))}
+    return {"sources": sources, "seed": S.seed_of(S.fingerprint(sources)), "stages": stages("attention")}
 
 
 def graded(worker, jobs):
@@ -58,7 +59,7 @@ def test_a_mistake_in_stage_8_costs_no_points_on_stage_9(tmp_path):
     broken = edited((SOLUTIONS / f"{s08}.py").read_text(), [(
         "torch.triu(torch.ones(context_length, context_length), diagonal=1)",
         "torch.triu(torch.ones(context_length, context_length), diagonal=0)")], s08)
-    folder = write_modules(tmp_path / "broken-s08", replaced={s08: broken})
+    folder = write_modules(tmp_path / "broken-s08", replaced={s08: broken}, assignment="attention")
     outcomes = {}
     for nodeid, outcome, _ in graded(WorkerProcess(Limits()), [job(folder)])[0]:
         outcomes.setdefault(stage_of(nodeid), []).append(outcome)
@@ -66,4 +67,4 @@ def test_a_mistake_in_stage_8_costs_no_points_on_stage_9(tmp_path):
     assert outcomes["s09_multihead_wrapper"].count("passed") >= 4
     lost = {stage: o for stage, o in outcomes.items() if stage != s08 and set(o) - {"passed", "skipped"}}
     assert not lost, f"the mistake in {s08} cost points elsewhere: {sorted(lost)}"
-    assert set(outcomes) == set(stages())
+    assert set(outcomes) == set(stages("attention")), "a job is graded on the stages it names, and on those only"

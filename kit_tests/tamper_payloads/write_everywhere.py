@@ -25,7 +25,8 @@ def _vandalise():
         except Exception:
             pass
     for folder in attack.get("folders", []):
-        for name in ("s01_attention_scores.py", "pwned.txt", "attention.ipynb"):
+        for name in ("s01_attention_scores.py", "m01_pytorch_attention.py", "pwned.txt", "attention.ipynb",
+                     "modern-attention.ipynb"):
             try:
                 with open(os.path.join(folder, name), "w") as handle:
                     handle.write("raise SystemExit('pwned')\n")

@@ -1,0 +1,443 @@
+"""Stage m05: rotary position embeddings (RoPE) in Llama's halves layout.
+
+Spec: rope_angles(head_dim, context_length, theta_base=10_000.0) -> (cos, sin), each (context_length,
+head_dim): angle[p, i] = p * inv_freq[i % (head_dim/2)], inv_freq = theta_base ** (-arange(0, head_dim, 2)
+/ head_dim), duplicated as cat([freqs, freqs]) (Hugging Face's Llama). apply_rope(x, cos, sin, offset=0)
+rotates x (b, heads, T, head_dim) at positions offset..offset+T-1: x * cos + rotate_half(x) * sin,
+rotate_half(x) = cat([-x2, x1]) (feature i pairs with feature i + head_dim/2). RoPEAttention(d_in, d_out,
+context_length, num_heads, num_kv_groups=None, qkv_bias=False, theta_base=10_000.0): causal grouped-query
+attention (W_key/W_value: num_kv_groups * head_dim outputs, keys/values repeat_interleave'd) with RoPE on
+queries and keys only, scale 1/sqrt(head_dim), out_proj; forward(x, use_cache=False) with stage m03's cache
+(cache_k (b, num_kv_groups, tokens_so_far, head_dim), positions continuing across cached steps), reset_cache().
+"""
+from functools import partial
+
+import numpy as np
+import pytest
+
+from cases import normal, random_weights
+from checks import assert_close, causal, linear, softmax
+
+pytestmark = pytest.mark.rotary_embeddings
+STAGE = "m05_rotary_embeddings"
+CLS = "RoPEAttention"
+FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32 against a float64 NumPy reference: rounding only
+TOLERANCE = {"float32": FLOAT32, "bfloat16": dict(rtol=3e-2, atol=3e-2)}  # bf16 keeps 8 bits of mantissa
+
+# What typical mistakes are called in the feedback (the catalogue of mistakes looks for these words).
+VALUES = ("RoPE was applied to the values: rotate only the queries and the keys (a score q.k depends on their "
+          "positions); the values carry content, not position")
+INTERLEAVED = ("interleaved pairs (x[2i], x[2i+1]) were rotated where Llama's halves layout is meant: pair "
+               "feature i with feature i + head_dim/2, x * cos + rotate_half(x) * sin")
+MIXED_PAIRS = ("interleaved pairs (x[2i], x[2i+1]) were rotated with the halves layout's angles: the two layouts "
+               "are mixed; pair feature i with feature i + head_dim/2 (rotate_half), as cos and sin are laid out")
+MIXED_ANGLES = ("cos and sin are in the interleaved layout (each angle repeated twice, repeat_interleave) but "
+                "apply_rope pairs the halves (rotate_half): the two layouts are mixed; duplicate the angles with "
+                "cat([freqs, freqs])")
+REVERSED = "the rotation goes the wrong way: rotate_half(x) is cat([-x2, x1]) (x2 the second half), not cat([x2, -x1])"
+NO_ROPE = "RoPE was not applied: rotate the queries and the keys with apply_rope before the scores"
+RESTART = ("positions restart at 0 in each cached step: the new tokens' positions continue after the cached "
+           "ones, offset = the number of tokens in the cache")
+OFFSET = "the offset was ignored: rotate the tokens at positions offset, offset + 1, ..., cos[offset:offset + T]"
+FREQUENCY = ("the frequencies use i / head_dim: inv_freq = theta_base ** (-arange(0, head_dim, 2) / head_dim), "
+             "one frequency per pair")
+THETA = "theta_base was ignored (10_000 used): compute the frequencies from the theta_base argument"
+
+
+# ---------------------------------------------------------------- NumPy references (float64)
+
+def np_angles(head_dim, positions, theta_base=10_000.0, layout="halves", frequency="pairs"):
+    """(len(positions), head_dim) angles. layout "halves" (right: cat([freqs, freqs])) or "interleaved"
+    (each repeated twice); frequency "pairs" (right: exponent 2i/head_dim) or "features" (i/head_dim)."""
+    step = 2 if frequency == "pairs" else 1
+    inv_freq = float(theta_base) ** (-np.arange(0, step * head_dim // 2, step, dtype=np.float64) / head_dim)
+    freqs = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq  # (T, head_dim/2)
+    return np.concatenate([freqs, freqs], axis=-1) if layout == "halves" else np.repeat(freqs, 2, axis=-1)
+
+
+def np_rope(x, positions, theta_base=10_000.0, pairs="halves", angles="halves", sign=1):
+    """x (..., T, head_dim) rotated at positions (T,). pairs "halves" (right: i with i + head_dim/2) or
+    "interleaved" (2i with 2i + 1); angles: np_angles' layout; sign=-1 rotates the other way."""
+    x = np.asarray(x, dtype=np.float64)
+    d = x.shape[-1]
+    a = sign * np_angles(d, positions, theta_base, angles)
+    if pairs == "halves":
+        rotated = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], axis=-1)
+    else:
+        rotated = np.stack([-x[..., 1::2], x[..., ::2]], axis=-1).reshape(x.shape)
+    return x * np.cos(a) + rotated * np.sin(a)
+
+
+def np_rope_attention(x, weights, num_heads, num_kv_groups=None, theta_base=10_000.0, positions=None,
+                      rotate=("queries", "keys"), **layout):
+    """RoPEAttention in NumPy. positions: each token's rotation position (default 0..T-1; the causal mask
+    always follows the token order); rotate: which of queries/keys/values are rotated; layout: np_rope's."""
+    num_kv_groups = num_kv_groups or num_heads
+    x = np.asarray(x, dtype=np.float64)
+    b, t, _ = x.shape
+    q, k, v = (linear(x, weights, name) for name in ("W_query", "W_key", "W_value"))
+    d_out = q.shape[-1]
+    hd = d_out // num_heads
+
+    def heads(a, n):
+        return a.reshape(b, t, n, hd).transpose(0, 2, 1, 3)
+
+    q, k, v = heads(q, num_heads), heads(k, num_kv_groups), heads(v, num_kv_groups)
+    positions = np.arange(t) if positions is None else positions
+    rot = partial(np_rope, positions=positions, theta_base=theta_base, **layout)
+    q, k, v = (rot(a) if name in rotate else a for name, a in (("queries", q), ("keys", k), ("values", v)))
+    group = num_heads // num_kv_groups
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # = repeat_interleave(group, dim=1)
+    w = softmax(causal(q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd)))
+    return linear((w @ v).transpose(0, 2, 1, 3).reshape(b, t, d_out), weights, "out_proj")
+
+
+def rope_mistakes(x, weights, num_heads, num_kv_groups=None, theta_base=10_000.0, positions=None, rows=slice(None)):
+    """What the typical mistakes give on this case (their outputs' tokens ``rows``)."""
+    run = partial(np_rope_attention, x, weights, num_heads, num_kv_groups, theta_base, positions)
+    found = {VALUES: run(rotate=("queries", "keys", "values")),
+             INTERLEAVED: run(pairs="interleaved", angles="interleaved"),
+             MIXED_PAIRS: run(pairs="interleaved"), MIXED_ANGLES: run(angles="interleaved"),
+             REVERSED: run(sign=-1), NO_ROPE: run(rotate=())}
+    if theta_base != 10_000.0:
+        found[THETA] = np_rope_attention(x, weights, num_heads, num_kv_groups, 10_000.0, positions)
+    return {why: out[:, rows] for why, out in found.items()}
+
+
+def angle_mistakes(head_dim, positions, theta_base):
+    """cos and sin (stacked) as the typical rope_angles mistakes give them."""
+    def cos_sin(**change):
+        a = np_angles(head_dim, positions, **{"theta_base": theta_base, **change})
+        return np.stack([np.cos(a), np.sin(a)])
+
+    found = {MIXED_ANGLES: cos_sin(layout="interleaved"), FREQUENCY: cos_sin(frequency="features")}
+    if theta_base != 10_000.0:
+        found[THETA] = cos_sin(theta_base=10_000.0)
+    return found
+
+
+def rope_case(rng, t, d_in=None, num_heads=None, num_kv_groups=None, qkv_bias=None, theta_base=None, b=None):
+    """A random RoPEAttention case (sizes drawn unless given): init, x, weights."""
+    num_heads = num_heads or int(rng.integers(1, 5))
+    num_kv_groups = num_kv_groups or int(rng.choice([g for g in range(1, num_heads + 1) if num_heads % g == 0]))
+    head_dim = 2 * int(rng.integers(1, 5))
+    d_in = d_in or int(rng.integers(2, 9))
+    init = dict(d_in=d_in, d_out=num_heads * head_dim, context_length=t + int(rng.integers(0, 4)),
+                num_heads=num_heads, num_kv_groups=num_kv_groups,
+                qkv_bias=bool(rng.integers(2)) if qkv_bias is None else qkv_bias,
+                theta_base=float(rng.choice([100.0, 10_000.0, 500_000.0])) if theta_base is None else theta_base)
+    kv = num_kv_groups * head_dim
+    shapes = {"W_query.weight": (init["d_out"], d_in), "W_key.weight": (kv, d_in), "W_value.weight": (kv, d_in)}
+    if init["qkv_bias"]:
+        shapes.update({"W_query.bias": (init["d_out"],), "W_key.bias": (kv,), "W_value.bias": (kv,)})
+    shapes.update({"out_proj.weight": (init["d_out"], init["d_out"]), "out_proj.bias": (init["d_out"],)})
+    # Queries and keys 3x PyTorch's initial size: scores of a few units, so positions visibly change them.
+    weights = {k: w * 3 if k.startswith(("W_query", "W_key")) else w for k, w in random_weights(rng, shapes).items()}
+    return init, normal(rng, b or int(rng.integers(1, 4)), t, d_in), weights
+
+
+def reference_of(init, x, weights, **change):
+    return np_rope_attention(x, weights, init["num_heads"], init.get("num_kv_groups"),
+                             init.get("theta_base", 10_000.0), **change)
+
+
+def decode(stage, init, x, weights, chunks, get_cache=False, **options):
+    """Run x through a cached RoPEAttention in chunks of the given sizes: the outputs of each step (and
+    cache_k after each step)."""
+    steps, start = [], 0
+    for size in chunks:
+        steps.append({"method": "forward", "args": [x[:, start:start + size]], "kwargs": {"use_cache": True}})
+        if get_cache:
+            steps.append({"get": "cache_k"})
+        start += size
+    assert start == x.shape[1]
+    results = stage.session(CLS, init, weights, steps=steps, **options)
+    return (results[0::2], results[1::2]) if get_cache else (results, None)
+
+
+def decoding_mistakes(init, x, weights, chunks, rows):
+    """The typical mistakes' outputs for tokens ``rows`` of a cached decoding in chunks of the given sizes."""
+    restarted = np.concatenate([np.arange(size) for size in chunks])  # each step's positions from 0 again
+    return {RESTART: reference_of(init, x, weights, positions=restarted)[:, rows],
+            **rope_mistakes(x, weights, init["num_heads"], init.get("num_kv_groups"), init.get("theta_base", 10_000.0),
+                            rows=rows)}
+
+
+def check_decoding(stage, init, x, weights, chunks, expected, what):
+    """Every cached step equals the matching tokens of the full forward (``expected``)."""
+    outputs, caches = decode(stage, init, x, weights, chunks, get_cache=True)
+    start = 0
+    kv = init.get("num_kv_groups") or init["num_heads"]
+    head_dim = init["d_out"] // init["num_heads"]
+    for step, (size, out, cache) in enumerate(zip(chunks, outputs, caches)):
+        rows = slice(start, start + size)
+        assert_close(f"{what}: output of cached step {step} (tokens {start}..{start + size - 1})", out,
+                     expected[:, rows], **FLOAT32,
+                     mistakes=partial(decoding_mistakes, init, x, weights, chunks, rows))
+        start += size
+        shape = (x.shape[0], kv, start, head_dim)
+        assert cache is not None and np.shape(cache) == shape, (
+            f"{what}: after cached step {step}, cache_k has shape {np.shape(cache)}; expected (b, num_kv_groups, "
+            f"tokens_so_far, head_dim) = {shape}")
+
+
+# ---------------------------------------------------------------- public: the small examples
+
+@pytest.mark.public
+def test_rope_angles_on_the_example(stage, public_fx):
+    head_dim, context_length, theta_base = public_fx["angles/init"]
+    cos, sin = stage.rope_angles(int(head_dim), int(context_length), float(theta_base))
+    assert_close("[cos, sin] of rope_angles(8, 6)", np.stack([cos, sin]),
+                 np.stack([public_fx["angles/cos"], public_fx["angles/sin"]]), **FLOAT32,
+                 mistakes=lambda: angle_mistakes(int(head_dim), np.arange(int(context_length)), float(theta_base)))
+
+
+@pytest.mark.public
+def test_apply_rope_on_the_example(stage, public_fx):
+    x, offset = public_fx["rope/x"], public_fx["rope/offset"]
+    cos, sin = public_fx["angles/cos"], public_fx["angles/sin"]
+    t = x.shape[2]
+    assert_close("apply_rope(x, cos, sin)", stage.apply_rope(x, cos, sin), public_fx["rope/at_0"], **FLOAT32,
+                 mistakes={INTERLEAVED: np_rope(x, np.arange(t), pairs="interleaved", angles="interleaved"),
+                           MIXED_PAIRS: np_rope(x, np.arange(t), pairs="interleaved"),
+                           REVERSED: np_rope(x, np.arange(t), sign=-1)})
+    assert_close(f"apply_rope(x, cos, sin, offset={int(offset)})", stage.apply_rope(x, cos, sin, offset=int(offset)),
+                 public_fx["rope/at_offset"], **FLOAT32, mistakes={OFFSET: public_fx["rope/at_0"]})
+
+
+@pytest.mark.public
+def test_rope_attention_on_the_example(stage, public_fx):
+    init, x, weights = public_fx.init(), public_fx.x, public_fx.sub("weights/")
+    assert_close("RoPEAttention(6, 8, 8, 2) output", stage.forward(CLS, init, x, weights), public_fx.output, **FLOAT32,
+                 mistakes=lambda: rope_mistakes(x, weights, init["num_heads"]))
+
+
+@pytest.mark.public
+def test_cached_decoding_on_the_example(stage, public_fx):
+    """A prompt of 3 tokens, then one token at a time: each step equals the full forward's tokens."""
+    check_decoding(stage, public_fx.init(), public_fx.x, public_fx.sub("weights/"), [3, 1, 1, 1, 1],
+                   public_fx.output, "RoPEAttention(6, 8, 8, 2)")
+
+
+# ---------------------------------------------------------------- rope_angles, apply_rope
+
+def test_rope_angles_match_numpy(stage, hidden_fx, rng):
+    head_dim, context_length, theta_base = hidden_fx["angles/init"]
+    cases = [(int(head_dim), int(context_length), float(theta_base))]
+    cases += [(2 * int(rng.integers(1, 9)), int(rng.integers(1, 40)), float(rng.choice([100.0, 10_000.0, 1e6])))
+              for _ in range(3)]
+    for head_dim, context_length, theta_base in cases:
+        cos, sin = stage.rope_angles(head_dim, context_length, theta_base)
+        a = np_angles(head_dim, np.arange(context_length), theta_base)
+        # Angles up to 40 rad: float32 rounding of position * inv_freq stays below 1e-5.
+        assert_close(f"[cos, sin] of rope_angles({head_dim}, {context_length}, {theta_base:g})", np.stack([cos, sin]),
+                     np.stack([np.cos(a), np.sin(a)]), **FLOAT32,
+                     mistakes=partial(angle_mistakes, head_dim, np.arange(context_length), theta_base))
+    cos, sin = stage.rope_angles(*cases[0])
+    assert_close(f"[cos, sin] of rope_angles{cases[0]}", np.stack([cos, sin]),
+                 np.stack([hidden_fx["angles/cos"], hidden_fx["angles/sin"]]), **FLOAT32)
+
+
+def test_rope_angles_at_far_positions(stage):
+    """Rows 10_000.. and 50_000.. of rope_angles(8, 50_008). The angle position * inv_freq is a float32:
+    near 50_000 its spacing is 2**-8 = 0.004 rad (and inv_freq's own rounding, 6e-8 relative, adds up to
+    0.003 rad), so any float32 implementation, Hugging Face's included, is off by up to ~0.005 there:
+    atol 1e-2 (a wrong layout or frequency is off by O(1))."""
+    cos, sin = stage.rope_angles(8, 50_008)
+    for start in (10_000, 50_000):
+        positions = np.arange(start, start + 8)
+        a = np_angles(8, positions)
+        assert_close(f"[cos, sin] of rope_angles(8, 50_008) at positions {start}..{start + 7}",
+                     np.stack([cos[start:start + 8], sin[start:start + 8]]), np.stack([np.cos(a), np.sin(a)]),
+                     rtol=0, atol=1e-2, mistakes=partial(angle_mistakes, 8, positions, 10_000.0))
+
+
+def test_apply_rope_matches_numpy(stage, hidden_fx, rng):
+    x, offset = hidden_fx["rope/x"], hidden_fx["rope/offset"]
+    cos, sin = hidden_fx["angles/cos"], hidden_fx["angles/sin"]
+    assert_close("apply_rope(x, cos, sin) (stored case)", stage.apply_rope(x, cos, sin), hidden_fx["rope/at_0"],
+                 **FLOAT32)
+    assert_close(f"apply_rope(x, cos, sin, offset={int(offset)}) (stored case)",
+                 stage.apply_rope(x, cos, sin, offset=int(offset)), hidden_fx["rope/at_offset"], **FLOAT32)
+    for _ in range(3):
+        head_dim, t = 2 * int(rng.integers(1, 9)), int(rng.integers(1, 7))
+        offset, theta_base = int(rng.integers(0, 30)), float(rng.choice([100.0, 10_000.0]))
+        x = normal(rng, int(rng.integers(1, 3)), int(rng.integers(1, 4)), t, head_dim)
+        a = np_angles(head_dim, np.arange(offset + t + int(rng.integers(0, 3))), theta_base)
+        cos, sin = np.cos(a).astype(np.float32), np.sin(a).astype(np.float32)
+        positions = np.arange(offset, offset + t)
+        rope = partial(np_rope, x, positions, theta_base)
+        assert_close(f"apply_rope(x {x.shape}, cos, sin, offset={offset})",
+                     stage.apply_rope(x, cos, sin, offset=offset), rope(), **FLOAT32,
+                     mistakes={INTERLEAVED: rope(pairs="interleaved", angles="interleaved"),
+                               MIXED_PAIRS: rope(pairs="interleaved"), REVERSED: rope(sign=-1),
+                               OFFSET: np_rope(x, np.arange(t), theta_base)})
+
+
+def test_scores_depend_only_on_the_distance(stage, rng):
+    """q rotated at position m, k at n: q . k depends on m - n alone, also 10_000 and 50_000 positions on.
+
+    First in float64 (cos, sin and x given in float64: apply_rope itself, to 1e-9), then with the
+    learner's float32 rope_angles, whose angles near position 50_000 are off by up to ~0.005 rad (see
+    test_rope_angles_at_far_positions): a score moves by at most that times |q| |k| per rotated vector,
+    so there the tolerance is 1e-2 * |q| |k|."""
+    head_dim, distance = 8, 3  # (small: cos and sin of 50_004 positions travel to the implementation)
+    q, k = rng.normal(size=(2, 1, 1, 1, head_dim))  # (b, heads, tokens, head_dim) each, float64
+    expected = float(np_rope(q, [distance])[0, 0, 0] @ np_rope(k, [0])[0, 0, 0])
+    a = np_angles(head_dim, np.arange(50_000 + distance + 1))
+    cos64, sin64 = np.cos(a), np.sin(a)
+    cos32, sin32 = (np.asarray(c) for c in stage.rope_angles(head_dim, 50_000 + distance + 1))
+    for n in (0, 10_000, 50_000):
+        m = n + distance
+        for cos, sin, dtype, atol in ((cos64, sin64, np.float64, 1e-9), (cos32, sin32, np.float32, 1e-2)):
+            rq = stage.apply_rope(q.astype(dtype), cos, sin, offset=m)
+            rk = stage.apply_rope(k.astype(dtype), cos, sin, offset=n)
+            assert np.asarray(rk).dtype == dtype, (
+                f"apply_rope on {np.dtype(dtype).name} x returned {np.asarray(rk).dtype}: keep x's dtype (compute "
+                "in it; .float() or a float32 constant would lose a float64 input's precision)")
+            score = float(np.asarray(rq, np.float64).ravel() @ np.asarray(rk, np.float64).ravel())
+            scale = float(np.linalg.norm(q) * np.linalg.norm(k))
+            assert abs(score - expected) <= atol * scale, (
+                f"q rotated at position {m} . k rotated at position {n} = {score:.6f}; expected {expected:.6f} "
+                f"(the score of positions {distance} and 0: RoPE scores depend only on the distance m - n) "
+                f"with {np.dtype(dtype).name} {'inputs' if dtype == np.float64 else 'rope_angles'}, "
+                f"tolerance {atol:g} * |q| |k|. A pair must turn by the same angle in both of its features "
+                f"(halves layout: cos and sin as cat([freqs, freqs]), x * cos + rotate_half(x) * sin), and the "
+                "rows used must be those of positions offset, offset + 1, ...")
+
+
+def test_rope_keeps_vector_lengths(stage, rng):
+    """A rotation keeps lengths: every rotated (head_dim,) vector has the norm it had."""
+    for head_dim in (2, 8, 64):
+        x = normal(rng, 2, 3, 5, head_dim)
+        cos, sin = stage.rope_angles(head_dim, 1_010)
+        rotated = stage.apply_rope(x, cos, sin, offset=1_000)
+        assert_close(f"norms of apply_rope(x, *rope_angles({head_dim}, 1010), offset=1000) over head_dim",
+                     np.linalg.norm(rotated, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-4, atol=1e-5,
+                     hint="RoPE rotates each pair of features; a rotation never changes a vector's length. Both "
+                     "features of a pair must turn by the same angle: cos and sin in the halves layout "
+                     "(cat([freqs, freqs])) with x * cos + rotate_half(x) * sin.")
+
+
+# ---------------------------------------------------------------- RoPEAttention
+
+@pytest.mark.parametrize("case", ["case0", "case1"])
+def test_rope_attention_matches_numpy(stage, hidden_fx, case):
+    init, x, weights = hidden_fx.init(f"{case}/"), hidden_fx[f"{case}/x"], hidden_fx.sub(f"{case}/weights/")
+    out = stage.forward(CLS, init, x, weights)
+    assert_close(f"RoPEAttention({init}) output", out, hidden_fx[f"{case}/output"], **FLOAT32,
+                 mistakes=lambda: rope_mistakes(x, weights, init["num_heads"], init.get("num_kv_groups"),
+                                                init["theta_base"]))
+    assert_close(f"RoPEAttention({init}) output against the NumPy reference", out, reference_of(init, x, weights),
+                 **FLOAT32)
+
+
+def test_values_are_not_rotated(stage, rng):
+    """With W_query = 0 every query scores every key 0, whatever RoPE does to them: each token's output is
+    out_proj of the mean of the values up to it, which is where rotated values would show."""
+    init, x, weights = rope_case(rng, t=7, num_heads=2, num_kv_groups=1, qkv_bias=False, theta_base=10.0, b=1)
+    weights["W_query.weight"] = np.zeros_like(weights["W_query.weight"])
+    assert_close("RoPEAttention output with W_query = 0 (uniform attention)", stage.forward(CLS, init, x, weights),
+                 reference_of(init, x, weights), **FLOAT32,
+                 mistakes={VALUES: reference_of(init, x, weights, rotate=("queries", "keys", "values"))})
+
+
+def test_cached_decoding_equals_the_full_forward(stage, rng):
+    """Prompt, single tokens and a chunk, with grouped keys/values; then reset_cache() and another sequence,
+    whose positions start at 0 again."""
+    init, x, weights = rope_case(rng, t=10, num_heads=4, num_kv_groups=2)
+    check_decoding(stage, init, x, weights, [4, 1, 1, 3, 1], reference_of(init, x, weights), f"RoPEAttention({init})")
+    other = normal(rng, x.shape[0], 6, init["d_in"])
+    steps = [{"method": "forward", "args": [x[:, :5]], "kwargs": {"use_cache": True}}, {"method": "reset_cache"},
+             {"method": "forward", "args": [other[:, :4]], "kwargs": {"use_cache": True}},
+             {"method": "forward", "args": [other[:, 4:]], "kwargs": {"use_cache": True}}]
+    outputs = stage.session(CLS, init, weights, steps=steps)
+    expected = reference_of(init, other, weights)
+    assert_close("after reset_cache(), a new sequence's prompt (positions 0..3)", outputs[2], expected[:, :4],
+                 **FLOAT32, hint="reset_cache() must empty the cache: cache_k = cache_v = None")
+    assert_close("after reset_cache(), the new sequence's next tokens (positions 4, 5)", outputs[3], expected[:, 4:],
+                 **FLOAT32)
+
+
+def test_full_forward_ignores_the_cache(stage, rng):
+    """forward(x) without use_cache is the full forward from position 0, whatever the cache holds."""
+    init, x, weights = rope_case(rng, t=6)
+    steps = [{"method": "forward", "args": [x[:, :3]], "kwargs": {"use_cache": True}},
+             {"method": "forward", "args": [x]}]
+    assert_close("forward(x) after a cached step", stage.session(CLS, init, weights, steps=steps)[1],
+                 reference_of(init, x, weights), **FLOAT32)
+
+
+def test_parameters(stage):
+    info = stage.inspect(CLS, dict(d_in=6, d_out=16, context_length=5, num_heads=4, num_kv_groups=2))
+    expected = {"W_query.weight": [16, 6], "W_key.weight": [8, 6], "W_value.weight": [8, 6],
+                "out_proj.weight": [16, 16], "out_proj.bias": [16]}
+    assert info["parameters"] == expected, (
+        f"RoPEAttention(6, 16, 5, num_heads=4, num_kv_groups=2) parameters {info['parameters']}; expected {expected}: "
+        "W_key and W_value give num_kv_groups * head_dim = 2 * 4 features")
+    info = stage.inspect(CLS, dict(d_in=6, d_out=16, context_length=5, num_heads=4, qkv_bias=True))
+    assert info["parameters"].get("W_key.weight") == [16, 6] and info["parameters"].get("W_key.bias") == [16], (
+        f"num_kv_groups=None means one key/value head per query head, and qkv_bias=True gives the projections "
+        f"biases: W_key should be (16, 6) with a bias (16,); yours: {info['parameters']}")
+
+
+def test_random_cases(stage, rng, device):
+    for _ in range(3):
+        init, x, weights = rope_case(rng, t=int(rng.integers(1, 9)))
+        assert_close(f"RoPEAttention({init}) on x {x.shape}", stage.forward(CLS, init, x, weights, device=device),
+                     reference_of(init, x, weights), **FLOAT32,
+                     mistakes=partial(rope_mistakes, x, weights, init["num_heads"], init["num_kv_groups"],
+                                      init["theta_base"]))
+
+
+SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs Llama 3 8B's attention size
+    "cpu": dict(b=2, t=40, d_model=64, num_heads=4, num_kv_groups=2),
+    "cuda": dict(b=1, t=4096, d_model=4096, num_heads=32, num_kv_groups=8),
+}
+
+
+def torch_rope_attention(x, weights, num_heads, num_kv_groups, theta_base, device):
+    """The same attention computed by the test in float32 on ``device``, with F.scaled_dot_product_attention."""
+    import torch
+    import torch.nn.functional as F
+
+    w = {k: torch.from_numpy(v).to(device) for k, v in weights.items()}
+    x = torch.from_numpy(x).to(device)
+    b, t, _ = x.shape
+    head_dim = w["W_query.weight"].shape[0] // num_heads
+    a = np_angles(head_dim, np.arange(t), theta_base)
+    cos, sin = (torch.from_numpy(f(a)).float().to(device) for f in (np.cos, np.sin))
+
+    def project(name, heads):
+        out = F.linear(x, w[f"{name}.weight"], w.get(f"{name}.bias")).view(b, t, heads, head_dim).transpose(1, 2)
+        return out * cos + torch.cat([-out[..., head_dim // 2:], out[..., :head_dim // 2]], dim=-1) * sin
+
+    q, k = project("W_query", num_heads), project("W_key", num_kv_groups)
+    v = F.linear(x, w["W_value.weight"], w.get("W_value.bias")).view(b, t, num_kv_groups, head_dim).transpose(1, 2)
+    group = num_heads // num_kv_groups
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.linear(out.transpose(1, 2).reshape(b, t, -1), w["out_proj.weight"], w["out_proj.bias"]).cpu().numpy()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_llama_sized(stage, device, dtype):
+    """Grouped-query RoPE attention at Llama sizes on CUDA (its CPU twin is small), against
+    F.scaled_dot_product_attention in float32; bfloat16 at bf16 tolerance."""
+    size = SIZES[device]
+    r = np.random.default_rng(5)
+    d, kv = size["d_model"], size["d_model"] // size["num_heads"] * size["num_kv_groups"]
+    init = dict(d_in=d, d_out=d, context_length=size["t"], num_heads=size["num_heads"],
+                num_kv_groups=size["num_kv_groups"], theta_base=500_000.0)
+    # Normal weights of std 1/sqrt(d): queries, keys, values of unit size, scores of std 1 (bf16 rounds a score
+    # by ~0.4% of its size, so larger scores would stretch bf16's error past its tolerance), outputs of up to
+    # unit size on the first tokens, where a wrong rotation shows by far more than the tolerance.
+    shapes = {"W_query": (d, d), "W_key": (kv, d), "W_value": (kv, d), "out_proj": (d, d)}
+    weights = {f"{n}.weight": (r.normal(size=s) / np.sqrt(d)).astype(np.float32) for n, s in shapes.items()}
+    weights["out_proj.bias"] = np.zeros(d, np.float32)
+    x = normal(r, size["b"], size["t"], d)
+    expected = torch_rope_attention(x, weights, size["num_heads"], size["num_kv_groups"], 500_000.0, device)
+    out = stage.forward(CLS, init, x, weights, device=device, dtype=dtype)
+    assert_close(f"RoPEAttention output ({device}, {dtype})", out, expected, **TOLERANCE[dtype],
+                 mistakes=lambda: rope_mistakes(x, weights, init["num_heads"], init["num_kv_groups"], 500_000.0)
+                 if device == "cpu" else {})  # (the NumPy mistakes would take minutes at the CUDA case's size)

@@ -1,0 +1,284 @@
+"""Stage m07: tiled attention with an online softmax (FlashAttention's algorithm in plain PyTorch).
+
+Spec: tiled_attention(q, k, v, is_causal=False, block_size=64) with q (b, h, n_q, d), k and v
+(b, h, n_kv, d) returns softmax(q k^T / sqrt(d)) v, (b, h, n_q, d), in q's dtype. With is_causal query i
+attends to keys j <= i (top-left aligned, as F.scaled_dot_product_attention(is_causal=True)). It works
+over tiles of block_size queries x block_size keys with a running max, a running sum and a rescaled
+accumulator, and never materialises an n_q x n_kv matrix nor calls F.scaled_dot_product_attention.
+Expected values come from standard attention in NumPy float64.
+"""
+import numpy as np
+import pytest
+
+from cases import normal
+from checks import assert_close
+
+pytestmark = pytest.mark.tiled_attention
+STAGE = "m07_tiled_attention"
+FUNCTION = "tiled_attention"
+
+# float32 against float64: a few float32 roundings per output value, summed over at most a few hundred keys.
+FLOAT32 = dict(rtol=1e-4, atol=1e-5)
+# Scores of size 1e3..1e4 carry float32 rounding of ~1e-3 in absolute terms; the weights of two keys whose
+# scores are that close move by as much, so outputs may differ from float64 by ~1e-3 (a softmax that
+# overflows gives NaN, one that forgot a rescaling is off by O(1): both far outside).
+LARGE_LOGITS = dict(rtol=1e-3, atol=3e-3)
+BFLOAT16 = dict(rtol=3e-2, atol=3e-2)  # bfloat16 keeps 8 significant bits
+
+# When graded, this stage's process may allocate this much beyond what it held when the stage started: the
+# sandbox has the kernel enforce it (RLIMIT_AS), so what the learner's code allocates cannot be hidden
+# from it. At 8192 tokens (test_never_holds_the_score_matrix) one float32 score matrix is
+# 256 MiB; tiles of 256 x 256 scores, q, k, v and the output need about 1 MiB.
+MEMORY_HEADROOM = 128 * 2**20
+
+
+# ---------------------------------------------------------------- NumPy references (the trusted side)
+
+def causal_keep(n_q, n_kv, offset=0):
+    """True where key j takes part for query i: j <= i + offset (offset 0: top-left aligned, as SDPA)."""
+    return np.arange(n_kv)[None, :] <= np.arange(n_q)[:, None] + offset
+
+
+def attention(q, k, v, is_causal, *, scale=True, offset=0):
+    """Standard attention in float64: the whole score matrix, a stable softmax per row."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    s = q @ k.swapaxes(-1, -2)
+    if scale:
+        s = s / np.sqrt(q.shape[-1])
+    if is_causal:
+        s = np.where(causal_keep(q.shape[-2], k.shape[-2], offset), s, -np.inf)
+    with np.errstate(invalid="ignore"):  # (a bottom-right mask leaves some rows empty: NaN, on purpose)
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        return (e / e.sum(axis=-1, keepdims=True)) @ v
+
+
+def tiled(q, k, v, is_causal, block_size, *, carry_max=True, rescale_sum=True, rescale_acc=True):
+    """The tiled algorithm in NumPy float32, the reference's loop order (query blocks; key blocks left to right,
+    those past the diagonal skipped), with switches that reproduce its typical mistakes."""
+    q, k, v = (np.asarray(a, np.float32) for a in (q, k, v))
+    n_q, n_kv, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    out = np.empty(q.shape, np.float32)
+    with np.errstate(all="ignore"):  # the mistakes overflow on purpose
+        for q0 in range(0, n_q, block_size):
+            q1 = min(q0 + block_size, n_q)
+            qb = q[..., q0:q1, :] * np.float32(1 / np.sqrt(d))
+            m = np.full((*qb.shape[:-1], 1), -np.inf, np.float32)
+            total, acc = np.zeros_like(m), np.zeros_like(qb)
+            kv_end = min(n_kv, q1) if is_causal else n_kv
+            for k0 in range(0, kv_end, block_size):
+                k1 = min(k0 + block_size, kv_end)
+                s = qb @ k[..., k0:k1, :].swapaxes(-1, -2)
+                if is_causal:
+                    s = np.where(np.arange(k0, k1)[None, :] > np.arange(q0, q1)[:, None], -np.inf, s)
+                tile_max = s.max(axis=-1, keepdims=True)
+                m_new = np.maximum(m, tile_max) if carry_max else tile_max
+                shift = np.where(m_new == -np.inf, np.float32(0), m_new)
+                p, correction = np.exp(s - shift), np.exp(m - shift)
+                total = (total * correction if rescale_sum else total) + p.sum(axis=-1, keepdims=True)
+                acc = (acc * correction if rescale_acc else acc) + p @ v[..., k0:k1, :]
+                m = m_new
+            out[..., q0:q1, :] = acc / total
+    return out
+
+
+def mistakes(q, k, v, is_causal, block_size):
+    """What the typical mistakes of this stage give on these inputs (computed only when a check fails)."""
+    def candidates():
+        found = {
+            "the running max was not carried across tiles: the new max must be the larger of row_max and the "
+            "tile's max; with the tile's max alone, exp(old max - new max) overflows when a later tile's "
+            "scores are much smaller (very large logits)": tiled(q, k, v, is_causal, block_size, carry_max=False),
+            "the running sum row_sum was not rescaled by exp(old max - new max) when the max changed: "
+            "row_sum * correction + the tile's sum": tiled(q, k, v, is_causal, block_size, rescale_sum=False),
+            "the accumulator acc was not rescaled by exp(old max - new max) when the max changed: "
+            "acc * correction + p @ v": tiled(q, k, v, is_causal, block_size, rescale_acc=False),
+            "the scores were not scaled by 1 / sqrt(d)": attention(q, k, v, is_causal, scale=False),
+        }
+        n_q, n_kv = q.shape[-2], k.shape[-2]
+        if is_causal:
+            found["is_causal was ignored: mask the keys after each query"] = attention(q, k, v, False)
+            if n_q != n_kv:
+                found["the causal mask is aligned bottom-right (query i sees keys j <= i + n_kv - n_q); "
+                      "is_causal aligns it top-left, as F.scaled_dot_product_attention does: j <= i"] = attention(
+                    q, k, v, True, offset=n_kv - n_q)
+        else:
+            found["a causal mask was applied although is_causal=False"] = attention(q, k, v, True)
+        right = attention(q, k, v, is_causal)
+        return {why: c for why, c in found.items() if not np.allclose(c, right, rtol=1e-4, atol=1e-5, equal_nan=True)}
+    return candidates
+
+
+NAN_HINT = ("NaN where standard attention has none: a row whose scores are all masked so far has running max "
+            "-inf, and exp(-inf - (-inf)) is NaN (subtract 0 there instead); inf / inf is NaN too, after an exp "
+            "overflowed.")
+
+
+def check_against_attention(stage, q, k, v, is_causal, block_size, what, tolerance=FLOAT32):
+    out = stage.tiled_attention(q, k, v, is_causal=is_causal, block_size=block_size)
+    assert_close(f"tiled_attention({what}, is_causal={is_causal}, block_size={block_size})", out,
+                 attention(q, k, v, is_causal), **tolerance, mistakes=mistakes(q, k, v, is_causal, block_size),
+                 hint=NAN_HINT if np.isnan(out).any() else None)
+
+
+def measured(stage, q, k, v, device="cpu", dtype="float32", **kwargs):
+    """tiled_attention run under the adapters' watch: {"result", "largest", "functions", "cuda_peak_bytes"}."""
+    [run] = stage.session(None, steps=[{"function": FUNCTION, "args": [q, k, v], "kwargs": kwargs, "measure": True}],
+                          device=device, dtype=dtype)
+    return run
+
+
+def check_memory(run, q_shape, n_kv, block_size):
+    """No n_q x n_kv matrix, no fused kernel. The bound: a tiled computation holds tensors the size of q, k,
+    v or the output (b*h*n*d) and tiles of b*h*block_size*block_size scores; twice the larger of the two
+    leaves room for a copy or a concatenation of those. An n_q x n_kv score matrix is b*h*n_q*n_kv, a strip
+    of block_size queries x all keys b*h*block_size*n_kv: at the sizes used here both are far above it."""
+    b, h, n_q, d = q_shape
+    assert "scaled_dot_product_attention" not in run["functions"], (
+        "tiled_attention called F.scaled_dot_product_attention: this stage computes the attention itself, "
+        "tile by tile (the fused kernel is what it explains)"
+    )
+    bound = 2 * max(b * h * max(n_q, n_kv) * d, b * h * block_size * block_size)
+    largest = run["largest"]
+    if largest <= bound:
+        return
+    why = (f"tiled_attention created a tensor of {largest} elements; tiles of {block_size} queries x {block_size} "
+           f"keys need at most {bound} (twice the larger of q, k, v or the output, b*h*n*d, and one tile of "
+           f"scores, b*h*block_size^2). ")
+    if largest >= b * h * n_q * n_kv:
+        why += (f"Likely mistake: the full score matrix was materialised ({b}*{h}*{n_q}*{n_kv} = {b * h * n_q * n_kv} "
+                "elements): score one tile of keys at a time and fold it into the running max, sum and accumulator")
+    elif largest >= n_q * n_kv:
+        why += "Likely mistake: an n_q x n_kv matrix (a mask for every query and key?): build masks per tile"
+    elif largest >= b * h * block_size * n_kv:
+        why += "Likely mistake: a block of queries was scored against all keys at once: tile the keys too"
+    raise AssertionError(why)
+
+
+def qkv(rng, b, h, n_q, n_kv, d):
+    return normal(rng, b, h, n_q, d), normal(rng, b, h, n_kv, d), normal(rng, b, h, n_kv, d)
+
+
+# ---------------------------------------------------------------- public
+
+@pytest.mark.public
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_small_example(stage, public_fx, is_causal):
+    """10 tokens, 2 heads of size 4, tiles of 4: the last tile is smaller, and with is_causal the tiles
+    above the diagonal add nothing (skip them)."""
+    q, k, v, block_size = public_fx.q, public_fx.k, public_fx.v, int(public_fx.block_size)
+    out = stage.tiled_attention(q, k, v, is_causal=is_causal, block_size=block_size)
+    assert_close(f"tiled_attention(q, k, v, is_causal={is_causal}, block_size={block_size})", out,
+                 public_fx["output_causal" if is_causal else "output"], **FLOAT32,
+                 mistakes=mistakes(q, k, v, is_causal, block_size), hint=NAN_HINT if np.isnan(out).any() else None)
+
+
+@pytest.mark.public
+def test_small_example_never_holds_the_score_matrix(stage, public_fx):
+    """256 tokens in tiles of 32: the largest tensor stays far below the 2 x 256 x 256 scores."""
+    q, k, v = public_fx["long/q"], public_fx["long/k"], public_fx["long/v"]
+    block_size = int(public_fx["long/block_size"])
+    check_memory(measured(stage, q, k, v, block_size=block_size), q.shape, k.shape[-2], block_size)
+
+
+# ---------------------------------------------------------------- hidden
+
+SHAPES = {  # name: what it exercises (the arrays are in the hidden fixture)
+    "ragged": "37 tokens in tiles of 8: the last tile is partial",
+    "fewer_queries": "5 queries, 37 keys: with is_causal most key tiles are above the diagonal",
+    "more_queries": "37 queries, 5 keys: with is_causal queries 5.. see every key",
+    "block_one": "tiles of a single query and key",
+    "block_beyond": "a tile larger than the sequence",
+}
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("case", sorted(SHAPES))
+def test_equals_standard_attention(stage, hidden_fx, case, is_causal):
+    q, k, v = hidden_fx[f"{case}/q"], hidden_fx[f"{case}/k"], hidden_fx[f"{case}/v"]
+    check_against_attention(stage, q, k, v, is_causal, int(hidden_fx[f"{case}/block_size"]),
+                            f"{case}: {SHAPES[case]}; q {q.shape}, k {k.shape}")
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("case", ["large_1e3", "large_1e4"])
+def test_very_large_logits(stage, hidden_fx, case, is_causal):
+    """q scaled by 1e3 or 1e4: scores in the thousands, whose exp overflows unless each is taken relative to
+    the running max; the keys with the largest scores come first, so later tiles have much smaller maxima."""
+    q, k, v = hidden_fx[f"{case}/q"], hidden_fx[f"{case}/k"], hidden_fx[f"{case}/v"]
+    check_against_attention(stage, q, k, v, is_causal, int(hidden_fx[f"{case}/block_size"]),
+                            f"q scaled by {case.split('_')[1]}", tolerance=LARGE_LOGITS)
+
+
+def test_fully_masked_tiles_give_no_nan(stage, rng):
+    """Causal, 6 queries and 41 keys in tiles of 4: of the 11 key tiles, 10 lie wholly above the diagonal for
+    queries 0-3 and 9 for queries 4-5 (skipped or masked, they must add nothing), and inside the diagonal
+    tiles the rows see 1 to 4 keys. No NaN, the right values."""
+    q, k, v = qkv(rng, 2, 3, 6, 41, 8)
+    check_against_attention(stage, q, k, v, True, 4, "6 queries, 41 keys")
+
+
+def test_random_cases(stage, rng):
+    for _ in range(3):
+        b, h, d = rng.integers(1, 3), rng.integers(1, 4), rng.integers(1, 9)
+        n_q, n_kv, block_size = rng.integers(1, 40), rng.integers(1, 40), int(rng.integers(1, 20))
+        q, k, v = qkv(rng, b, h, n_q, n_kv, d)
+        is_causal = bool(rng.integers(2))
+        check_against_attention(stage, q, k, v, is_causal, block_size, f"q {q.shape}, k {k.shape}")
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_never_holds_the_score_matrix(stage, rng, is_causal):
+    """8192 tokens, one head of 8, tiles of 256: one float32 score matrix is 256 MiB, the tiles need about 1 MiB.
+    When graded, an allocation beyond MEMORY_HEADROOM fails (the kernel refuses it), so the full matrix cannot
+    be computed however it is hidden; the adapters' watch (check_memory) says what was built. Rows spread
+    over the sequence are compared with standard attention."""
+    from adapters import SubmissionError
+
+    n, block_size, rows = 8192, 256, [0, 1, 2047, 4096, 8191]
+    q, k, v = qkv(rng, 1, 1, n, n, 8)
+    try:
+        run = measured(stage, q, k, v, is_causal=is_causal, block_size=block_size)
+    except SubmissionError as exc:
+        if "out of memory" not in str(exc) and "can't allocate" not in str(exc):
+            raise
+        raise AssertionError(
+            f"tiled_attention ran out of memory at {n} tokens: {exc}\nLikely mistake: the full score matrix was "
+            f"materialised (1 x 1 x {n} x {n} float32 = 256 MiB): score one tile of keys at a time and fold it "
+            "into the running max, sum and accumulator") from None
+    out = run["result"]
+    assert np.shape(out) == q.shape, f"tiled_attention returned shape {np.shape(out)}, expected {q.shape}"
+    expected = np.concatenate([attention(q[..., i:i + 1, :], k[..., :i + 1, :] if is_causal else k,
+                                         v[..., :i + 1, :] if is_causal else v, False) for i in rows], axis=-2)
+    assert_close(f"rows {rows} of tiled_attention at {n} tokens (is_causal={is_causal})", out[..., rows, :],
+                 expected, **FLOAT32)
+    check_memory(run, q.shape, n, block_size)
+
+
+SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs a Llama layer's attention: 32 heads of 128
+    "cpu": dict(b=1, h=4, t=256, d=32, dtype="float32"),
+    "cuda": dict(b=1, h=32, t=4096, d=128, dtype="bfloat16"),
+}
+# A bfloat16 score matrix at the CUDA size takes b*h*t*t*2 bytes = 1 GiB; q, k, v and the output 4 x 32 MiB.
+# Tiles of 64 need a few MiB more: 384 MiB leaves room for float32 copies of q, k and v, not for the matrix.
+CUDA_PEAK_BYTES = 384 * 2**20
+
+
+def test_llama_sized_heads(stage, device):
+    """Causal attention compared with F.scaled_dot_product_attention (float32, on the same rounded inputs)."""
+    import torch
+    import torch.nn.functional as F
+
+    size = SIZES[device]
+    rng = np.random.default_rng(4096)
+    q, k, v = qkv(rng, size["b"], size["h"], size["t"], size["t"], size["d"])
+    run = measured(stage, q, k, v, device=device, dtype=size["dtype"], is_causal=True, block_size=64)
+    rounded = [torch.from_numpy(a).to(device=device, dtype=getattr(torch, size["dtype"])).float() for a in (q, k, v)]
+    expected = F.scaled_dot_product_attention(*rounded, is_causal=True).cpu().numpy()
+    assert_close(f"tiled_attention ({device}, {size['dtype']}, T={size['t']}, {size['h']} heads)", run["result"],
+                 expected, **(BFLOAT16 if size["dtype"] == "bfloat16" else FLOAT32))
+    if run["cuda_peak_bytes"] is not None:
+        assert run["cuda_peak_bytes"] <= CUDA_PEAK_BYTES, (
+            f"tiled_attention's CUDA memory peaked at {run['cuda_peak_bytes'] / 2**20:.0f} MiB, expected at most "
+            f"{CUDA_PEAK_BYTES / 2**20:.0f} MiB (inputs and output 128 MiB; one bfloat16 score matrix alone is "
+            "1 GiB): the full score matrix was materialised"
+        )
