@@ -194,8 +194,9 @@ def table(c: course_mod.Course, scores: dict) -> str:
     """Students x stages with totals; the last column says whether the sample lost points exactly
     on the stages it was written to break."""
     stages = list(c.points)
-    head = f"{'student':<18}" + "".join(f"{s[:3]:>7}" for s in stages) + f"{'total':>8}  as expected?"
-    lines = [head, f"{'(max)':<18}" + "".join(f"{c.points[s]:>7g}" for s in stages) + f"{c.total:>8g}"]
+    width = max([18, *(len(student) + 2 for student in scores)])
+    head = f"{'student':<{width}}" + "".join(f"{s[:3]:>7}" for s in stages) + f"{'total':>8}  as expected?"
+    lines = [head, f"{'(max)':<{width}}" + "".join(f"{c.points[s]:>7g}" for s in stages) + f"{c.total:>8g}"]
     samples = {s.student: s for s in SAMPLES if s.assignment == c.assignment}
     for student, row in scores.items():
         sample = samples.get(student)
@@ -206,6 +207,7 @@ def table(c: course_mod.Course, scores: dict) -> str:
             expected = set(sample.breaks if sample else ())
         verdict = "yes" if lost == expected else f"NO (lost points on: {', '.join(sorted(lost)) or 'nothing'})"
         total = sum(v or 0 for v in row.values())
-        lines.append(f"{student:<18}" + "".join(f"{(v or 0):>7g}" for v in row.values()) + f"{total:>8.2f}  {verdict}")
+        cells = "".join(f"{(v or 0):>7g}" for v in row.values())
+        lines.append(f"{student:<{width}}{cells}{total:>8.2f}  {verdict}")
     legend = "stages: " + ", ".join(f"{s[:3]} {marker(s)}" for s in stages)
     return "\n".join(lines + ["", legend])

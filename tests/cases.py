@@ -33,6 +33,18 @@ def mha_shapes(d_in, d_out, bias):
     return {**qkv_shapes(d_in, d_out, bias), **linear_shapes("out_proj", d_out, d_out)}
 
 
+def spans(chunks):
+    """The (first, end) token indices of each chunk, chunks being their lengths: (3, 1) -> (0, 3), (3, 4)."""
+    ends = np.cumsum(chunks).tolist()
+    return list(zip([0, *ends[:-1]], ends))
+
+
+def cached_steps(x, chunks):
+    """Session steps (adapters.op_session) feeding x's tokens to forward(use_cache=True) chunk by chunk: how
+    a KV cache is filled by a prompt and then a token at a time."""
+    return [{"method": "forward", "args": [x[:, a:e]], "kwargs": {"use_cache": True}} for a, e in spans(chunks)]
+
+
 def random_weights(rng, shapes, bound=None):
     """Float32 weights of the given shapes ({state_dict name: shape}), drawn in the order given.
 

@@ -122,6 +122,12 @@ def safe_softmax(x, axis=-1):
     return np.where(empty, 0.0, softmax(np.where(empty, 0.0, x), axis=axis)).astype(np.float32)
 
 
+def split_heads(a, num_heads):
+    """(b, num_tokens, d_out) -> (b, num_heads, num_tokens, head_dim): chapter 3's view and transpose."""
+    b, t, d = a.shape
+    return a.reshape(b, t, num_heads, d // num_heads).transpose(0, 2, 1, 3)
+
+
 def multihead(x, weights, num_heads, *, scale="head_dim", split="view_transpose", out_proj=True,
               qkv_bias=True, mask="causal", values="W_value", scores="queries_keys", softmaxes=1):
     """NumPy multi-head causal attention, with switches that reproduce typical mistakes.
@@ -147,7 +153,7 @@ def multihead(x, weights, num_heads, *, scale="head_dim", split="view_transpose"
     def heads(a):
         if split == "view_only":
             return a.reshape(b, num_heads, t, hd)
-        return a.reshape(b, t, num_heads, hd).transpose(0, 2, 1, 3)
+        return split_heads(a, num_heads)
 
     q, k, v = heads(q), heads(k), heads(v)
     s = q @ k.transpose(0, 1, 3, 2) if scores == "queries_keys" else k @ q.transpose(0, 1, 3, 2)

@@ -12,7 +12,7 @@ from functools import cache, partial
 import numpy as np
 import pytest
 
-from cases import draw_weights, exposing_case, mha_shapes, normal, random_weights
+from cases import cached_steps, draw_weights, exposing_case, mha_shapes, normal, random_weights, spans
 from checks import (
     assert_close,
     check_module_dropout,
@@ -21,6 +21,7 @@ from checks import (
     multihead,
     multihead_mistakes,
     softmax,
+    split_heads,
 )
 
 pytestmark = pytest.mark.kv_cache
@@ -31,22 +32,6 @@ TOLERANCE = {"float32": FLOAT32, "bfloat16": dict(rtol=3e-2, atol=3e-2)}  # bf16
 
 
 # ---------------------------------------------------------------- steps and their NumPy twins
-
-def spans(chunks):
-    """The (first, end) token indices of each chunk, chunks being their lengths: (3, 1) -> (0, 3), (3, 4)."""
-    ends = np.cumsum(chunks).tolist()
-    return list(zip([0, *ends[:-1]], ends))
-
-
-def cached_steps(x, chunks):
-    """Session steps feeding x's tokens to forward(use_cache=True) chunk by chunk."""
-    return [{"method": "forward", "args": [x[:, a:e]], "kwargs": {"use_cache": True}} for a, e in spans(chunks)]
-
-
-def split_heads(t, num_heads):
-    b, n, d = t.shape
-    return t.reshape(b, n, num_heads, d // num_heads).transpose(0, 2, 1, 3)
-
 
 def decode(x, weights, num_heads, chunks, *, visible="causal", cached=True, past=None):
     """NumPy outputs of decoding x chunk by chunk with a KV cache, one array per chunk, with switches that

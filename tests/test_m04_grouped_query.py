@@ -13,8 +13,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import draw_weights, linear_shapes, mha_shapes, normal, random_weights
-from checks import assert_close, causal, linear, multihead, parameter_count, softmax
+from cases import cached_steps, draw_weights, linear_shapes, mha_shapes, normal, random_weights, spans
+from checks import assert_close, causal, linear, multihead, parameter_count, softmax, split_heads
 
 pytestmark = pytest.mark.grouped_query
 STAGE = "m04_grouped_query"
@@ -28,22 +28,6 @@ def gqa_shapes(d_in, d_out, num_heads, num_kv_groups, bias):
     kv_width = num_kv_groups * (d_out // num_heads)
     return {**linear_shapes("W_query", d_in, d_out, bias), **linear_shapes("W_key", d_in, kv_width, bias),
             **linear_shapes("W_value", d_in, kv_width, bias), **linear_shapes("out_proj", d_out, d_out)}
-
-
-def spans(chunks):
-    """The (first, end) token indices of each chunk, chunks being their lengths: (3, 1) -> (0, 3), (3, 4)."""
-    ends = np.cumsum(chunks).tolist()
-    return list(zip([0, *ends[:-1]], ends))
-
-
-def cached_steps(x, chunks):
-    """Session steps feeding x's tokens to forward(use_cache=True) chunk by chunk."""
-    return [{"method": "forward", "args": [x[:, a:e]], "kwargs": {"use_cache": True}} for a, e in spans(chunks)]
-
-
-def split_heads(t, num_heads):
-    b, n, d = t.shape
-    return t.reshape(b, n, num_heads, d // num_heads).transpose(0, 2, 1, 3)
 
 
 def grouped(x, weights, num_heads, num_kv_groups, *, keys="interleave", values="interleave", mask=True):

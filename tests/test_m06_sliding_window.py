@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from cases import draw_weights, normal
-from checks import assert_close, linear, softmax
+from checks import assert_close, linear, softmax, split_heads
 
 pytestmark = pytest.mark.sliding_window
 STAGE = "m06_sliding_window"
@@ -64,11 +64,6 @@ def check_mask(name, mask, expected, window):
                  mistakes=as_numbers)
 
 
-def heads(a, num_heads):
-    b, t, d = a.shape
-    return a.reshape(b, t, num_heads, d // num_heads).transpose(0, 2, 1, 3)  # (b, num_heads, t, head_dim)
-
-
 def np_attend(q, k, v, allowed, weights):
     """Masked attention of (b, heads, n, head_dim) queries over keys/values; a row with no key gives 0."""
     s = np.where(allowed, q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1]), -np.inf)
@@ -80,7 +75,7 @@ def np_attend(q, k, v, allowed, weights):
 def np_window_attention(x, weights, num_heads, window, rule="right"):
     """The full forward: attention masked by the band (np_band's rule)."""
     x = np.asarray(x, dtype=np.float64)
-    q, k, v = (heads(linear(x, weights, n), num_heads) for n in ("W_query", "W_key", "W_value"))
+    q, k, v = (split_heads(linear(x, weights, n), num_heads) for n in ("W_query", "W_key", "W_value"))
     return np_attend(q, k, v, np_band(x.shape[1], x.shape[1], window, rule=rule), weights)
 
 
@@ -90,7 +85,7 @@ def np_window_decode(x, weights, num_heads, window, chunks, keep="last", rows="o
     "first" or "all"; rows: "offset" (right: rows num_cached..) or "first" (rows 0..num_new-1).
     returns: the outputs of every step, concatenated over tokens."""
     x = np.asarray(x, dtype=np.float64)
-    q, k, v = (heads(linear(x, weights, n), num_heads) for n in ("W_query", "W_key", "W_value"))
+    q, k, v = (split_heads(linear(x, weights, n), num_heads) for n in ("W_query", "W_key", "W_value"))
     cache_k, cache_v, outputs, start = k[:, :, :0], v[:, :, :0], [], 0
     for size in chunks:
         new = slice(start, start + size)
