@@ -86,8 +86,8 @@ def stage_report(marker: str, points: float, tests: list[dict]) -> str:
                 message = t["message"].strip() or "the check failed (no message)"
                 if len(message) > MESSAGE_LIMIT:  # cut, but the mistakes it names are always shown
                     cut = message[:MESSAGE_LIMIT]
-                    message = "\n".join([cut + " [...]"] + [f"Likely mistake: {m}" for m in mistakes(message)
-                                                             if m not in cut])
+                    named = [line for line in message.splitlines() if line.startswith("Likely mistake:")]
+                    message = "\n".join([cut + " [...]"] + [line for line in named if line not in cut])
                 lines.extend("        " + m for m in message.splitlines())
         elif not needs_cuda(t["nodeid"]):
             lines.append(f"  skip  {t['label']} ({t['message'].strip() or 'skipped'})")

@@ -312,9 +312,14 @@ def test_a_long_message_is_cut_in_feedback_but_keeps_the_mistakes_it_names():
     """Big arrays make long messages; the named mistakes come last, and feedback still shows them."""
     nodeid = "tests/test_m07_tiled_attention.py::test_random_cases[cpu]"
     message = ("out differs from the expected values\n" + "  expected: [" + "0.1234, " * 200 + "]\n"
-               "Likely mistake: the running max is not carried from one tile of keys to the next")
+               "Likely mistake: the running max is not carried from one tile of keys to the next\n"
+               "a hint after the mistake")
     text = stage_report("tiled_attention", 16, [
         {"nodeid": nodeid, "label": label(nodeid), "outcome": "failed", "message": message}])
     assert " [...]" in text and len(text) < len(message)
     assert text.splitlines()[-1].strip() == \
         "Likely mistake: the running max is not carried from one tile of keys to the next"
+    shown = "Likely mistake: the max is off"  # within the cut: shown once
+    text = stage_report("tiled_attention", 16, [{"nodeid": nodeid, "label": label(nodeid), "outcome": "failed",
+                                                 "message": f"{shown}\n{message}"}])
+    assert text.count(shown) == 1 and text.count("running max is not carried") == 1
