@@ -6,6 +6,7 @@
     attnkit demo [--dir DIR]   a whole nbgrader grading round on built-in sample submissions
     attnkit grade [ASSIGNMENT] [--course DIR] [--notebooks]   grade a whole class in parallel (resumable)
     attnkit report [ASSIGNMENT] [--course DIR]   an HTML class report (plots + tables) of the graded class
+    attnkit gradescope [ASSIGNMENT] [--out autograder.zip]   the autograder zip for Gradescope
 """
 from __future__ import annotations
 
@@ -183,6 +184,12 @@ def cmd_grade(args):
     return 1 if outcome.errors or failed else 0
 
 
+def cmd_gradescope(args):
+    from .gradescope import cli
+
+    return cli(args)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="attnkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -262,6 +269,21 @@ def main(argv=None):
                         "running them), so that the formgrader shows them and `nbgrader generate_feedback` works")
     p.add_argument("--quiet", action="store_true", help="no progress bars (CI)")
     p.set_defaults(func=cmd_grade)
+
+    p = sub.add_parser(
+        "gradescope", help="build Gradescope's autograder zip for an assignment",
+        description="Write the autograder zip Gradescope takes: setup.sh, run_autograder and the kit, which grades "
+                    "each submission with the same suite and sandbox as `attnkit grade` (grader/gradescope.py).",
+    )
+    p.add_argument("assignment", nargs="?", default="attention", choices=list(ASSIGNMENTS), metavar="ASSIGNMENT",
+                   help="%(choices)s (default: %(default)s)")
+    p.add_argument("--out", default="autograder.zip", help="the zip to write (default: %(default)s)")
+    p.add_argument("--total", type=_positive(float), default=100, help="total points (default: %(default)s)")
+    p.add_argument("--test-timeout", type=_positive(float), default=TEST_TIMEOUT,
+                   help="CPU seconds per check (default: %(default)s)")
+    p.add_argument("--time-budget", type=_positive(float),
+                   help=f"CPU seconds per submission (default: {BUDGET_CHECKS} x --test-timeout)")
+    p.set_defaults(func=cmd_gradescope)
 
     args = parser.parse_args(argv)
     return args.func(args) or 0

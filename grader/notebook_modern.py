@@ -209,7 +209,7 @@ print("cached decoding equals the full forward:", torch.allclose(full, torch.cat
         "Attention tile by tile: the online softmax of FlashAttention",
         """\
 Chapter 3 builds the whole `num_tokens x num_tokens` score matrix before the softmax. At 4096 tokens
-and 32 heads that is half a billion scores per sequence, written to memory and read back. FlashAttention
+and 32 heads that is half a billion scores per sequence and layer, written to memory and read back. FlashAttention
 never builds it: it walks over tiles of `block_size` queries x `block_size` keys and keeps, for every
 query row, a running max `row_max`, a running sum `row_sum` of `exp(score - row_max)` and an accumulator
 `acc` of `exp(score - row_max) * value`. When a tile brings a larger max, what was summed so far is

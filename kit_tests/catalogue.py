@@ -509,8 +509,8 @@ BUGS += [
                (("[:, :, -self.window:]", "[:, :, :self.window]"),),
                "the cache keeps the first window positions instead of the last", "kept the OLDEST window positions"),
     Submission("window_rows_not_offset", M06,
-               (("allowed = self.mask[num_cached:num_cached + num_new, :num_cached + num_new]",
-                 "allowed = self.mask[:num_new, :num_cached + num_new]"),),
+               (("allowed = self.band[num_cached:num_cached + num_new, :num_cached + num_new]",
+                 "allowed = self.band[:num_new, :num_cached + num_new]"),),
                "cached steps take the band's first rows for the new queries", "took the band's first rows"),
     # m07_tiled_attention
     Submission("tiled_max_not_carried", M07,

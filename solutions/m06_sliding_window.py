@@ -11,7 +11,8 @@ API
         part for query i (the convention of F.scaled_dot_product_attention's boolean attn_mask)
     SlidingWindowAttention(d_in, d_out, context_length, num_heads, window, qkv_bias=False)
         W_query, W_key, W_value = nn.Linear(d_in, d_out, bias=qkv_bias); out_proj = nn.Linear(d_out, d_out);
-        buffer mask = sliding_window_mask(context_length, window).
+        buffer band = sliding_window_mask(context_length, window) (True = takes part; chapter 3's mask
+        buffer marks the opposite, the future).
         forward(x, use_cache=False): x (b, num_tokens, d_in) -> (b, num_tokens, d_out); with use_cache, x holds
         the new tokens only and cache_k / cache_v (b, num_heads, cached, head_dim; None when empty) keep the
         keys and values of the last ``window`` positions at most; reset_cache() empties them.
@@ -48,7 +49,7 @@ class SlidingWindowAttention(nn.Module):
         self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.out_proj = nn.Linear(d_out, d_out)
         # The band of the whole context; it follows from the arguments, so it is not saved with the weights.
-        self.register_buffer("mask", sliding_window_mask(context_length, window), persistent=False)
+        self.register_buffer("band", sliding_window_mask(context_length, window), persistent=False)
         self.cache_k = self.cache_v = None
 
     def reset_cache(self):
@@ -63,7 +64,7 @@ class SlidingWindowAttention(nn.Module):
         # (b, num_heads, num_new, head_dim) each
 
         # Without the cache the new tokens are the whole sequence: the band's top-left corner.
-        allowed = self.mask[:num_new, :num_new]  # (num_new, num_new)
+        allowed = self.band[:num_new, :num_new]  # (num_new, num_new)
 
         # With the cache, put the cached keys/values (the positions right before the new ones) in front,
         # then keep only the last `window` positions in the cache: no later query can reach older ones.
@@ -77,7 +78,7 @@ class SlidingWindowAttention(nn.Module):
                 keys = torch.cat([self.cache_k, keys], dim=2)  # (b, num_heads, num_cached + num_new, head_dim)
                 values = torch.cat([self.cache_v, values], dim=2)
             self.cache_k, self.cache_v = keys[:, :, -self.window:], values[:, :, -self.window:]
-            allowed = self.mask[num_cached:num_cached + num_new, :num_cached + num_new]  # (num_new, num_keys)
+            allowed = self.band[num_cached:num_cached + num_new, :num_cached + num_new]  # (num_new, num_keys)
         ### END SOLUTION
 
         context_vec = F.scaled_dot_product_attention(queries, keys, values, attn_mask=allowed)  # True = takes part

@@ -49,7 +49,12 @@ def assert_close(name, actual, expected, *, rtol=1e-4, atol=1e-6, mistakes=None,
     elif not np.all(np.isfinite(actual)) and np.all(np.isfinite(expected)):
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(actual))[0])
         lines.append(f"{name} contains {actual[bad]} at index {bad}; expected finite values.")
-        lines.append(f"  expected: {_fmt(expected)}\n  actual:   {_fmt(actual)}")
+        if expected.ndim <= 1:
+            lines.append(f"  expected: {_fmt(expected)}\n  actual:   {_fmt(actual)}")
+        else:  # the row with the first non-finite value: whole arrays would bury what follows
+            row = bad[:-1]
+            lines.append(f"  row {name}[{', '.join(map(str, row))}]:\n"
+                         f"    expected: {_fmt(expected[row])}\n    actual:   {_fmt(actual[row])}")
     elif not np.allclose(actual, expected, rtol=rtol, atol=atol):
         off = ~np.isclose(actual, expected, rtol=rtol, atol=atol)
         first = tuple(int(i) for i in np.argwhere(off)[0])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from cases import draw_weights, exposing_case, module_case, normal
-from checks import assert_close, check_dropout, multihead, multihead_mistakes
+from checks import assert_close, check_dropout, linear, multihead, multihead_mistakes, softmax, split_heads
 
 pytestmark = pytest.mark.pytorch_attention
 STAGE = "m01_pytorch_attention"
@@ -140,6 +140,32 @@ def test_is_causal_and_attn_mask_agree(stage, reference, rng, device):
                          **FLOAT32, mistakes=partial(sdpa_mistakes, x, weights, init["num_heads"]))
         assert_close("sdpa_attention with use_mask=True (expected: the same with is_causal, use_mask=False)",
                      outputs[True], outputs[False], **FLOAT32)
+
+
+def test_use_mask_follows_the_module_s_mask(stage, reference):
+    """use_mask=True builds attn_mask from mha.mask, whatever it holds: given a mask that also hides every key
+    more than one position back (1 = masked out, as chapter 3's), each token sees itself and the one before,
+    which is_causal alone would not give."""
+    r = np.random.default_rng(12)
+    init = dict(d_in=6, d_out=6, context_length=7, dropout=0.0, num_heads=2, qkv_bias=False)
+    x, weights = normal(r, 2, 7, 6), draw_weights(r, reference.stage(STAGE), CLS, init)
+    positions = np.arange(7)
+    hidden = (positions[None, :] > positions[:, None]) | (positions[None, :] < positions[:, None] - 1)
+    out = run(stage, SDPA, init, {**weights, "mask": hidden.astype(np.float32)}, x, use_mask=True)
+    assert_close(describe(SDPA, True) + " with mha.mask hiding the future and keys more than one position back",
+                 out, masked_attention(x, weights, 2, hidden), **FLOAT32,
+                 mistakes=lambda: {"use_mask=True did not use mha.mask (it gave plain causal attention): build "
+                                   "attn_mask from mha.mask, True where mha.mask is 0": multihead(x, weights, 2)})
+
+
+def masked_attention(x, weights, num_heads, hidden):
+    """NumPy multi-head attention where ``hidden`` (num_tokens, num_tokens), True = masked out, says which keys
+    each query may not see."""
+    q, k, v = (split_heads(linear(x, weights, n), num_heads) for n in ("W_query", "W_key", "W_value"))
+    scores = np.where(hidden, -np.inf, q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1]))
+    context = softmax(scores) @ v  # (b, num_heads, num_tokens, head_dim)
+    b, _, t, _ = context.shape
+    return linear(context.transpose(0, 2, 1, 3).reshape(b, t, -1), weights, "out_proj")
 
 
 def test_torch_mha_equals_chapter_3(stage, reference, rng, device):

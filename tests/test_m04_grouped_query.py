@@ -235,28 +235,25 @@ def test_the_cache_shrinks_by_num_heads_over_num_kv_groups(stage, rng):
     numbers than with num_kv_groups == num_heads (multi-head attention)."""
     d_in, d_out, num_heads, t = 5, 16, 8, 6
     x = normal(rng, 2, t, d_in)
-    sizes = {}
-    for num_kv_groups in (8, 2, 1):
+    for num_kv_groups in (8, 2, 1):  # (b, num_kv_groups, t, head_dim): 8 / num_kv_groups times fewer numbers
         init = dict(d_in=d_in, d_out=d_out, context_length=t, num_heads=num_heads, num_kv_groups=num_kv_groups)
         weights = random_weights(rng, gqa_shapes(d_in, d_out, num_heads, num_kv_groups, False))
         steps = [*cached_steps(x, [4, 1, 1]), {"get": "cache_k"}, {"get": "cache_v"}]
         *_, cache_k, cache_v = stage.session(CLS, init, weights, steps=steps)
         check_cache_shape(cache_k, 2, num_heads, num_kv_groups, t, 2, f"with num_kv_groups={num_kv_groups}")
         check_cache_shape(cache_v, 2, num_heads, num_kv_groups, t, 2, f"(cache_v) with num_kv_groups={num_kv_groups}")
-        sizes[num_kv_groups] = cache_k.size + cache_v.size
-    for num_kv_groups in (2, 1):
-        assert sizes[8] == sizes[num_kv_groups] * (num_heads // num_kv_groups), (
-            f"the cache holds {sizes[num_kv_groups]} numbers with num_kv_groups={num_kv_groups} and {sizes[8]} with "
-            f"num_kv_groups=num_heads={num_heads}: expected {num_heads // num_kv_groups} times fewer"
-        )
 
 
 def test_random_cases_against_the_reference(stage, reference, rng, device):
     """Random sizes and groups, random chunks, reset_cache() and a second sequence: every step matches the
     reference."""
     ref = reference.stage(STAGE)
-    for _ in range(2):
-        num_kv_groups, group_size, head_dim = (int(rng.integers(1, 4)) for _ in range(3))
+    for case in range(2):
+        # The first case has groups of several heads and several groups: there `repeat` and `repeat_interleave`
+        # differ (with one group, or groups of one head, they give the same heads).
+        low = 2 if case == 0 else 1
+        num_kv_groups, group_size = int(rng.integers(low, 4)), int(rng.integers(low, 4))
+        head_dim = int(rng.integers(1, 4))
         num_heads, t = num_kv_groups * group_size, int(rng.integers(2, 9))
         init = dict(d_in=int(rng.integers(2, 7)), d_out=num_heads * head_dim,
                     context_length=t + int(rng.integers(0, 3)), num_heads=num_heads, num_kv_groups=num_kv_groups,

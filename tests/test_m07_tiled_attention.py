@@ -5,7 +5,8 @@ Spec: tiled_attention(q, k, v, is_causal=False, block_size=64) with q (b, h, n_q
 attends to keys j <= i (top-left aligned, as F.scaled_dot_product_attention(is_causal=True)). It works
 over tiles of block_size queries x block_size keys with a running max, a running sum and a rescaled
 accumulator, and never materialises an n_q x n_kv matrix nor calls F.scaled_dot_product_attention.
-Expected values come from standard attention in NumPy float64.
+Expected values come from standard attention in NumPy float64 (the public example's: from the reference,
+stored in its fixture).
 """
 import numpy as np
 import pytest
@@ -259,8 +260,9 @@ SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs a Llama layer
     "cuda": dict(b=1, h=32, t=4096, d=128, dtype="bfloat16"),
 }
 # A bfloat16 score matrix at the CUDA size takes b*h*t*t*2 bytes = 1 GiB; q, k, v and the output 4 x 32 MiB.
-# Tiles of 64 need a few MiB more: 384 MiB leaves room for float32 copies of q, k and v, not for the matrix.
-CUDA_PEAK_BYTES = 384 * 2**20
+# Tiles of 64 need a few MiB more. 512 MiB leaves room for float32 copies of q, k and v and a float32 output
+# beside the bfloat16 ones (384 MiB together), not for the matrix.
+CUDA_PEAK_BYTES = 512 * 2**20
 
 
 def test_llama_sized_heads(stage, device):
