@@ -16,7 +16,7 @@ from shlex import quote
 
 from stage_names import ASSIGNMENTS, is_stage_module
 
-from .sandbox import BUDGET_CHECKS, TEST_TIMEOUT
+from .sandbox import BUDGET_CHECKS, TEST_TIMEOUT, budget_problem
 
 
 def cmd_stubs(args):
@@ -150,9 +150,8 @@ def cmd_grade(args):
                 target.time_budget = None  # derived from the new limit, unless given too
             if args.time_budget is not None:
                 target.time_budget = args.time_budget
-        if target.time_budget is not None and target.time_budget < target.test_timeout:
-            raise GradeError(f"--time-budget ({target.time_budget:g} s) must be at least the time limit of one "
-                             f"check ({target.test_timeout:g} s)")
+        if budget_problem(target.test_timeout, target.time_budget):
+            raise GradeError(budget_problem(target.test_timeout, target.time_budget))
         if args.notebooks:
             check_notebooks_possible(target)  # before grading, not after
         outcome = grade(target, students=args.student, force=args.force, executor=args.executor,

@@ -43,7 +43,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 from .kit import ASSIGNMENTS, EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, marker, stage_test_file, stages, suite_files
-from .sandbox import TEST_TIMEOUT, Limits
+from .sandbox import TEST_TIMEOUT, Limits, budget_problem
 from .stubs import BEGIN, END, out_of_sync
 from .worker import READY_SECONDS
 
@@ -463,9 +463,8 @@ def build(root, *, course_id="attention-kit", assignments=None, total=100, point
                           f"{', '.join(ASSIGNMENTS)}")
     if not test_timeout > 0:
         raise CourseError("test_timeout must be positive")
-    if time_budget is not None and not time_budget >= test_timeout:
-        raise CourseError(f"the time budget ({time_budget:g} s) must be at least the time limit of one check "
-                          f"({test_timeout:g} s)")
+    if budget_problem(test_timeout, time_budget):
+        raise CourseError(budget_problem(test_timeout, time_budget))
     stale = out_of_sync(assignments=chosen)
     if stale:
         raise CourseError(f"exercises/ is out of date with solutions/ ({', '.join(stale)}): run `attnkit stubs`")

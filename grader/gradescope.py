@@ -46,7 +46,7 @@ from stage_names import stage_test_file
 
 from .kit import KIT, SUITE, marker
 from .results import write_atomic
-from .sandbox import TEST_TIMEOUT
+from .sandbox import TEST_TIMEOUT, budget_problem
 
 ROOT_ENV = "ATTNKIT_GRADESCOPE_ROOT"  # Gradescope's container root, /autograder unless set (the kit's test sets it)
 SETTINGS = "attnkit-gradescope.json"
@@ -236,9 +236,8 @@ def cli(args) -> int:
     except CourseError as exc:
         print(f"attnkit gradescope: error: {exc}", file=sys.stderr)
         return 2
-    if args.time_budget is not None and args.time_budget < args.test_timeout:
-        print(f"attnkit gradescope: error: --time-budget ({args.time_budget:g} s) must be at least --test-timeout "
-              f"({args.test_timeout:g} s)", file=sys.stderr)
+    if budget_problem(args.test_timeout, args.time_budget):
+        print(f"attnkit gradescope: error: {budget_problem(args.test_timeout, args.time_budget)}", file=sys.stderr)
         return 2
     out = build_zip(args.out, args.assignment, points, args.test_timeout, args.time_budget)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): Gradescope's autograder for {args.assignment}, "

@@ -98,6 +98,15 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 # ---------------------------------------------------------------- limits and confinement
 
+def budget_problem(check_seconds: float, budget_seconds: float | None) -> str | None:
+    """Why a time budget per submission cannot go with this limit per check (it must hold one check at
+    least), or None when it can (None: the default budget)."""
+    if budget_seconds is not None and not budget_seconds >= check_seconds:
+        return (f"the time budget ({budget_seconds:g} s) must be at least the time limit of one check "
+                f"({check_seconds:g} s)")
+    return None
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one submission may use. Times are CPU seconds of the learner's processes."""

@@ -42,14 +42,17 @@ class Context:
     assignment: str
     bystanders: tuple  # student ids of honest submissions graded in the same run
 
+    def bystander_folders(self) -> list[Path]:
+        """The bystanders' submitted/ and autograded/ folders."""
+        return [self.course / top / student / self.assignment
+                for top in ("submitted", "autograded") for student in self.bystanders]
+
     def target_files(self) -> list[Path]:
         """Files an attack tries to create or overwrite (none may exist or change afterwards)."""
         out = [self.course / "gradebook.db", self.course / "pwned.txt", KIT / "pwned.txt",
                SOLUTIONS / "pwned.txt"]
-        for student in self.bystanders:
-            for top in ("submitted", "autograded"):
-                folder = self.course / top / student / self.assignment
-                out += [folder / f"{stages(self.assignment)[0]}.py", folder / "pwned.txt"]
+        for folder in self.bystander_folders():
+            out += [folder / f"{stages(self.assignment)[0]}.py", folder / "pwned.txt"]
         return out
 
 
@@ -80,6 +83,17 @@ def solution(stage: str) -> str:
 
 def stub(stage: str) -> str:
     return (EXERCISES / f"{stage}.py").read_text()
+
+
+def reading_solutions(stage: str) -> str:
+    """The stub of ``stage``, which looks for the kit's solutions and runs its own if it finds them."""
+    return attacked(stub(stage), "read_solutions", context={"solutions": str(SOLUTIONS)})
+
+
+def vandalising(stage: str, ctx: Context) -> str:
+    """The stub of ``stage``, which writes into the gradebook, the bystanders' folders and the kit."""
+    return attacked(stub(stage), "write_everywhere", context={
+        "targets": [str(p) for p in ctx.target_files()], "folders": [str(p) for p in ctx.bystander_folders()]})
 
 
 def fixed(**modules):
@@ -224,12 +238,8 @@ def corpus() -> list[Tamper]:
                lambda ctx: {
                    "s01_attention_scores": attacked(stub("s01_attention_scores"), "read_hidden_fixtures",
                                                     context={"fixtures": str(FIXTURES)}),
-                   "s02_normalization": attacked(stub("s02_normalization"), "write_everywhere", context={
-                       "targets": [str(p) for p in ctx.target_files()],
-                       "folders": [str(ctx.course / top / s / ctx.assignment)
-                                   for top in ("submitted", "autograded") for s in ctx.bystanders]}),
-                   "s10_multihead_attention": attacked(stub("s10_multihead_attention"), "read_solutions",
-                                                       context={"solutions": str(SOLUTIONS)})},
+                   "s02_normalization": vandalising("s02_normalization", ctx),
+                   "s10_multihead_attention": reading_solutions("s10_multihead_attention")},
                reason=STUB, expected={"attention_scores": 0, "normalization": 0, "multihead_attention": 0}),
         Tamper("faults", "correct modules that, at import, call sys.exit(0) (s03) or os._exit(0) (s04), loop "
                "forever (s05), dereference NULL (s07); a correct s06 whose functions first allocate until the "
@@ -320,14 +330,9 @@ def modern_corpus() -> list[Tamper]:
         Tamper("m-reach-outside", "stubs that look for the solutions and run theirs (m01, m03); write into the "
                "gradebook, other students' folders and the kit (m02)",
                lambda ctx: {
-                   "m01_pytorch_attention": attacked(stub("m01_pytorch_attention"), "read_solutions",
-                                                     context={"solutions": str(SOLUTIONS)}),
-                   "m02_padding_and_cross": attacked(stub("m02_padding_and_cross"), "write_everywhere", context={
-                       "targets": [str(p) for p in ctx.target_files()],
-                       "folders": [str(ctx.course / top / s / ctx.assignment)
-                                   for top in ("submitted", "autograded") for s in ctx.bystanders]}),
-                   "m03_kv_cache": attacked(stub("m03_kv_cache"), "read_solutions",
-                                            context={"solutions": str(SOLUTIONS)})},
+                   "m01_pytorch_attention": reading_solutions("m01_pytorch_attention"),
+                   "m02_padding_and_cross": vandalising("m02_padding_and_cross", ctx),
+                   "m03_kv_cache": reading_solutions("m03_kv_cache")},
                reason=STUB, expected={"pytorch_attention": 0, "padding_and_cross": 0, "kv_cache": 0}),
         Tamper("m-faults", "correct modules that, at import, loop forever (m04), dereference NULL (m05) or call "
                "os._exit(0) (m06)", fixed(**armed(solution, m04_grouped_query="endless_loop",

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import html
 import json
-import subprocess
-import sys
 
 import nbformat
 import pytest
+from test_nbgrader_course import Nbgrader
 
 from grader.cli import main
 from grader.course import Course, build, find_leaks, hidden_test_names, solution_lines
@@ -22,12 +21,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ASSIGNMENT = "modern-attention"
 SAMPLE_STUDENTS = [s.student for s in SAMPLES if s.assignment == ASSIGNMENT]
 BOTH = "reference"  # also submits chapter 3's assignment
-
-
-def nbgrader(root, *args):
-    run = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=root, capture_output=True, text=True)
-    assert run.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
-    return run
 
 
 def gradebook_scores(c: Course, students) -> dict:
@@ -44,15 +37,16 @@ def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("both") / "course"
     build(root)
     course = Course.load(root, ASSIGNMENT)
+    nbgrader = Nbgrader(root)
     for name in ASSIGNMENTS:
-        nbgrader(root, "generate_assignment", name)
+        nbgrader("generate_assignment", name)
     for sample in SAMPLES:
         if sample.assignment == ASSIGNMENT or sample.student == BOTH:
             write_submission(sample, root / "release" / sample.assignment,
                              root / "submitted" / sample.student / sample.assignment)
-    nbgrader(root, "autograde", ASSIGNMENT)
-    nbgrader(root, "autograde", "attention", "--student", BOTH)
-    nbgrader(root, "generate_feedback", ASSIGNMENT)
+    nbgrader("autograde", ASSIGNMENT)
+    nbgrader("autograde", "attention", "--student", BOTH)
+    nbgrader("generate_feedback", ASSIGNMENT)
     scores = gradebook_scores(course, SAMPLE_STUDENTS)
     assert main(["grade", ASSIGNMENT, "--course", str(root)]) == 0
     assert main(["report", ASSIGNMENT, "--course", str(root)]) == 0

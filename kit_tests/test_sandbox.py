@@ -33,7 +33,7 @@ from grader.sandbox import (
     reference_imports,
 )
 from stage_names import builds_on
-from tamper import attacked, solution, stealing_wrapper, stub
+from tamper import attacked, payload, solution, stealing_wrapper, stub
 
 LIMITS = Limits(check_seconds=1.0, memory_bytes=2 << 30, output_bytes=64 << 10, processes=48)
 PROMISED = "namespaces" if os.geteuid() == 0 else "userns"  # what the README promises on such a machine
@@ -897,8 +897,7 @@ def test_a_memory_ceiling_is_held_by_the_kernel_whatever_the_stage_hides(sandbox
     while the reference's tiles fit. The same code without a ceiling computes it (the control), and the
     stage after a ceiling gets a worker of its own, without it."""
     m07 = "m07_tiled_attention"
-    hidden = (Path(__file__).with_name("tamper_payloads") / "hidden_matrix.py").read_text()
-    root = write_modules(tmp_path / "hidden", replaced={m07: hidden}, assignment="modern-attention")
+    root = write_modules(tmp_path / "hidden", replaced={m07: payload("hidden_matrix")}, assignment="modern-attention")
     q = np.random.default_rng(0).normal(size=(1, 1, 8192, 8)).astype(np.float32)
     ceiling = {m07: 128 << 20}
     with IsolatedBackend(root, LIMITS, sandbox=sandbox, ceilings=ceiling) as held:

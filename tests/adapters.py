@@ -326,7 +326,7 @@ def op_session(module, cls=None, init=None, weights=None, steps=(), train=False,
         manual_seed(seed)
 
     def placed(value):
-        value = to_torch(value)
+        """Tensors (from to_torch) moved to ``device``, the floating-point ones in ``dtype``."""
         if isinstance(value, torch.Tensor):
             return value.to(device=device, dtype=getattr(torch, dtype) if value.is_floating_point() else None)
         if isinstance(value, dict):
@@ -343,7 +343,7 @@ def op_session(module, cls=None, init=None, weights=None, steps=(), train=False,
                                       "the exercise's docstring gives.")
             results.append(to_plain(getattr(model, step["get"]), f"{cls}.{step['get']}"))
             continue
-        args, kwargs = placed(list(step.get("args", ()))), placed(dict(step.get("kwargs", {})))
+        args, kwargs = placed(to_torch(list(step.get("args", ())))), placed(to_torch(dict(step.get("kwargs", {}))))
         if "method" in step:
             what = f"{cls}.{step['method']}()"
             func = getattr(model, step["method"], None)
