@@ -118,7 +118,10 @@ def test_pytest_stops_each_looping_stage_once_and_names_it(release, tmp_path):
     assert len(s05) >= 3
     first, *rest = s05
     assert first[0] == "failure" and first[1].startswith(f"stage s05_self_attention: {STOPPED}"), first
-    assert LIMIT <= first[2] < LIMIT + 5
+    # junit's time adds up the check's setup, call and teardown, while pytest-timeout's alarm runs from before
+    # the setup: the gaps between the phases (milliseconds, more on a loaded machine: 1.999 s was seen with
+    # two CPU hogs) can put the sum just under the limit. Stopped at the limit, not earlier: within 0.1 s.
+    assert LIMIT - 0.1 <= first[2] < LIMIT + 5
     for outcome, message, took in rest:  # at once, not after the limit again
         assert outcome == "error" and NOT_RUN in message and took < 1, (outcome, message, took)
 
