@@ -62,7 +62,7 @@ def _positive(kind):
 
 
 def cmd_course_build(args):
-    from .course import CourseError, build
+    from .course import CourseError, build, exchange_hint
 
     try:
         course = build(
@@ -81,13 +81,22 @@ def cmd_course_build(args):
               f"public tests, public fixtures ({one.total:g} points)")
         for stage, points in one.points.items():
             print(f"    {stage:<28} {points:>6g}")
+    hint = exchange_hint(course)
+    if hint:
+        print(f"note: {hint}")
     print(f"next: cd {quote(str(course.root))} && " + " && ".join(f"nbgrader generate_assignment {n}" for n in built))
     return 0
 
 
 def _unreadable_gradebook(exc, assignment: str) -> str:
-    """What to do when nbgrader's gradebook is no database (a damaged file, a wrong --db-url)."""
-    return (f"the course's gradebook cannot be read ({getattr(exc, 'orig', None) or exc}): restore it, or move it "
+    """What to do when nbgrader's gradebook cannot be read: an SQLite file that is no database (damaged,
+    or a wrong --db-url), or a database server that does not answer or refuses the course's URL."""
+    reason = str(getattr(exc, "orig", None) or exc).strip()
+    if type(getattr(exc, "orig", None)).__module__.split(".")[0] not in ("sqlite3", "builtins"):
+        return (f"the course's gradebook cannot be read ({reason}): check that its database server runs and "
+                "takes the URL in the course's nbgrader_config.py; the records in attnkit-grades/ stand, and "
+                "`attnkit grade` brings the gradebook in line with them once it can")
+    return (f"the course's gradebook cannot be read ({reason}): restore it, or move it "
             f"aside and run `nbgrader generate_assignment {assignment}` in the course folder for a new one "
             "(`attnkit grade` then fills it from the records in attnkit-grades/)")
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+import os
 import re
 import shlex
 import shutil
@@ -42,6 +43,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
+from .gradebook import GradebookError, check_database
 from .kit import ASSIGNMENTS, EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, marker, stage_test_file, stages, suite_files
 from .sandbox import TEST_TIMEOUT, Limits, budget_problem
 from .stubs import BEGIN, END, out_of_sync
@@ -81,6 +83,11 @@ class Course:
     @property
     def source(self) -> Path:
         return self.root / "source" / self.assignment
+
+    @property
+    def exchange(self) -> Path:
+        """The exchange folder nbgrader_config.py names (release, fetch, submit and collect go through it)."""
+        return Path(self.exchange_root).expanduser() if self.exchange_root else self.root / "exchange"
 
     @property
     def notebook(self) -> str:
@@ -324,6 +331,11 @@ def find_leaks(folder: Path, hidden_names, sol_lines=None) -> list[str]:
 
 # ---------------------------------------------------------------- building
 
+def _steps(*names: str) -> list[str]:
+    """Lines of a list of import strings in nbgrader_config.py."""
+    return [f'    "{name}",' for name in names]
+
+
 def nbgrader_config(course: Course) -> str:
     exclude = {name: [f"{s}.py" for s in points] for name, points in course.assignments.items()}
     # The first autograder cell starts a grading worker and grades the whole submission.
@@ -334,13 +346,6 @@ def nbgrader_config(course: Course) -> str:
         'a rebuild overwrites it: change the build options instead of editing this file)."""',
         "import os",
         "import sys",
-        "",
-        "from grader.feedback import FeedbackCells, FeedbackPage",
-        "from grader.preprocessors import KeepCourseCells, SafePathExecute",
-        "from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor",
-        "from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds,",
-        "                                    GetGrades, IgnorePattern, LimitOutput, OverwriteCells,",
-        "                                    OverwriteKernelspec, SaveAutoGrades)",
         "",
         "HERE = os.path.dirname(os.path.abspath(__file__))",
         "c = get_config()  # noqa: F821 (provided by nbgrader)",
@@ -372,16 +377,29 @@ def nbgrader_config(course: Course) -> str:
         "c.OverwriteCells.add_missing_cells = True",
         "# Keep the student's modules: nbgrader otherwise overwrites every file with the source's.",
         f"c.Autograde.exclude_overwriting = {exclude!r}",
+        "# Steps are named by import strings, which nbgrader resolves as it uses them: the formgrader shows",
+        "# this configuration as JSON, and a class in it would not serialize (a warning on every visit).",
         "c.Autograde.sanitize_preprocessors = [",
-        "    ClearOutput, KeepCourseCells, DeduplicateIds, OverwriteKernelspec, OverwriteCells, CheckCellMetadata,",
+        *_steps("nbgrader.preprocessors.ClearOutput", "grader.preprocessors.KeepCourseCells",
+                "nbgrader.preprocessors.DeduplicateIds", "nbgrader.preprocessors.OverwriteKernelspec",
+                "nbgrader.preprocessors.OverwriteCells", "nbgrader.preprocessors.CheckCellMetadata"),
         "]",
         "c.Autograde.autograde_preprocessors = [",
-        "    SafePathExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,",
-        "    AssignLatePenalties, CheckCellMetadata,",
+        *_steps("grader.preprocessors.SafePathExecute", "nbgrader.preprocessors.IgnorePattern",
+                "nbconvert.preprocessors.ClearMetadataPreprocessor", "nbgrader.preprocessors.LimitOutput",
+                "nbgrader.preprocessors.SaveAutoGrades", "nbgrader.preprocessors.AssignLatePenalties",
+                "nbgrader.preprocessors.CheckCellMetadata"),
         "]",
         "# Feedback: each autograder cell named by its stage, without the hidden tests (grader.feedback).",
-        "c.GenerateFeedback.exporter_class = FeedbackPage",
-        "c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, FeedbackCells]",
+        'c.GenerateFeedback.exporter_class = "grader.feedback.FeedbackPage"',
+        "c.GenerateFeedback.preprocessors = [",
+        *_steps("nbgrader.preprocessors.GetGrades", "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+                "grader.feedback.FeedbackCells"),
+        "]",
+        "",
+        "# The formgrader would show its whole configuration on Manage Assignments, and Jupyter's own settings",
+        "# in it cannot be shown as JSON: 'Formgrader config is not serializable' on every visit. True shows it.",
+        "c.FormgradeExtension.debug = False",
         "",
         "# zip_collect (LMS downloads): files named <student>_<file>, e.g. alice_s08_causal_attention.py",
         'c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/_]+)_(?P<file_id>[^/]+)$"',
@@ -469,10 +487,22 @@ def build(root, *, course_id="attention-kit", assignments=None, total=100, point
     if stale:
         raise CourseError(f"exercises/ is out of date with solutions/ ({', '.join(stale)}): run `attnkit stubs`")
     planned = {name: plan_points(total, points, name) for name in chosen}
-    kept = {}
+    kept, before = {}, None
     if (root / MARKER_FILE).is_file():
         with contextlib.suppress(CourseError):  # a damaged course file: rebuilt from what is asked now
-            kept = {name: p for name, p in Course.load(root).assignments.items() if name not in planned}
+            before = Course.load(root)
+    if before is not None:
+        kept = {name: p for name, p in before.assignments.items() if name not in planned}
+        # A rebuild keeps the course's gradebook and exchange unless given others: a PostgreSQL course
+        # rebuilt without --db-url would otherwise grade into a new, empty SQLite file.
+        db_url, exchange_root = db_url or before.db_url, exchange_root or before.exchange_root
+    if exchange_root:  # nbgrader would read a relative path from its own folder, not the one it was given in
+        exchange_root = str(Path(exchange_root).expanduser().resolve())
+    if db_url:
+        try:
+            check_database(db_url)
+        except GradebookError as exc:
+            raise CourseError(str(exc)) from None
     every = {**planned, **kept}
     course = Course(root=root, course_id=course_id, assignment=chosen[0], points=planned[chosen[0]],
                     assignments={name: every[name] for name in ASSIGNMENTS if name in every},
@@ -487,7 +517,29 @@ def build(root, *, course_id="attention-kit", assignments=None, total=100, point
     for key in ("root", "assignment", "points"):
         data.pop(key)
     (root / MARKER_FILE).write_text(json.dumps(data, indent=1) + "\n")
+    make_exchange(course.exchange)
     return course
+
+
+def make_exchange(folder: Path):
+    """The exchange folder, made as nbgrader's release_assignment makes it: every user may write there
+    (students submit into it). Without it the formgrader warns on every page. A folder that cannot be
+    made (no permission) is left to the instructor: see ``exchange_hint``."""
+    if folder.is_dir():
+        return
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True)
+        folder.chmod(0o777)  # not subject to the umask, as in nbgrader
+
+
+def exchange_hint(course: Course) -> str | None:
+    """How to make the course's exchange folder when it is missing or not writable, else None."""
+    folder = course.exchange
+    if folder.is_dir() and os.access(folder, os.W_OK | os.X_OK):
+        return None
+    where = shlex.quote(str(folder))
+    return (f"the exchange folder {where} is missing or not writable (nbgrader's release, fetch, submit and collect "
+            f"need a folder every student can write to): sudo mkdir -p {where} && sudo chmod ugo+rwx {where}")
 
 
 def write_release_source(course: Course):

@@ -13,7 +13,10 @@ line, the stage's heading ("Stage 8: Causal attention, batched", grader.notebook
 nothing to render. This runs nbgrader's own autograde for each graded student, with the course's
 configuration and one change: ``RecordedResults`` stands in for the step that executes the notebook
 in a kernel. It gives each autograder cell the output that cell prints when it runs (the stage's
-verdicts, then its score as the cell's value), taken from the student's record. Everything else is
+verdicts, then its score as the cell's value), taken from the student's record; the other code cells
+(setup, demos, checks) print nothing when nbgrader runs them (they do nothing under NBGRADER_EXECUTION,
+grader.notebook), so they get no output, and every code cell its execution count, in order, and the
+notebook the kernel's ``language_info`` (IPython highlighting), as after a run. Everything else is
 nbgrader's: it copies the submission, sanitises the notebook and restores the locked cells, reads
 the scores back from the outputs, saves them to the gradebook and applies late penalties, exactly as
 after a real run, in a fraction of a second per student instead of a kernel start and a suite run.
@@ -26,6 +29,7 @@ from nbconvert.exporters import HTMLExporter
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from nbgrader.utils import is_grade, is_solution
 from traitlets import Unicode, default
+from traitlets.utils.importstring import import_item
 
 from . import results as R
 from .preprocessors import without_hidden_tests
@@ -145,7 +149,9 @@ class FeedbackPage(HTMLExporter):
 # ---------------------------------------------------------------- attnkit grade --notebooks
 
 class RecordedResults(NbGraderPreprocessor):
-    """Fill each autograder cell with the output it prints, from the student's attnkit record."""
+    """The notebook as nbgrader's Execute leaves it, from the student's attnkit record: each autograder
+    cell with the output it prints, the other code cells with none (what they print when graded),
+    execution counts in order, the kernel's language_info. Nothing of the submission runs here."""
 
     records = Unicode("", help="the folder of attnkit grade's <student>.json records").tag(config=True)
 
@@ -157,20 +163,26 @@ class RecordedResults(NbGraderPreprocessor):
         if record is None:
             raise RuntimeError(f"no attnkit grade record for {student} in {self.records}: run `attnkit grade` first")
         stages = {f"grade_{stage['stage']}": stage for stage in record["stages"]}
-        count = 0
-        for cell in nb.cells:
-            stage = stages.get(cell.metadata.get("nbgrader", {}).get("grade_id"))
-            if cell.cell_type != "code" or stage is None:
-                continue
-            count += 1
+        code = [cell for cell in nb.cells if cell.cell_type == "code"]
+        for count, cell in enumerate(code, start=1):
             cell.execution_count = count
-            cell.outputs = [
+            stage = stages.get(cell.metadata.get("nbgrader", {}).get("grade_id"))
+            cell.outputs = [] if stage is None else [
                 nbformat.v4.new_output("stream", name="stdout",
                                        text=stage_report(stage["marker"], stage["max_points"], stage["tests"]) + "\n"),
                 nbformat.v4.new_output("execute_result", data={"text/plain": repr(stage["points"])},
                                        execution_count=count),
             ]
+        nb.metadata["language_info"] = kernel_language_info()
         return nb, resources
+
+
+def kernel_language_info() -> dict:
+    """The language_info the python3 kernel (ipykernel, this Python) reports, which the notebook gets when it
+    runs: the formgrader and the feedback page highlight the code as IPython by it."""
+    from ipykernel.ipkernel import IPythonKernel
+
+    return dict(IPythonKernel.language_info)
 
 
 def stale(course_root: Path, assignment: str, notebook: str, records: dict[str, dict], out: Path) -> list[str]:
@@ -191,7 +203,8 @@ def write_notebooks(course_root: Path, assignment: str, students: list[str], out
     from traitlets.config.loader import PyFileConfigLoader
 
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course_root)).load_config()
-    steps = list(config.Autograde.autograde_preprocessors)
+    # A step is a class or its import string (as nbgrader_config.py names them, grader.course).
+    steps = [import_item(step) if isinstance(step, str) else step for step in config.Autograde.autograde_preprocessors]
     config.Autograde.autograde_preprocessors = [
         RecordedResults if isinstance(step, type) and issubclass(step, Execute) else step for step in steps]
     if RecordedResults not in config.Autograde.autograde_preprocessors:

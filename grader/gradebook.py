@@ -1,6 +1,7 @@
 """attnkit grade's scores in nbgrader's gradebook, through nbgrader's own API."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -9,6 +10,57 @@ from pathlib import Path
 
 class GradebookError(RuntimeError):
     """The gradebook cannot take this course's grades (printed as a plain error by the CLI)."""
+
+
+# The fix for a gradebook URL whose Python driver is missing, by the module SQLAlchemy could not import.
+DRIVER_FIX = {
+    "psycopg": "pip install 'attention-kit[postgres]'",
+    "psycopg2": "write the URL as postgresql+psycopg://... and pip install 'attention-kit[postgres]' "
+                "(or pip install psycopg2-binary)",
+}
+
+
+def check_database(db_url: str, timeout: int = 10):
+    """Refuse, saying what to do, a gradebook URL nbgrader could not open: no URL SQLAlchemy knows, no
+    driver installed for it, or no database answering. An SQLite file need not exist yet (nbgrader
+    creates it), only its folder."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+    example = "for example postgresql://user:password@host/database or sqlite:////path/to/gradebook.db"
+    try:
+        url = make_url(db_url)
+    except (ArgumentError, ValueError) as exc:
+        raise GradebookError(f"{db_url!r} is not a database URL ({exc}); {example}") from None
+    shown = url.render_as_string(hide_password=True)
+    try:
+        dialect = url.get_dialect()
+    except NoSuchModuleError:
+        raise GradebookError(f"SQLAlchemy knows no database {url.drivername!r} ({shown}); {example}") from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        fix = DRIVER_FIX.get(exc.name, f"pip install the package that provides {exc.name!r}")
+        raise GradebookError(f"the gradebook {shown} needs the Python driver {exc.name!r}, which is not "
+                             f"installed: {fix}") from None
+    if url.get_backend_name() == "sqlite":
+        folder = Path(url.database or ".").expanduser().resolve().parent
+        if url.database and not folder.is_dir():
+            raise GradebookError(f"the gradebook {shown} is in a folder that does not exist: create {folder}")
+        return
+    connect_args = {"connect_timeout": timeout} if url.get_backend_name() == "postgresql" else {}
+    engine = create_engine(url, connect_args=connect_args)
+    try:
+        with engine.connect():
+            pass
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise GradebookError(f"cannot open the gradebook {shown} ({reason}): check that its server runs and "
+                             "takes this user and password, and that the database exists "
+                             "(PostgreSQL: createdb NAME)") from None
+    finally:
+        engine.dispose()
 
 
 class GradebookSync:
@@ -66,31 +118,33 @@ class GradebookSync:
             self.gb = None
 
     def write(self, records: list[dict], timestamps: dict[str, str] | None = None, progress=None) -> int:
-        """Bring the gradebook in line with ``records`` (one transaction); returns how many grades changed."""
+        """Bring the gradebook in line with ``records``; returns how many grades changed.
+
+        Another ``attnkit grade`` may write the same gradebook at the same time (another assignment,
+        other students): a student or submission it adds between our look-up and our insert is a
+        unique violation in PostgreSQL, which is taken as the row being there, never a second row."""
         from nbgrader.api import MissingEntry
 
         timestamps = timestamps or {}
-        changed = 0
+        # Every run takes the rows in the same order (by student), so two runs lock them in one order:
+        # one may wait for the other, never both for each other (no deadlock).
+        records = sorted(records, key=lambda record: record["student"])
         gb = self.gb
-        try:
-            students = {student.id for student in gb.students}
+        submitted = {submission.student_id for submission in gb.find_assignment(self.assignment).submissions}
+        for record in records:  # new students' rows first, each committed by nbgrader as it adds it
+            student = record["student"]
+            if student not in submitted:
+                extra = {"timestamp": timestamps[student]} if timestamps.get(student) else {}
+                _added(gb.add_student, gb.find_student, student)
+                _added(gb.add_submission, gb.find_submission, self.assignment, student, **extra)
+        changed = 0
+        try:  # then every score in one transaction
             for record in records:
-                student = record["student"]
-                if student not in students:
-                    gb.add_student(student)
-                    students.add(student)
                 try:  # one query for the notebook and its grades (not one per grade cell)
-                    notebook = gb.find_submission_notebook(self.notebook, self.assignment, student)
+                    notebook = gb.find_submission_notebook(self.notebook, self.assignment, record["student"])
                 except MissingEntry:
-                    extra = {"timestamp": timestamps[student]} if timestamps.get(student) else {}
-                    with warnings.catch_warnings():
-                        # nbgrader's add_submission links each new row before the session holds it, and
-                        # SQLAlchemy 2's autoflush warns "... not in session, add operation ... will not
-                        # proceed" (several lines per new student, on the instructor's terminal). The rows
-                        # are all added by add_submission itself: the find below reads them back.
-                        warnings.filterwarnings("ignore", message=r".* not in session, add operation along ")
-                        gb.add_submission(self.assignment, student, **extra)
-                    notebook = gb.find_submission_notebook(self.notebook, self.assignment, student)
+                    raise GradebookError(f"{record['student']}'s submission of {self.assignment} left the "
+                                         "gradebook while attnkit wrote it; run `attnkit grade` again") from None
                 grades = {grade.name: grade for grade in notebook.grades}
                 for stage in record["stages"]:
                     grade = grades[f"grade_{stage['stage']}"]
@@ -108,3 +162,40 @@ class GradebookSync:
         return changed
 
 
+def _added(add, find, *key, **extra):
+    """``find(*key)``'s row, added by ``add(*key, **extra)`` when missing. When another process adds it between the two,
+    nbgrader's add fails on the unique key and rolls back: the row is then theirs, found again."""
+    from nbgrader.api import InvalidEntry, MissingEntry
+
+    try:
+        return find(*key)
+    except MissingEntry:
+        pass
+    try:
+        with _quiet_rollbacks(), warnings.catch_warnings():
+            # nbgrader's add_submission links each new row before the session holds it, and SQLAlchemy 2's
+            # autoflush warns "... not in session, add operation ... will not proceed" (several lines per
+            # new student, on the instructor's terminal). add_submission adds them all itself.
+            warnings.filterwarnings("ignore", message=r".* not in session, add operation along ")
+            return add(*key, **extra)
+    except InvalidEntry as exc:
+        try:
+            return find(*key)
+        except MissingEntry:
+            raise GradebookError(f"the gradebook refused a new row for {key}: {exc}") from None
+
+
+@contextlib.contextmanager
+def _quiet_rollbacks():
+    """nbgrader logs every failed add with its traceback ("Rolling back session due to database error")
+    before it raises InvalidEntry; ``_added`` handles that error, so its traceback is no news."""
+    from nbgrader.api import app_log
+
+    def drop(record):
+        return not record.getMessage().startswith("Rolling back session due to database error")
+
+    app_log.addFilter(drop)
+    try:
+        yield
+    finally:
+        app_log.removeFilter(drop)

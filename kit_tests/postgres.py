@@ -1,0 +1,125 @@
+"""A throwaway PostgreSQL server for the kit's tests, on the loopback interface, from the server
+binaries of Debian's ``postgresql`` package (or any ``initdb`` and ``postgres`` found as below).
+
+Why not pytest-postgresql: it runs the server as the current user, and PostgreSQL refuses to run as
+root, which CI and containers often are. Here, under root, the server runs as ``nobody``.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+USER, PASSWORD = "attnkit", "gradebook-test"  # a password, as a real server wants one
+READY_SECONDS = 30
+
+
+def server_binaries() -> Path | None:
+    """The folder of ``initdb`` and ``postgres``: $ATTNKIT_PG_BIN, then PATH, then Debian's place."""
+    candidates = [os.environ.get("ATTNKIT_PG_BIN", "")]
+    on_path = shutil.which("initdb")
+    if on_path:
+        candidates.append(os.path.dirname(on_path))
+    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]), reverse=True)
+    for folder in filter(None, candidates):
+        if all(os.access(Path(folder) / name, os.X_OK) for name in ("initdb", "postgres")):
+            return Path(folder)
+    return None
+
+
+def why_not() -> str | None:
+    """Why no test server can start here (for pytest.skip), or None."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "no PostgreSQL driver: pip install -e '.[postgres]'"
+    if server_binaries() is None:
+        return ("no PostgreSQL server binaries (initdb, postgres): install Debian's postgresql package "
+                "(apt-get install postgresql) or set ATTNKIT_PG_BIN to their folder")
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    port: int
+
+    def url(self, database: str, scheme: str = "postgresql") -> str:
+        return f"{scheme}://{USER}:{PASSWORD}@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> str:
+        """A new empty database; returns its URL."""
+        import psycopg
+
+        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def query(self, database: str, sql: str) -> list[tuple]:
+        import psycopg
+
+        with psycopg.connect(self.url(database)) as conn:
+            return conn.execute(sql).fetchall()
+
+
+@contextlib.contextmanager
+def running_server():
+    """Start a server in a new temporary folder, yield it, then stop it and remove the folder."""
+    import psycopg
+
+    binaries = server_binaries()
+    as_user = {}
+    folder = Path(tempfile.mkdtemp(prefix="attnkit-pg-"))
+    if os.geteuid() == 0:  # "initdb: cannot be run as root"
+        nobody = pwd.getpwnam("nobody")
+        as_user = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+        os.chown(folder, nobody.pw_uid, nobody.pw_gid)
+    server = None
+    try:
+        (folder / "pw").write_text(PASSWORD)
+        if as_user:
+            os.chown(folder / "pw", as_user["user"], as_user["group"])
+        subprocess.run([binaries / "initdb", "-D", folder / "data", "-U", USER, "--pwfile", folder / "pw",
+                        "--auth", "scram-sha-256", "-E", "UTF8", "--no-sync"],
+                       check=True, capture_output=True, **as_user)
+        port = _free_port()
+        # Loopback only and no Unix socket (unix_socket_directories empty); fsync off: a test's data is
+        # thrown away anyway.
+        with open(folder / "log", "wb") as log:
+            server = subprocess.Popen([binaries / "postgres", "-D", folder / "data", "-h", "127.0.0.1",
+                                       "-p", str(port), "-k", "", "-c", "fsync=off"],
+                                      stdout=subprocess.DEVNULL, stderr=log, **as_user)
+        deadline = time.monotonic() + READY_SECONDS
+        while True:
+            try:
+                Server(port).query("postgres", "SELECT 1")
+                break
+            except psycopg.OperationalError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the test's PostgreSQL server did not start:\n"
+                                       f"{(folder / 'log').read_text()[-2000:]}") from None
+                time.sleep(0.2)
+        yield Server(port)
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGINT)  # "fast shutdown": ends the sessions, then stops
+            try:
+                server.wait(20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        shutil.rmtree(folder, ignore_errors=True)

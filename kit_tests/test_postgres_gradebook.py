@@ -1,0 +1,207 @@
+"""A PostgreSQL gradebook, on a real server the test starts on 127.0.0.1 (``postgres.py``): a course
+built with a plain ``postgresql://`` URL, graded by nbgrader and by ``attnkit grade``; URLs the
+gradebook cannot open, refused at ``course build``; and writers that add the same new students at once.
+"""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
+
+import postgres
+import pytest
+from test_nbgrader_course import Nbgrader
+
+from grader import results as R
+from grader.cli import main
+from grader.course import Course, build
+from grader.gradebook import GradebookSync
+from grader.kit import ASSIGNMENTS
+from grader.samples import SAMPLES, write_submission
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+# Four students who each submit both assignments: chapter 3's first four samples, each paired with a
+# modern-attention sample (the reference, the stubs, two with mistakes).
+PAIRED = list(zip([s for s in SAMPLES if s.assignment == "attention"][:4],
+                  [s for s in SAMPLES if s.assignment == "modern-attention"][:4]))
+STUDENTS = [first.student for first, _ in PAIRED]
+LATE = ["late-1", "late-2", "late-3"]  # new to the gradebook in the concurrent runs
+
+
+@pytest.fixture(scope="module")
+def server(unavailable):
+    reason = postgres.why_not()
+    if reason:
+        unavailable(reason)
+    with postgres.running_server() as running:
+        yield running
+
+
+def submit(root: Path, student: str, pair):
+    for sample in pair:
+        write_submission(sample, root / "release" / sample.assignment, root / "submitted" / student / sample.assignment)
+
+
+@pytest.fixture(scope="module")
+def course(server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pg") / "course"
+    url = server.create_database("course")
+    assert url.startswith("postgresql://")  # the plain scheme, no driver named
+    build(root, db_url=url)
+    nbgrader = Nbgrader(root)
+    for name in ASSIGNMENTS:
+        nbgrader("generate_assignment", name)
+    for student, pair in zip(STUDENTS, PAIRED):
+        submit(root, student, pair)
+    return dict(root=root, url=url, nbgrader=nbgrader)
+
+
+def gradebook_scores(url: str, root: Path, assignment: str, students) -> dict:
+    """student -> stage -> score, as nbgrader's API reads them from the gradebook."""
+    from nbgrader.api import Gradebook
+
+    notebook_name = Course.load(root, assignment).notebook
+    with Gradebook(url) as gb:
+        found = {}
+        for student in students:
+            notebook = gb.find_submission_notebook(notebook_name, assignment, student)
+            found[student] = {grade.name.removeprefix("grade_"): grade.score for grade in notebook.grades}
+        return found
+
+
+def record_scores(root: Path, assignment: str, students) -> dict:
+    records = R.read_records(R.results_dir(root, assignment), set(students))
+    assert sorted(records) == sorted(students), \
+        f"records of {assignment}: expected {sorted(students)}, got {sorted(records)}"
+    return {s: {stage["stage"]: stage["points"] for stage in r["stages"]} for s, r in records.items()}
+
+
+def rows(server, sql: str) -> list[tuple]:
+    return server.query("course", sql)
+
+
+def test_nbgrader_and_attnkit_grade_share_a_postgresql_gradebook(course, server, tmp_path):
+    root, url, nbgrader = course["root"], course["url"], course["nbgrader"]
+    nbgrader("autograde", "attention", "--student", STUDENTS[0])  # nbgrader's own path on PostgreSQL
+    by_nbgrader = gradebook_scores(url, root, "attention", STUDENTS[:1])
+
+    assert main(["grade", "attention", "--course", str(root), "--notebooks", "--quiet"]) == 0
+    recorded = record_scores(root, "attention", STUDENTS)
+    assert gradebook_scores(url, root, "attention", STUDENTS) == recorded
+    assert by_nbgrader == {STUDENTS[0]: recorded[STUDENTS[0]]}, "nbgrader's autograde and attnkit grade differ"
+    assert sum(recorded["untouched"].values()) == 0 and sum(recorded["reference"].values()) == 100
+    for student in STUDENTS:
+        assert (root / "autograded" / student / "attention" / "attention.ipynb").is_file()
+
+    nbgrader("export", "--to", str(tmp_path / "grades.csv"))
+    exported = {(row["assignment"], row["student_id"]): float(row["raw_score"])
+                for row in csv.DictReader((tmp_path / "grades.csv").open())}
+    for student, scores in recorded.items():
+        assert exported[("attention", student)] == pytest.approx(sum(scores.values()), abs=1e-6), student
+    assert rows(server, "SELECT count(*) FROM submitted_assignment sa JOIN assignment a ON a.id = sa.assignment_id "
+                        "WHERE a.name = 'attention'") == [(len(STUDENTS),)]
+    assert main(["report", "attention", "--course", str(root)]) == 0  # reads the gradebook too
+
+
+def test_a_gradebook_server_that_does_not_answer_stops_attnkit_grade_with_what_to_do(server, tmp_path, capsys):
+    root = tmp_path / "course"
+    with postgres.running_server() as short_lived:
+        build(root, assignments=["attention"], db_url=short_lived.create_database("gone"))
+        Nbgrader(root)("generate_assignment", "attention")
+        submit(root, STUDENTS[0], PAIRED[0][:1])
+    assert main(["grade", "attention", "--course", str(root), "--quiet"]) == 2  # its server has stopped
+    err = capsys.readouterr().err
+    assert "check that its database server runs" in err and "Traceback" not in err, err
+    assert postgres.PASSWORD not in err, f"the error shows the password:\n{err}"
+
+
+def test_two_grade_runs_at_once_add_the_same_new_students_without_a_crash_or_a_second_row(course, server):
+    root, url = course["root"], course["url"]
+    for student, pair in zip(LATE, PAIRED):
+        submit(root, student, pair)
+    attnkit = Path(sys.executable).parent / "attnkit"
+    runs = [subprocess.Popen([attnkit, "grade", name, "--course", root, "--quiet"], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for name in ASSIGNMENTS]
+    for name, run in zip(ASSIGNMENTS, runs):
+        out, err = run.communicate(timeout=400)
+        assert run.returncode == 0 and "Traceback" not in err, \
+            f"attnkit grade {name} failed:\n{out[-2000:]}\n{err[-4000:]}"
+
+    everyone = STUDENTS + LATE
+    for name in ASSIGNMENTS:
+        assert gradebook_scores(url, root, name, everyone) == record_scores(root, name, everyone), name
+    assert rows(server, "SELECT count(*), count(DISTINCT id) FROM student") == [(len(everyone), len(everyone))]
+    assert rows(server, "SELECT count(*) FROM submitted_assignment") == [(len(everyone) * len(ASSIGNMENTS),)]
+
+
+RACERS = [f"racer-{i:02d}" for i in range(40)]
+
+
+def race_write(url: str, assignment: str, notebook: str, points: dict, records: list, start) -> None:
+    sync = GradebookSync(url, assignment, notebook, points).open()
+    try:
+        start.wait(60)  # every writer at once: all of them add the same new students
+        sync.write(records)
+    finally:
+        sync.close()
+
+
+def racer_records(points: dict) -> list[dict]:
+    return [{"student": student, "stages": [{"stage": stage, "points": p * (i % 3) / 2} for stage, p in points.items()]}
+            for i, student in enumerate(RACERS)]
+
+
+def test_gradebook_writers_racing_to_add_the_same_new_students_each_keep_one_row(course, server):
+    """Four writers (two per assignment) add the same 40 new students at the same moment: each
+    insert that loses a race is a unique violation in PostgreSQL, which must be taken as the row
+    being there. Two runs of one assignment also race on the same submissions and grades."""
+    spawn = multiprocessing.get_context("spawn")
+    start = spawn.Barrier(2 * len(ASSIGNMENTS))
+    expected, writers = {}, []
+    for name in ASSIGNMENTS:
+        c = Course.load(course["root"], name)
+        records = racer_records(dict(c.points))
+        expected[name] = {r["student"]: {s["stage"]: s["points"] for s in r["stages"]} for r in records}
+        writers += [spawn.Process(target=race_write, args=(course["url"], name, c.notebook, dict(c.points),
+                                                            records[::step], start)) for step in (1, -1)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(300)
+    assert [w.exitcode for w in writers] == [0] * len(writers), "a gradebook writer failed (its traceback is above)"
+    for name in ASSIGNMENTS:
+        assert gradebook_scores(course["url"], course["root"], name, RACERS) == expected[name], name
+    assert rows(server, "SELECT count(*) FROM student WHERE id LIKE 'racer-%'") == [(len(RACERS),)]
+    assert rows(server, "SELECT count(*) FROM submitted_assignment WHERE student_id LIKE 'racer-%'") == \
+        [(len(RACERS) * len(ASSIGNMENTS),)]
+
+
+def test_a_rebuild_keeps_the_course_s_postgresql_gradebook(server, tmp_path):
+    url = server.create_database("rebuilt")
+    build(tmp_path / "course", db_url=url)
+    build(tmp_path / "course", assignments=["modern-attention"])  # without --db-url
+    assert Course.load(tmp_path / "course").db_url == url
+    assert f"c.CourseDirectory.db_url = {url!r}" in (tmp_path / "course" / "nbgrader_config.py").read_text()
+
+
+@pytest.mark.parametrize("case", ["no such database", "wrong password", "driver not installed", "not a URL"])
+def test_course_build_refuses_a_gradebook_it_cannot_open_and_names_the_fix(case, server, tmp_path, capsys):
+    url, fix = {
+        "no such database": (server.url("no_such_db"), "the database exists (PostgreSQL: createdb NAME)"),
+        "wrong password": (server.url("course").replace(postgres.PASSWORD, "not-the-password"),
+                           "takes this user and password"),
+        "driver not installed": (server.url("course", scheme="postgresql+pg8000"), "pg8000"),
+        "not a URL": (server.url("course", scheme="postgres"), "postgresql://user:password@host/database"),
+    }[case]
+    if case == "driver not installed" and importlib.util.find_spec("pg8000"):
+        pytest.skip("pg8000 is installed here")
+    root = tmp_path / "course"
+    assert main(["course", "build", str(root), "--db-url", url]) == 2
+    err = capsys.readouterr().err
+    assert fix in err, f"{case}: the error does not name the fix {fix!r}:\n{err}"
+    assert "not-the-password" not in err and postgres.PASSWORD not in err, f"the error shows the password:\n{err}"
+    assert not root.exists(), "a refused build left a course behind"
