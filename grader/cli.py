@@ -91,7 +91,14 @@ def cmd_course_build(args):
 def _unreadable_gradebook(exc, assignment: str) -> str:
     """What to do when nbgrader's gradebook cannot be read: an SQLite file that is no database (damaged,
     or a wrong --db-url), or a database server that does not answer or refuses the course's URL."""
+    from .gradebook import sqlstate
+
     reason = str(getattr(exc, "orig", None) or exc).strip()
+    if sqlstate(exc) == "42501":  # insufficient privilege
+        return (f"the gradebook's database user lacks a privilege ({reason}): use the URL of the user who "
+                "created nbgrader's tables (generate_assignment), or have the database's owner grant it: "
+                "GRANT ALL ON ALL TABLES IN SCHEMA public TO that_user; GRANT ALL ON ALL SEQUENCES IN SCHEMA "
+                "public TO that_user;")
     if type(getattr(exc, "orig", None)).__module__.split(".")[0] not in ("sqlite3", "builtins"):
         return (f"the course's gradebook cannot be read ({reason}): check that its database server runs and "
                 "takes the URL in the course's nbgrader_config.py; the records in attnkit-grades/ stand, and "
@@ -131,6 +138,9 @@ def cmd_report(args):
     except SQLAlchemyError as exc:
         print(f"attnkit report: error: {_unreadable_gradebook(exc, assignment)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("attnkit report: interrupted", file=sys.stderr)
+        return 130
     print(f"class report on {len(report.students)} students, {len(report.stages)} stages, "
           f"{len(report.limits)} limit hits: {quote(str(index))}")
     for mismatch in report.mismatches:

@@ -43,7 +43,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
-from .gradebook import GradebookError, check_database
+from .gradebook import GradebookError, check_database, has_password
 from .kit import ASSIGNMENTS, EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, marker, stage_test_file, stages, suite_files
 from .sandbox import TEST_TIMEOUT, Limits, budget_problem
 from .stubs import BEGIN, END, out_of_sync
@@ -517,6 +517,9 @@ def build(root, *, course_id="attention-kit", assignments=None, total=100, point
     for key in ("root", "assignment", "points"):
         data.pop(key)
     (root / MARKER_FILE).write_text(json.dumps(data, indent=1) + "\n")
+    if has_password(db_url):  # the course's files hold the gradebook's password: for the instructor's eyes only
+        for name in ("nbgrader_config.py", MARKER_FILE):
+            (root / name).chmod(0o600)
     make_exchange(course.exchange)
     return course
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -18,49 +19,91 @@ DRIVER_FIX = {
     "psycopg2": "write the URL as postgresql+psycopg://... and pip install 'attention-kit[postgres]' "
                 "(or pip install psycopg2-binary)",
 }
+CONNECT_SECONDS = 10  # a database server that does not answer by then is reported, not waited for
 
 
-def check_database(db_url: str, timeout: int = 10):
-    """Refuse, saying what to do, a gradebook URL nbgrader could not open: no URL SQLAlchemy knows, no
-    driver installed for it, or no database answering. An SQLite file need not exist yet (nbgrader
+def shown(db_url: str) -> str:
+    """The URL as messages show it: its password hidden, also in a URL that does not parse."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(db_url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return re.sub(r"^([\w+.-]+://[^:/@]*):.*@", r"\1:***@", db_url)
+
+
+def has_password(db_url: str | None) -> bool:
+    from sqlalchemy.engine import make_url
+
+    return bool(db_url) and make_url(db_url).password is not None
+
+
+def connectable(db_url: str) -> str:
+    """The URL the kit connects with: a PostgreSQL server that does not answer fails the connection
+    after CONNECT_SECONDS (libpq's connect_timeout, unless the URL sets its own) instead of hanging."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(db_url)
+    if url.get_backend_name() != "postgresql" or "connect_timeout" in url.query:
+        return db_url
+    return url.update_query_dict({"connect_timeout": str(CONNECT_SECONDS)}).render_as_string(hide_password=False)
+
+
+def sqlstate(exc) -> str | None:
+    """The SQLSTATE code of a database error (psycopg 3 and psycopg2 name it differently), if any."""
+    orig = getattr(exc, "orig", None)
+    return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+
+
+def check_database(db_url: str):
+    """Refuse, saying what to do, a gradebook URL nbgrader could not use: no URL SQLAlchemy knows, no
+    driver installed for it, no database answering, or (PostgreSQL) a user who may not create the
+    tables nbgrader makes at generate_assignment. An SQLite file need not exist yet (nbgrader
     creates it), only its folder."""
-    from sqlalchemy import create_engine
+    from sqlalchemy import create_engine, inspect, text
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
     example = "for example postgresql://user:password@host/database or sqlite:////path/to/gradebook.db"
     try:
         url = make_url(db_url)
-    except (ArgumentError, ValueError) as exc:
-        raise GradebookError(f"{db_url!r} is not a database URL ({exc}); {example}") from None
-    shown = url.render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):  # (their text may quote a piece of the password)
+        raise GradebookError(f"{shown(db_url)} is not a database URL; {example}. A password with @ : / or # "
+                             "in it is written percent-encoded: urllib.parse.quote(password, safe='')") from None
+    where = shown(db_url)
     try:
         dialect = url.get_dialect()
     except NoSuchModuleError:
-        raise GradebookError(f"SQLAlchemy knows no database {url.drivername!r} ({shown}); {example}") from None
+        raise GradebookError(f"SQLAlchemy knows no database {url.drivername!r} ({where}); {example}") from None
     try:
         dialect.import_dbapi()
     except ImportError as exc:
         fix = DRIVER_FIX.get(exc.name, f"pip install the package that provides {exc.name!r}")
-        raise GradebookError(f"the gradebook {shown} needs the Python driver {exc.name!r}, which is not "
+        raise GradebookError(f"the gradebook {where} needs the Python driver {exc.name!r}, which is not "
                              f"installed: {fix}") from None
     if url.get_backend_name() == "sqlite":
         folder = Path(url.database or ".").expanduser().resolve().parent
         if url.database and not folder.is_dir():
-            raise GradebookError(f"the gradebook {shown} is in a folder that does not exist: create {folder}")
+            raise GradebookError(f"the gradebook {where} is in a folder that does not exist: create {folder}")
         return
-    connect_args = {"connect_timeout": timeout} if url.get_backend_name() == "postgresql" else {}
-    engine = create_engine(url, connect_args=connect_args)
+    engine = create_engine(connectable(db_url))
     try:
-        with engine.connect():
-            pass
+        with engine.connect() as conn:
+            may_create = (url.get_backend_name() != "postgresql" or inspect(conn).has_table("assignment")
+                          or conn.execute(text("SELECT has_schema_privilege(current_schema(), 'CREATE')")).scalar())
     except SQLAlchemyError as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        raise GradebookError(f"cannot open the gradebook {shown} ({reason}): check that its server runs and "
+        raise GradebookError(f"cannot open the gradebook {where} ({reason}): check that its server runs and "
                              "takes this user and password, and that the database exists "
                              "(PostgreSQL: createdb NAME)") from None
     finally:
         engine.dispose()
+    if not may_create:
+        raise GradebookError(f"the user {url.username!r} may not create tables in the gradebook {where}, and nbgrader "
+                             "makes its tables there at generate_assignment: as the database's owner, run "
+                             f'GRANT CREATE ON SCHEMA public TO "{url.username}"; (or make that user the owner: '
+                             f'ALTER DATABASE "{url.database}" OWNER TO "{url.username}";)')
 
 
 class GradebookSync:
@@ -68,12 +111,14 @@ class GradebookSync:
     each stage's score becomes the auto score of its grade cell (``grade_<stage>``) in the
     course notebook, so that the formgrader and ``nbgrader export`` show it."""
 
-    def __init__(self, db_url: str, assignment: str, notebook: str, points: dict[str, float]):
+    def __init__(self, db_url: str, assignment: str, notebook: str, points: dict[str, float],
+                 course_id: str = "default_course"):
         self.db_url, self.assignment, self.notebook, self.points = db_url, assignment, notebook, points
+        self.course_id = course_id  # (nbgrader adds a course row of this name if there is none)
 
     def _missing(self) -> GradebookError:
         return GradebookError(
-            f"assignment {self.assignment!r} is not in the gradebook ({self.db_url}): run "
+            f"assignment {self.assignment!r} is not in the gradebook ({shown(self.db_url)}): run "
             f"`nbgrader generate_assignment {self.assignment}` in the course directory first"
         )
 
@@ -85,7 +130,7 @@ class GradebookSync:
             raise self._missing()  # (opening it would create an empty gradebook)
         # nbgrader runs `alembic` when it opens a gradebook: find it next to this Python.
         os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-        with Gradebook(self.db_url) as gb:
+        with Gradebook(connectable(self.db_url), self.course_id) as gb:
             try:
                 assignment = gb.find_assignment(self.assignment)
             except MissingEntry:
@@ -109,7 +154,7 @@ class GradebookSync:
     def open(self):
         from nbgrader.api import Gradebook
 
-        self.gb = Gradebook(self.db_url)
+        self.gb = Gradebook(connectable(self.db_url), self.course_id)
         return self
 
     def close(self):
@@ -122,10 +167,24 @@ class GradebookSync:
 
         Another ``attnkit grade`` may write the same gradebook at the same time (another assignment,
         other students): a student or submission it adds between our look-up and our insert is a
-        unique violation in PostgreSQL, which is taken as the row being there, never a second row."""
+        unique violation in PostgreSQL, which is taken as the row being there, never a second row.
+        A connection the server dropped (a restart) is opened again once: the write brings the
+        gradebook in line with the records, so writing again is safe."""
+        from sqlalchemy.exc import DBAPIError
+
+        try:
+            return self._write(records, timestamps or {}, progress)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+            self.gb.db.rollback()  # (SQLAlchemy opens a new connection next)
+            if progress is not None:
+                progress.reset()
+            return self._write(records, timestamps or {}, progress)
+
+    def _write(self, records: list[dict], timestamps: dict[str, str], progress) -> int:
         from nbgrader.api import MissingEntry
 
-        timestamps = timestamps or {}
         # Every run takes the rows in the same order (by student), so two runs lock them in one order:
         # one may wait for the other, never both for each other (no deadlock).
         records = sorted(records, key=lambda record: record["student"])

@@ -71,8 +71,10 @@ def load_gradebook(db_url: str, course_id: str, assignment: str) -> dict:
     named ``grade_<stage>`` of the assignment's notebooks."""
     from nbgrader.api import Gradebook, MissingEntry
 
+    from .gradebook import connectable
+
     scores = {}
-    with Gradebook(db_url, course_id) as gb:
+    with Gradebook(connectable(db_url), course_id) as gb:
         try:
             gb.find_assignment(assignment)
         except MissingEntry:

@@ -83,7 +83,8 @@ def course_target(course_dir, assignment: str | None) -> Target:
     return Target(submissions=found, assignment=assignment, out=R.results_dir(course.root, assignment),
                   points=dict(course.points), test_timeout=course.test_timeout, time_budget=course.time_budget,
                   timestamps=timestamps,
-                  gradebook=GradebookSync(db_url, assignment, course.notebook, dict(course.points)),
+                  gradebook=GradebookSync(db_url, assignment, course.notebook, dict(course.points),
+                                          course.course_id),
                   course_root=course.root,
                   where=f"nothing in {quote(str(submitted))}/<student>/{assignment}/; collect the submissions first "
                         f"(in the course folder: `nbgrader collect {assignment}`, or `nbgrader zip_collect "

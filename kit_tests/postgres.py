@@ -73,7 +73,8 @@ class Server:
         import psycopg
 
         with psycopg.connect(self.url(database)) as conn:
-            return conn.execute(sql).fetchall()
+            cursor = conn.execute(sql)
+            return cursor.fetchall() if cursor.description else []  # (a command returns no rows)
 
 
 @contextlib.contextmanager

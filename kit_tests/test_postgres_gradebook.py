@@ -186,22 +186,64 @@ def test_a_rebuild_keeps_the_course_s_postgresql_gradebook(server, tmp_path):
     build(tmp_path / "course", assignments=["modern-attention"])  # without --db-url
     assert Course.load(tmp_path / "course").db_url == url
     assert f"c.CourseDirectory.db_url = {url!r}" in (tmp_path / "course" / "nbgrader_config.py").read_text()
+    for name in ("nbgrader_config.py", "attnkit-course.json"):  # they hold the password
+        assert (tmp_path / "course" / name).stat().st_mode & 0o777 == 0o600, name
 
 
-@pytest.mark.parametrize("case", ["no such database", "wrong password", "driver not installed", "not a URL"])
-def test_course_build_refuses_a_gradebook_it_cannot_open_and_names_the_fix(case, server, tmp_path, capsys):
+REFUSED = ["no such database", "wrong password", "driver not installed", "not a URL", "password not encoded",
+           "user may not create tables"]
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_course_build_refuses_a_gradebook_it_cannot_use_and_names_the_fix(case, server, tmp_path, capsys):
     url, fix = {
         "no such database": (server.url("no_such_db"), "the database exists (PostgreSQL: createdb NAME)"),
         "wrong password": (server.url("course").replace(postgres.PASSWORD, "not-the-password"),
                            "takes this user and password"),
         "driver not installed": (server.url("course", scheme="postgresql+pg8000"), "pg8000"),
         "not a URL": (server.url("course", scheme="postgres"), "postgresql://user:password@host/database"),
+        "password not encoded": (server.url("course").replace(postgres.PASSWORD, "not-the@pass:w/rd"),
+                                 "percent-encoded: urllib.parse.quote(password, safe='')"),
+        "user may not create tables": (None, 'GRANT CREATE ON SCHEMA public TO "limited"'),
     }[case]
     if case == "driver not installed" and importlib.util.find_spec("pg8000"):
         pytest.skip("pg8000 is installed here")
+    if case == "user may not create tables":  # PostgreSQL 15 on: only a database's owner may, by default
+        server.create_database("not_theirs")
+        server.query("postgres", "CREATE ROLE limited LOGIN PASSWORD 'not-the-password'")
+        url = server.url("not_theirs").replace(f"{postgres.USER}:{postgres.PASSWORD}", "limited:not-the-password")
     root = tmp_path / "course"
     assert main(["course", "build", str(root), "--db-url", url]) == 2
     err = capsys.readouterr().err
     assert fix in err, f"{case}: the error does not name the fix {fix!r}:\n{err}"
-    assert "not-the-password" not in err and postgres.PASSWORD not in err, f"the error shows the password:\n{err}"
+    for secret in ("not-the-password", "not-the@pass", "pass:w", postgres.PASSWORD):
+        assert secret not in err, f"the error shows the password:\n{err}"
     assert not root.exists(), "a refused build left a course behind"
+
+
+def test_a_course_not_yet_generated_gets_a_message_without_the_password(server, tmp_path, capsys):
+    root = tmp_path / "course"
+    build(root, assignments=["attention"], db_url=server.create_database("not_generated"))
+    write_submission(PAIRED[0][0], root / "source" / "attention", root / "submitted" / STUDENTS[0] / "attention")
+    assert main(["grade", "attention", "--course", str(root), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "nbgrader generate_assignment attention" in err and postgres.PASSWORD not in err, err
+
+
+def test_a_write_after_the_server_dropped_the_connection_goes_through(course, server):
+    """A server restart ends every session: the next write opens a new connection and goes through."""
+    c = Course.load(course["root"], "attention")
+    sync = GradebookSync(course["url"], "attention", c.notebook, dict(c.points), c.course_id).open()
+    try:
+        sync.check()
+        records = [{"student": "dropped", "stages": [{"stage": s, "points": p} for s, p in c.points.items()]}]
+        sync.write(records)  # the connection is open now
+        dropped = server.query("postgres", "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                           "WHERE datname = 'course' AND pid <> pg_backend_pid()")
+        assert dropped[0][0] >= 1, "no session of the gradebook was open to drop"
+        records[0]["stages"][0]["points"] = 0
+        sync.write(records)
+    finally:
+        sync.close()
+    assert gradebook_scores(course["url"], course["root"], "attention", ["dropped"]) == \
+        {"dropped": {s["stage"]: s["points"] for s in records[0]["stages"]}}
