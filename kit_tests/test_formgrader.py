@@ -15,7 +15,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import urllib.request
 
 import nbformat
 import pytest
+from servers import free_port
 from test_grade import attnkit
 from test_nbgrader_course import Nbgrader
 
@@ -118,12 +118,6 @@ def test_notebooks_are_numbered_and_highlighted_as_after_a_run(graded):
     info = nb.metadata["language_info"]
     assert (info["codemirror_mode"], info["pygments_lexer"], info["name"]) == \
         ({"name": "ipython", "version": 3}, "ipython3", "python")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""A PostgreSQL gradebook, on a real server the test starts on 127.0.0.1 (``postgres.py``): a course
+"""A PostgreSQL gradebook, on a real server the test starts on 127.0.0.1 (``servers.py``): a course
 built with a plain ``postgresql://`` URL, graded by nbgrader and by ``attnkit grade``; URLs the
 gradebook cannot open, refused at ``course build``; and writers that add the same new students at once.
 """
@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import postgres
 import pytest
+import servers
 from test_nbgrader_course import Nbgrader
 
 from grader import results as R
@@ -34,10 +34,10 @@ LATE = ["late-1", "late-2", "late-3"]  # new to the gradebook in the concurrent 
 
 @pytest.fixture(scope="module")
 def server(unavailable):
-    reason = postgres.why_not()
+    reason = servers.why_no_postgres()
     if reason:
         unavailable(reason)
-    with postgres.running_server() as running:
+    with servers.running_postgres() as running:
         yield running
 
 
@@ -109,14 +109,14 @@ def test_nbgrader_and_attnkit_grade_share_a_postgresql_gradebook(course, server,
 
 def test_a_gradebook_server_that_does_not_answer_stops_attnkit_grade_with_what_to_do(server, tmp_path, capsys):
     root = tmp_path / "course"
-    with postgres.running_server() as short_lived:
+    with servers.running_postgres() as short_lived:
         build(root, assignments=["attention"], db_url=short_lived.create_database("gone"))
         Nbgrader(root)("generate_assignment", "attention")
         submit(root, STUDENTS[0], PAIRED[0][:1])
     assert main(["grade", "attention", "--course", str(root), "--quiet"]) == 2  # its server has stopped
     err = capsys.readouterr().err
     assert "check that its database server runs" in err and "Traceback" not in err, err
-    assert postgres.PASSWORD not in err, f"the error shows the password:\n{err}"
+    assert servers.PASSWORD not in err, f"the error shows the password:\n{err}"
 
 
 def test_two_grade_runs_at_once_add_the_same_new_students_without_a_crash_or_a_second_row(course, server):
@@ -198,11 +198,11 @@ REFUSED = ["no such database", "wrong password", "driver not installed", "not a 
 def test_course_build_refuses_a_gradebook_it_cannot_use_and_names_the_fix(case, server, tmp_path, capsys):
     url, fix = {
         "no such database": (server.url("no_such_db"), "the database exists (PostgreSQL: createdb NAME)"),
-        "wrong password": (server.url("course").replace(postgres.PASSWORD, "not-the-password"),
+        "wrong password": (server.url("course").replace(servers.PASSWORD, "not-the-password"),
                            "takes this user and password"),
         "driver not installed": (server.url("course", scheme="postgresql+pg8000"), "pg8000"),
         "not a URL": (server.url("course", scheme="postgres"), "postgresql://user:password@host/database"),
-        "password not encoded": (server.url("course").replace(postgres.PASSWORD, "not-the@pass:w/rd"),
+        "password not encoded": (server.url("course").replace(servers.PASSWORD, "not-the@pass:w/rd"),
                                  "percent-encoded: urllib.parse.quote(password, safe='')"),
         "user may not create tables": (None, 'GRANT CREATE ON SCHEMA public TO "limited"'),
     }[case]
@@ -211,12 +211,12 @@ def test_course_build_refuses_a_gradebook_it_cannot_use_and_names_the_fix(case, 
     if case == "user may not create tables":  # PostgreSQL 15 on: only a database's owner may, by default
         server.create_database("not_theirs")
         server.query("postgres", "CREATE ROLE limited LOGIN PASSWORD 'not-the-password'")
-        url = server.url("not_theirs").replace(f"{postgres.USER}:{postgres.PASSWORD}", "limited:not-the-password")
+        url = server.url("not_theirs").replace(f"{servers.USER}:{servers.PASSWORD}", "limited:not-the-password")
     root = tmp_path / "course"
     assert main(["course", "build", str(root), "--db-url", url]) == 2
     err = capsys.readouterr().err
     assert fix in err, f"{case}: the error does not name the fix {fix!r}:\n{err}"
-    for secret in ("not-the-password", "not-the@pass", "pass:w", postgres.PASSWORD):
+    for secret in ("not-the-password", "not-the@pass", "pass:w", servers.PASSWORD):
         assert secret not in err, f"the error shows the password:\n{err}"
     assert not root.exists(), "a refused build left a course behind"
 
@@ -227,7 +227,7 @@ def test_a_course_not_yet_generated_gets_a_message_without_the_password(server, 
     write_submission(PAIRED[0][0], root / "source" / "attention", root / "submitted" / STUDENTS[0] / "attention")
     assert main(["grade", "attention", "--course", str(root), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "nbgrader generate_assignment attention" in err and postgres.PASSWORD not in err, err
+    assert "nbgrader generate_assignment attention" in err and servers.PASSWORD not in err, err
 
 
 def test_a_write_after_the_server_dropped_the_connection_goes_through(course, server):

@@ -1,5 +1,6 @@
-"""A throwaway PostgreSQL server for the kit's tests, on the loopback interface, from the server
-binaries of Debian's ``postgresql`` package (or any ``initdb`` and ``postgres`` found as below).
+"""Servers the kit's deployment tests start on the loopback interface: a free port for any of them, and a
+throwaway PostgreSQL server from the server binaries of Debian's ``postgresql`` package (or any
+``initdb`` and ``postgres`` found as below).
 
 Why not pytest-postgresql: it runs the server as the current user, and PostgreSQL refuses to run as
 root, which CI and containers often are. Here, under root, the server runs as ``nobody``.
@@ -23,7 +24,7 @@ USER, PASSWORD = "attnkit", "gradebook-test"  # a password, as a real server wan
 READY_SECONDS = 30
 
 
-def server_binaries() -> Path | None:
+def postgres_binaries() -> Path | None:
     """The folder of ``initdb`` and ``postgres``: $ATTNKIT_PG_BIN, then PATH, then Debian's place."""
     candidates = [os.environ.get("ATTNKIT_PG_BIN", "")]
     on_path = shutil.which("initdb")
@@ -36,19 +37,20 @@ def server_binaries() -> Path | None:
     return None
 
 
-def why_not() -> str | None:
+def why_no_postgres() -> str | None:
     """Why no test server can start here (for pytest.skip), or None."""
     try:
         import psycopg  # noqa: F401
     except ImportError:
         return "no PostgreSQL driver: pip install -e '.[postgres]'"
-    if server_binaries() is None:
+    if postgres_binaries() is None:
         return ("no PostgreSQL server binaries (initdb, postgres): install Debian's postgresql package "
                 "(apt-get install postgresql) or set ATTNKIT_PG_BIN to their folder")
     return None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port nothing listens on now, on 127.0.0.1."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -78,11 +80,11 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server():
+def running_postgres():
     """Start a server in a new temporary folder, yield it, then stop it and remove the folder."""
     import psycopg
 
-    binaries = server_binaries()
+    binaries = postgres_binaries()
     as_user = {}
     folder = Path(tempfile.mkdtemp(prefix="attnkit-pg-"))
     if os.geteuid() == 0:  # "initdb: cannot be run as root"
@@ -97,7 +99,7 @@ def running_server():
         subprocess.run([binaries / "initdb", "-D", folder / "data", "-U", USER, "--pwfile", folder / "pw",
                         "--auth", "scram-sha-256", "-E", "UTF8", "--no-sync"],
                        check=True, capture_output=True, **as_user)
-        port = _free_port()
+        port = free_port()
         # Loopback only and no Unix socket (unix_socket_directories empty); fsync off: a test's data is
         # thrown away anyway.
         with open(folder / "log", "wb") as log:
