@@ -1,7 +1,9 @@
-"""attnkit grade's scores in nbgrader's gradebook, through nbgrader's own API."""
+"""attnkit grade's scores in nbgrader's gradebook, through nbgrader's own API, and the check of a gradebook
+URL that `attnkit course build --db-url` makes (SQLite by default; PostgreSQL through the postgres extra)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
@@ -247,8 +249,9 @@ def _added(add, find, *key, **extra):
 @contextlib.contextmanager
 def _quiet_rollbacks():
     """nbgrader logs every failed add with its traceback ("Rolling back session due to database error")
-    before it raises InvalidEntry; ``_added`` handles that error, so its traceback is no news."""
-    from nbgrader.api import app_log
+    to tornado's application log before it raises InvalidEntry; ``_added`` handles that error, so
+    its traceback is no news."""
+    app_log = logging.getLogger("tornado.application")  # tornado.log.app_log, which nbgrader.api logs to
 
     def drop(record):
         return not record.getMessage().startswith("Rolling back session due to database error")
