@@ -117,7 +117,7 @@ def grade_with_nbgrader(root: Path, course, students) -> tuple[float, dict]:
             print(f"  nbgrader autograde {i}/{len(students)} {student} ({kind}: {name}) "
                   f"{time.perf_counter() - t:.1f} s", flush=True)
     seconds = time.perf_counter() - start
-    scores = stage_scores(root, course, [s[0] for s in students])
+    scores = stage_scores(course, [s[0] for s in students])
     return seconds, {student: round(sum(v or 0 for v in row.values()), 2) for student, row in scores.items()}
 
 

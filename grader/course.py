@@ -90,6 +90,11 @@ class Course:
         return Path(self.exchange_root).expanduser() if self.exchange_root else self.root / "exchange"
 
     @property
+    def gradebook_url(self) -> str:
+        """nbgrader's gradebook, as nbgrader_config.py names it: ``db_url``, else gradebook.db in the course."""
+        return self.db_url or f"sqlite:///{self.root / 'gradebook.db'}"
+
+    @property
     def notebook(self) -> str:
         """The assignment's notebook, named after it (attention.ipynb)."""
         return self.assignment

@@ -43,13 +43,13 @@ def check(result: dict, what: str):
         raise RuntimeError(f"nbgrader {what} failed:\n{result.get('error') or result.get('log')}")
 
 
-def stage_scores(root: Path, c: course_mod.Course, students) -> dict:
-    """{student: {stage module: score}} read from the gradebook (nbgrader's Gradebook API)."""
+def stage_scores(c: course_mod.Course, students) -> dict:
+    """{student: {stage module: score}} of ``c``'s assignment, read from the course's gradebook (nbgrader's
+    Gradebook API)."""
     from nbgrader.api import Gradebook
 
-    config_db = f"sqlite:///{root / 'gradebook.db'}" if not c.db_url else c.db_url
     scores = {}
-    with Gradebook(config_db, c.course_id) as gb:
+    with Gradebook(c.gradebook_url, c.course_id) as gb:
         for student in students:
             scores[student] = {
                 stage: gb.find_grade(f"grade_{stage}", c.notebook, c.assignment, student).score
@@ -187,7 +187,7 @@ def _nbgrader_round(api, root: Path, c: course_mod.Course, step) -> tuple:
     t = time.monotonic()
     check(api.generate_feedback(c.assignment, force=True), "generate_feedback")
     step(f"nbgrader generate_feedback {c.assignment}: {time.monotonic() - t:.1f} s")
-    return c, stage_scores(root, c, [s.student for s in samples]), timings
+    return c, stage_scores(c, [s.student for s in samples]), timings
 
 
 def table(c: course_mod.Course, scores: dict) -> str:

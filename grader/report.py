@@ -459,10 +459,9 @@ def build_report(course=None, assignment: str | None = None, results=None, out=N
             raise ReportError(str(exc)) from None
         assignment = assignment or c.assignment
         folder = R.results_dir(c.root, assignment)
-        db_url = c.db_url or f"sqlite:///{c.root / 'gradebook.db'}"
         if not c.db_url and not (c.root / "gradebook.db").is_file():
             raise ReportError(f"no gradebook in {c.root}: grade the class first (`attnkit grade`)")
-        gradebook = load_gradebook(db_url, c.course_id, assignment)
+        gradebook = load_gradebook(c.gradebook_url, c.course_id, assignment)
         source = "the nbgrader gradebook"
     data = load_results(folder)
     report = summarize(data, gradebook, assignment, source)

@@ -79,11 +79,10 @@ def course_target(course_dir, assignment: str | None) -> Target:
         stamp = folder / "timestamp.txt"
         if stamp.is_file():
             timestamps[student] = stamp.read_text().strip()
-    db_url = course.db_url or f"sqlite:///{course.root / 'gradebook.db'}"
     return Target(submissions=found, assignment=assignment, out=R.results_dir(course.root, assignment),
                   points=dict(course.points), test_timeout=course.test_timeout, time_budget=course.time_budget,
                   timestamps=timestamps,
-                  gradebook=GradebookSync(db_url, assignment, course.notebook, dict(course.points),
+                  gradebook=GradebookSync(course.gradebook_url, assignment, course.notebook, dict(course.points),
                                           course.course_id),
                   course_root=course.root,
                   where=f"nothing in {quote(str(submitted))}/<student>/{assignment}/; collect the submissions first "

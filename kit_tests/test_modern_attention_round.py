@@ -13,6 +13,7 @@ from test_nbgrader_course import Nbgrader
 
 from grader.cli import main
 from grader.course import Course, build, find_leaks, hidden_test_names, solution_lines
+from grader.demo import stage_scores
 from grader.kit import ASSIGNMENTS, marker, stages
 from grader.samples import SAMPLES, by_student, write_submission
 
@@ -21,15 +22,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ASSIGNMENT = "modern-attention"
 SAMPLE_STUDENTS = [s.student for s in SAMPLES if s.assignment == ASSIGNMENT]
 BOTH = "reference"  # also submits chapter 3's assignment
-
-
-def gradebook_scores(c: Course, students) -> dict:
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{c.root / 'gradebook.db'}", c.course_id) as gb:
-        return {student: {stage: gb.find_grade(f"grade_{stage}", c.notebook, c.assignment, student).score
-                          for stage in c.points}
-                for student in students}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +39,7 @@ def graded(tmp_path_factory):
     nbgrader("autograde", ASSIGNMENT)
     nbgrader("autograde", "attention", "--student", BOTH)
     nbgrader("generate_feedback", ASSIGNMENT)
-    scores = gradebook_scores(course, SAMPLE_STUDENTS)
+    scores = stage_scores(course, SAMPLE_STUDENTS)
     assert main(["grade", ASSIGNMENT, "--course", str(root)]) == 0
     assert main(["report", ASSIGNMENT, "--course", str(root)]) == 0
     return dict(root=root, course=course, scores=scores)
@@ -91,7 +83,7 @@ def test_attnkit_grade_gives_nbgrader_s_scores_and_keeps_the_other_assignment(gr
     for student in SAMPLE_STUDENTS:
         record = json.loads((root / "attnkit-grades" / ASSIGNMENT / f"{student}.json").read_text())
         assert {s["stage"]: s["points"] for s in record["stages"]} == pytest.approx(scores[student]), student
-    chapter3 = gradebook_scores(Course.load(root, "attention"), [BOTH])[BOTH]
+    chapter3 = stage_scores(Course.load(root, "attention"), [BOTH])[BOTH]
     assert chapter3 == Course.load(root, "attention").points, "the chapter-3 grades of a student with both"
     assert (root / "attnkit-grades" / ASSIGNMENT / "report" / "index.html").is_file()
 

@@ -21,6 +21,7 @@ import pytest
 
 from grader.cells import grade_folder
 from grader.course import build, hidden_test_names, solution_lines
+from grader.demo import stage_scores
 from grader.kit import FIXTURES, SOLUTIONS, marker, stages, suite_files
 from grader.samples import by_student, write_submission
 from grader.sandbox import Limits
@@ -120,11 +121,12 @@ def graded(tmp_path_factory):
     autograde_seconds = time.monotonic() - t
     nbgrader("generate_feedback", ASSIGNMENT)
     nbgrader("export", "--to", str(tmp / "grades.csv"))
-    first = gradebook_scores(c, db)
+    assert c.assignment == ASSIGNMENT and c.gradebook_url == f"sqlite:///{db}"
+    first = stage_scores(c, STUDENTS)
 
     nbgrader("autograde", ASSIGNMENT, "--force", "--student", TAMPERED)
     nbgrader("autograde", ASSIGNMENT, "--force", "--student", VIA_ZIP)
-    regraded = gradebook_scores(c, db)
+    regraded = stage_scores(c, STUDENTS)
 
     print(f"\nnbgrader timings (s): { {k: [round(x, 1) for x in v] for k, v in nbgrader.timings.items()} }; "
           f"autograde of {len(STUDENTS)} submissions {autograde_seconds:.1f} s "
@@ -132,17 +134,6 @@ def graded(tmp_path_factory):
           f"whole pipeline {time.monotonic() - start:.0f} s")
     return dict(course=c, root=course, release=release, db=db, grades_csv=tmp / "grades.csv",
                 first=first, regraded=regraded, tmp=tmp, autograde_log=autograde.stdout + autograde.stderr)
-
-
-def gradebook_scores(c, db) -> dict:
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{db}", c.course_id) as gb:
-        return {
-            student: {stage: gb.find_grade(f"grade_{stage}", c.notebook, ASSIGNMENT, student).score
-                      for stage in c.points}
-            for student in STUDENTS
-        }
 
 
 # ---------------------------------------------------------------- what students get

@@ -18,6 +18,7 @@ from test_nbgrader_course import Nbgrader
 from grader import results as R
 from grader.cli import main
 from grader.course import Course, build
+from grader.demo import stage_scores
 from grader.gradebook import GradebookSync
 from grader.kit import ASSIGNMENTS
 from grader.samples import SAMPLES, write_submission
@@ -52,25 +53,14 @@ def course(server, tmp_path_factory):
     url = server.create_database("course")
     assert url.startswith("postgresql://")  # the plain scheme, no driver named
     build(root, db_url=url)
+    for name in ASSIGNMENTS:  # (the scores below are read from the gradebook the course names)
+        assert Course.load(root, name).gradebook_url == url
     nbgrader = Nbgrader(root)
     for name in ASSIGNMENTS:
         nbgrader("generate_assignment", name)
     for student, pair in zip(STUDENTS, PAIRED):
         submit(root, student, pair)
     return dict(root=root, url=url, nbgrader=nbgrader)
-
-
-def gradebook_scores(url: str, root: Path, assignment: str, students) -> dict:
-    """student -> stage -> score, as nbgrader's API reads them from the gradebook."""
-    from nbgrader.api import Gradebook
-
-    notebook_name = Course.load(root, assignment).notebook
-    with Gradebook(url) as gb:
-        found = {}
-        for student in students:
-            notebook = gb.find_submission_notebook(notebook_name, assignment, student)
-            found[student] = {grade.name.removeprefix("grade_"): grade.score for grade in notebook.grades}
-        return found
 
 
 def record_scores(root: Path, assignment: str, students) -> dict:
@@ -85,13 +75,13 @@ def rows(server, sql: str) -> list[tuple]:
 
 
 def test_nbgrader_and_attnkit_grade_share_a_postgresql_gradebook(course, server, tmp_path):
-    root, url, nbgrader = course["root"], course["url"], course["nbgrader"]
+    root, nbgrader = course["root"], course["nbgrader"]
     nbgrader("autograde", "attention", "--student", STUDENTS[0])  # nbgrader's own path on PostgreSQL
-    by_nbgrader = gradebook_scores(url, root, "attention", STUDENTS[:1])
+    by_nbgrader = stage_scores(Course.load(root, "attention"), STUDENTS[:1])
 
     assert main(["grade", "attention", "--course", str(root), "--notebooks", "--quiet"]) == 0
     recorded = record_scores(root, "attention", STUDENTS)
-    assert gradebook_scores(url, root, "attention", STUDENTS) == recorded
+    assert stage_scores(Course.load(root, "attention"), STUDENTS) == recorded
     assert by_nbgrader == {STUDENTS[0]: recorded[STUDENTS[0]]}, "nbgrader's autograde and attnkit grade differ"
     assert sum(recorded["untouched"].values()) == 0 and sum(recorded["reference"].values()) == 100
     for student in STUDENTS:
@@ -120,7 +110,7 @@ def test_a_gradebook_server_that_does_not_answer_stops_attnkit_grade_with_what_t
 
 
 def test_two_grade_runs_at_once_add_the_same_new_students_without_a_crash_or_a_second_row(course, server):
-    root, url = course["root"], course["url"]
+    root = course["root"]
     for student, pair in zip(LATE, PAIRED):
         submit(root, student, pair)
     attnkit = Path(sys.executable).parent / "attnkit"
@@ -133,7 +123,7 @@ def test_two_grade_runs_at_once_add_the_same_new_students_without_a_crash_or_a_s
 
     everyone = STUDENTS + LATE
     for name in ASSIGNMENTS:
-        assert gradebook_scores(url, root, name, everyone) == record_scores(root, name, everyone), name
+        assert stage_scores(Course.load(root, name), everyone) == record_scores(root, name, everyone), name
     assert rows(server, "SELECT count(*), count(DISTINCT id) FROM student") == [(len(everyone), len(everyone))]
     assert rows(server, "SELECT count(*) FROM submitted_assignment") == [(len(everyone) * len(ASSIGNMENTS),)]
 
@@ -174,7 +164,7 @@ def test_gradebook_writers_racing_to_add_the_same_new_students_each_keep_one_row
         writer.join(300)
     assert [w.exitcode for w in writers] == [0] * len(writers), "a gradebook writer failed (its traceback is above)"
     for name in ASSIGNMENTS:
-        assert gradebook_scores(course["url"], course["root"], name, RACERS) == expected[name], name
+        assert stage_scores(Course.load(course["root"], name), RACERS) == expected[name], name
     assert rows(server, "SELECT count(*) FROM student WHERE id LIKE 'racer-%'") == [(len(RACERS),)]
     assert rows(server, "SELECT count(*) FROM submitted_assignment WHERE student_id LIKE 'racer-%'") == \
         [(len(RACERS) * len(ASSIGNMENTS),)]
@@ -245,5 +235,5 @@ def test_a_write_after_the_server_dropped_the_connection_goes_through(course, se
         sync.write(records)
     finally:
         sync.close()
-    assert gradebook_scores(course["url"], course["root"], "attention", ["dropped"]) == \
+    assert stage_scores(c, ["dropped"]) == \
         {"dropped": {s["stage"]: s["points"] for s in records[0]["stages"]}}
