@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from cases import draw_weights, exposing_case, module_case, normal
-from checks import assert_close, check_dropout, linear, multihead, multihead_mistakes, softmax, split_heads
+from checks import BFLOAT16, assert_close, check_dropout, linear, multihead, multihead_mistakes, softmax, split_heads
 
 pytestmark = pytest.mark.pytorch_attention
 STAGE = "m01_pytorch_attention"
 CLS = "MultiHeadAttention"
 SDPA, TORCH_MHA = "sdpa_attention", "torch_mha_forward"
 FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32, summation order differs between the fused kernel and the by-hand path
-TOLERANCE = {"float32": FLOAT32, "bfloat16": dict(rtol=3e-2, atol=3e-2)}  # bf16 keeps 8 bits of mantissa
+TOLERANCE = {"float32": FLOAT32, "bfloat16": BFLOAT16}
 
 
 def run(stage, function, init, weights, x, *, use_mask=None, measure=False, **options):

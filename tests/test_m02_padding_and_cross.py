@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from cases import draw_weights, exposing_case, linear_shapes, normal, qkv_shapes, random_weights
-from checks import assert_close, check_dropout, linear, safe_softmax, softmax
+from checks import BFLOAT16, assert_close, check_dropout, linear, safe_softmax, softmax
 
 pytestmark = pytest.mark.padding_and_cross
 STAGE = "m02_padding_and_cross"
 CLS = "CrossAttention"
 FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32 computed in another order than the reference's
-TOLERANCE = {"float32": FLOAT32, "bfloat16": dict(rtol=3e-2, atol=3e-2)}  # bf16 keeps 8 bits of mantissa
+TOLERANCE = {"float32": FLOAT32, "bfloat16": BFLOAT16}
 
 
 def attend(stage, init, weights, x, *, device="cpu", dtype="float32", train=False, seed=None, **inputs):

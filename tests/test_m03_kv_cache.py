@@ -14,6 +14,7 @@ import pytest
 
 from cases import cached_steps, draw_weights, exposing_case, mha_shapes, normal, random_weights, spans
 from checks import (
+    BFLOAT16,
     assert_close,
     check_module_dropout,
     check_sizes_from_arguments,
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.kv_cache
 STAGE = "m03_kv_cache"
 CLS = "MultiHeadAttentionWithCache"
 FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32: the cached steps sum in another order than the full forward
-TOLERANCE = {"float32": FLOAT32, "bfloat16": dict(rtol=3e-2, atol=3e-2)}  # bf16 keeps 8 bits of mantissa
+TOLERANCE = {"float32": FLOAT32, "bfloat16": BFLOAT16}
 
 
 # ---------------------------------------------------------------- steps and their NumPy twins

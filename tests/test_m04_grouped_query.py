@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from cases import cached_steps, draw_weights, linear_shapes, mha_shapes, normal, random_weights, spans
-from checks import assert_close, causal, linear, multihead, parameter_count, softmax, split_heads
+from checks import BFLOAT16, assert_close, causal, linear, multihead, parameter_count, softmax, split_heads
 
 pytestmark = pytest.mark.grouped_query
 STAGE = "m04_grouped_query"
 CLS = "GroupedQueryAttention"
 FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32: the cached steps sum in another order than the full forward
-TOLERANCE = {"float32": FLOAT32, "bfloat16": dict(rtol=3e-2, atol=3e-2)}  # bf16 keeps 8 bits of mantissa
+TOLERANCE = {"float32": FLOAT32, "bfloat16": BFLOAT16}
 
 
 def gqa_shapes(d_in, d_out, num_heads, num_kv_groups, bias):

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from cases import normal, random_weights
-from checks import assert_close, causal, linear, softmax
+from checks import BFLOAT16, assert_close, causal, linear, softmax
 
 pytestmark = pytest.mark.rotary_embeddings
 STAGE = "m05_rotary_embeddings"
 CLS = "RoPEAttention"
 FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32 against a float64 NumPy reference: rounding only
-TOLERANCE = {"float32": FLOAT32, "bfloat16": dict(rtol=3e-2, atol=3e-2)}  # bf16 keeps 8 bits of mantissa
+TOLERANCE = {"float32": FLOAT32, "bfloat16": BFLOAT16}
 
 # What typical mistakes are called in the feedback (the catalogue of mistakes looks for these words).
 VALUES = ("RoPE was applied to the values: rotate only the queries and the keys (a score q.k depends on their "

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from cases import draw_weights, normal
-from checks import assert_close, linear, softmax, split_heads
+from checks import BFLOAT16, assert_close, linear, softmax, split_heads
 
 pytestmark = pytest.mark.sliding_window
 STAGE = "m06_sliding_window"
 CLS = "SlidingWindowAttention"
 FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32 against a float64 NumPy reference: rounding only
-TOLERANCE = {"float32": FLOAT32, "bfloat16": dict(rtol=3e-2, atol=3e-2)}  # bf16 keeps 8 bits of mantissa
+TOLERANCE = {"float32": FLOAT32, "bfloat16": BFLOAT16}
 
 # What typical mistakes are called in the feedback (the catalogue of mistakes looks for these words).
 OFF_BY_ONE = ("the window is off by one: i - j <= window lets window + 1 tokens take part; the query's own token "

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cases import normal
-from checks import assert_close
+from checks import BFLOAT16, assert_close
 
 pytestmark = pytest.mark.tiled_attention
 STAGE = "m07_tiled_attention"
@@ -24,7 +24,6 @@ FLOAT32 = dict(rtol=1e-4, atol=1e-5)
 # scores are that close move by as much, so outputs may differ from float64 by ~1e-3 (a softmax that
 # overflows gives NaN, one that forgot a rescaling is off by O(1): both far outside).
 LARGE_LOGITS = dict(rtol=1e-3, atol=3e-3)
-BFLOAT16 = dict(rtol=3e-2, atol=3e-2)  # bfloat16 keeps 8 significant bits
 
 # When graded, this stage's process may allocate this much beyond what it held when the stage started: the
 # sandbox has the kernel enforce it (RLIMIT_AS), so what the learner's code allocates cannot be hidden

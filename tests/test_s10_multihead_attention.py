@@ -15,6 +15,7 @@ import pytest
 
 from cases import exposing_case, mha_shapes, module_case, normal, random_weights
 from checks import (
+    BFLOAT16,
     assert_close,
     check_causal_mask,
     check_module_dropout,
@@ -76,7 +77,7 @@ SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs GPT-2 small's
     "cpu": dict(b=2, t=32, d_in=48, d_out=48, context_length=40, num_heads=4),
     "cuda": dict(b=8, t=1024, d_in=768, d_out=768, context_length=1024, num_heads=12),
 }
-TOLERANCE = {"float32": dict(rtol=1e-4, atol=1e-5), "bfloat16": dict(rtol=3e-2, atol=3e-2)}
+TOLERANCE = {"float32": dict(rtol=1e-4, atol=1e-5), "bfloat16": BFLOAT16}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
