@@ -40,12 +40,14 @@ class Grading:
                  assignment: str = "attention"):
         self.folder = Path(folder or os.getcwd()).resolve()
         self.error: WorkerError | None = None
+        course = course_of(self.folder)
         with _no_stderr():
             with contextlib.suppress(OSError):
                 S.defuse_links(self.folder)  # before any feedback is made from this folder
             try:
                 self.graded = grade_folder(self.folder, Limits(check_seconds=test_timeout, budget_seconds=time_budget),
-                                           stages(assignment))
+                                           stages(assignment), allow_plain=course.allow_plain if course else False,
+                                           private=[course.root] if course else [])
             except WorkerError as exc:
                 self.error = exc  # every stage's cell fails the same way, without grading again
             else:
@@ -65,14 +67,29 @@ class Grading:
         return score
 
 
-def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None = None) -> dict:
+def course_of(folder: Path):
+    """The attnkit course whose autograded/<student>/<assignment>/ ``folder`` is (its settings: whether plain
+    confinement is allowed; its root: what boxes must not reach), or None."""
+    from .course import MARKER_FILE, Course, CourseError
+
+    root = folder.parents[2] if len(folder.parents) > 2 else None
+    if root is None or folder.parents[1].name != "autograded" or not (root / MARKER_FILE).is_file():
+        return None
+    try:
+        return Course.load(root)
+    except CourseError:
+        return None
+
+
+def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None = None, *, allow_plain=False,
+                 private=()) -> dict:
     """The verdicts of the submission in nbgrader's autograded copy ``folder`` on ``graded_stages`` (None:
     every stage), graded by a worker of its own: {"fingerprint", "seed", "tests", "output_capped",
-    "confinement", "seconds"}."""
+    "confinement", "seconds"}. ``allow_plain``, ``private``: see grader.worker.WorkerProcess."""
     sources = S.autograded_sources(folder)
     fingerprint = S.fingerprint(sources)
     job = {"sources": sources, "seed": S.seed_of(fingerprint), "stages": graded_stages}
-    worker = WorkerProcess(limits)
+    worker = WorkerProcess(limits, allow_plain=allow_plain, private=private)
     try:
         return {"fingerprint": fingerprint, "seed": job["seed"], **worker.grade(job)}
     finally:

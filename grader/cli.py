@@ -16,7 +16,7 @@ from shlex import quote
 
 from stage_names import ASSIGNMENTS, is_stage_module
 
-from .sandbox import BUDGET_CHECKS, TEST_TIMEOUT, budget_problem
+from .sandbox import ALLOW_PLAIN, BUDGET_CHECKS, TEST_TIMEOUT, budget_problem
 
 
 def cmd_stubs(args):
@@ -61,6 +61,10 @@ def _positive(kind):
     return parse
 
 
+UNCONFINED_HELP = ("grade even where no confinement for learner code holds (UNCONFINED: it could read the "
+                   "solutions and hidden tests); without it such a machine is refused")
+
+
 def cmd_course_build(args):
     from .course import CourseError, build, exchange_hint
 
@@ -68,7 +72,7 @@ def cmd_course_build(args):
         course = build(
             args.dir, course_id=args.course_id, assignments=args.assignment, total=args.total,
             points=dict(args.points or []), test_timeout=args.test_timeout, time_budget=args.time_budget,
-            exchange_root=args.exchange, db_url=args.db_url,
+            exchange_root=args.exchange, db_url=args.db_url, allow_plain=args.allow_plain,
         )
     except CourseError as exc:
         print(f"attnkit course build: error: {exc}", file=sys.stderr)
@@ -173,6 +177,7 @@ def cmd_grade(args):
             raise GradeError(budget_problem(target.test_timeout, target.time_budget))
         if args.notebooks:
             check_notebooks_possible(target)  # before grading, not after
+        target.allow_plain = target.allow_plain or args.allow_plain
         outcome = grade(target, students=args.student, force=args.force, executor=args.executor,
                         scheduler=args.scheduler, workers=args.workers, quiet=args.quiet)
         written, failed = write_notebooks(target, args.student, args.quiet) if args.notebooks else ([], {})
@@ -240,6 +245,7 @@ def main(argv=None):
                         f"not yet run fail (default: {BUDGET_CHECKS} x --test-timeout)")
     b.add_argument("--exchange", help="nbgrader Exchange.root (default: DIR/exchange)")
     b.add_argument("--db-url", help="nbgrader gradebook URL (default: sqlite DIR/gradebook.db)")
+    b.add_argument(ALLOW_PLAIN, action="store_true", help=f"the autograder cells {UNCONFINED_HELP}")
     b.set_defaults(func=cmd_course_build)
 
     p = sub.add_parser("demo", help="grade the built-in sample submissions with nbgrader, print a table")
@@ -286,6 +292,7 @@ def main(argv=None):
                    help="also write autograded/ notebooks from the grades (through nbgrader's autograde, without "
                         "running them), so that the formgrader shows them and `nbgrader generate_feedback` works")
     p.add_argument("--quiet", action="store_true", help="no progress bars (CI)")
+    p.add_argument(ALLOW_PLAIN, action="store_true", help=UNCONFINED_HELP)
     p.set_defaults(func=cmd_grade)
 
     p = sub.add_parser(
@@ -301,6 +308,7 @@ def main(argv=None):
                    help="CPU seconds per check (default: %(default)s)")
     p.add_argument("--time-budget", type=_positive(float),
                    help=f"CPU seconds per submission (default: {BUDGET_CHECKS} x --test-timeout)")
+    p.add_argument(ALLOW_PLAIN, action="store_true", help=f"the autograder: {UNCONFINED_HELP}")
     p.set_defaults(func=cmd_gradescope)
 
     args = parser.parse_args(argv)

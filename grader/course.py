@@ -79,6 +79,7 @@ class Course:
     time_budget: float | None = None  # CPU seconds per submission when grading (None: from test_timeout)
     exchange_root: str | None = None
     db_url: str | None = None
+    allow_plain: bool = False  # grade where no confinement holds, learner code unconfined (the instructor's choice)
 
     @property
     def source(self) -> Path:
@@ -473,7 +474,7 @@ def _check_target(root: Path):
 
 
 def build(root, *, course_id="attention-kit", assignments=None, total=100, points=None,
-          test_timeout=TEST_TIMEOUT, time_budget=None, exchange_root=None, db_url=None) -> Course:
+          test_timeout=TEST_TIMEOUT, time_budget=None, exchange_root=None, db_url=None, allow_plain=False) -> Course:
     """(Re)create the course at ``root`` with ``assignments`` (names in ``ASSIGNMENTS``; default: all of
     them), keeping any other assignment it had; returns it, describing the first assignment built.
     ``total`` and ``points`` (marker -> points) apply to each assignment. Raises CourseError on bad input."""
@@ -513,7 +514,7 @@ def build(root, *, course_id="attention-kit", assignments=None, total=100, point
                     assignments={name: every[name] for name in ASSIGNMENTS if name in every},
                     test_timeout=float(test_timeout),
                     time_budget=None if time_budget is None else float(time_budget),
-                    exchange_root=exchange_root, db_url=db_url)
+                    exchange_root=exchange_root, db_url=db_url, allow_plain=bool(allow_plain))
     root.mkdir(parents=True, exist_ok=True)
     for name in chosen:
         write_release_source(course.of(name))

@@ -14,14 +14,15 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from .sandbox import Limits
-from .worker import WorkerError, WorkerProcess
+from .worker import WorkerError, WorkerProcess, WorkerRefused
 
 
 class Workers:
     """``count`` grading worker processes (each started on first use), lent to one job at a time."""
 
-    def __init__(self, limits: Limits, count: int):
-        self.handles = [WorkerProcess(limits) for _ in range(count)]
+    def __init__(self, limits: Limits, count: int, *, allow_plain: bool = False, private=()):
+        self.handles = [WorkerProcess(limits, allow_plain=allow_plain, private=private) for _ in range(count)]
+        self.refused: WorkerRefused | None = None  # no confinement holds where the workers run: nothing can be graded
         self.free = queue.SimpleQueue()
         for handle in self.handles:
             self.free.put(handle)
@@ -37,13 +38,18 @@ class Workers:
                 try:
                     answer = handle.grade(job)
                     return {"student": job["student"], "tests": answer["tests"],
-                            "output_capped": answer["output_capped"], "confinement": answer.get("confinement"),
+                            "output_capped": answer["output_capped"], "confinement": answer["confinement"],
                             "seconds": answer["seconds"], "error": None}
+                except WorkerRefused as exc:  # the same for every submission: the run stops
+                    self.refused = exc
+                    self.stopped.set()
+                    error = str(exc)
+                    break
                 except (WorkerError, KeyError) as exc:  # KeyError: an answer without its parts
                     handle.close()
                     error = f"{type(exc).__name__}: {exc}"
             return {"student": job["student"], "tests": [], "output_capped": [], "confinement": None,
-                    "seconds": 0.0, "error": error}
+                    "seconds": 0.0, "error": error, "refused": self.refused is not None}
         finally:
             self.free.put(handle)
 
@@ -58,8 +64,8 @@ class LocalResults:
     """(job, result) as they complete, on ``workers`` local threads, each with a worker process. The
     workers start at once (torch, pytest, the sandbox: a second or so) while the caller goes on."""
 
-    def __init__(self, jobs, limits: Limits, workers: int):
-        self.workers = Workers(limits, workers)
+    def __init__(self, jobs, limits: Limits, workers: int, *, allow_plain: bool = False, private=()):
+        self.workers = Workers(limits, workers, allow_plain=allow_plain, private=private)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnkit-grade")
         self.futures = {self.pool.submit(self.workers.grade, job): job for job in jobs}
 

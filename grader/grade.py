@@ -25,7 +25,7 @@ from . import results as R
 from . import scratch
 from . import submission as S
 from .dispatch import LocalResults
-from .sandbox import Limits, probe
+from .sandbox import ConfinementRefused, Limits, probe
 from .targets import Target
 
 GRADEBOOK_SECONDS = 2.0  # results reach the gradebook in one transaction at least this often
@@ -85,8 +85,12 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
     limits = Limits(check_seconds=target.test_timeout, budget_seconds=target.time_budget)
     scratch.sweep()  # what killed runs left in TMPDIR
     if executor == "local" and jobs:
-        # Before any submission is graded: how well are they kept apart on this machine?
-        announced = probe()
+        # Before any submission is graded: how well are they kept apart on this machine? (Nothing is graded
+        # where nothing holds, unless the instructor allowed plain confinement.)
+        try:
+            announced = probe(allow_plain=target.allow_plain)
+        except ConfinementRefused as exc:
+            raise GradeError(str(exc)) from None
         outcome.confinement = announced.summary()
         if not quiet or announced.missing:
             print(outcome.confinement, file=sys.stderr)
@@ -95,10 +99,11 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
             raise GradeError("--executor dask needs --scheduler ADDRESS (e.g. tcp://host:8786)")
         from . import on_dask
 
-        stream = on_dask.results(jobs, limits, scheduler)
+        stream = on_dask.results(jobs, limits, scheduler, target.allow_plain)
     elif executor == "local":
         workers = workers or os.cpu_count() or 1
-        stream = LocalResults(jobs, limits, max(1, min(workers, len(jobs) or 1)))
+        stream = LocalResults(jobs, limits, max(1, min(workers, len(jobs) or 1)), allow_plain=target.allow_plain,
+                              private=target.private)
     else:
         raise GradeError(f"unknown executor {executor!r} (local or dask)")
 
@@ -164,6 +169,8 @@ def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, qui
         if jobs:
             for job, result in stream:
                 student = job["student"]
+                if result.get("refused"):  # no confinement holds where the workers run: the same for everyone
+                    raise GradeError(result["error"])
                 if result["error"]:
                     outcome.errors[student] = result["error"]
                 else:

@@ -44,9 +44,14 @@ from pathlib import Path
 
 from stage_names import stage_test_file
 
+# Everything this process will use is imported before any learner code runs (no lazy imports).
+from . import submission as S
+from .cells import grade_folder
+from .course import plan_points, public_tests
 from .kit import KIT, SUITE, marker
 from .results import write_atomic
-from .sandbox import TEST_TIMEOUT, budget_problem
+from .sandbox import TEST_TIMEOUT, Limits, budget_problem
+from .scoring import needs_cuda, stage_report, stage_score
 
 ROOT_ENV = "ATTNKIT_GRADESCOPE_ROOT"  # Gradescope's container root, /autograder unless set (the kit's test sets it)
 SETTINGS = "attnkit-gradescope.json"
@@ -68,29 +73,33 @@ python3 -m pip install -e {KIT_FOLDER}/   # editable: the kit finds its suite, s
 
 RUN_AUTOGRADER = f"""#!/usr/bin/env bash
 # Gradescope runs this for every submission: grade $ROOT/submission/ into $ROOT/results/results.json.
-ROOT="${{{ROOT_ENV}:-/autograder}}"
-KIT="$ROOT/source/{KIT_FOLDER}"
-export PYTHONPATH="$KIT:$KIT/tests${{PYTHONPATH:+:$PYTHONPATH}}"
-python3 -m grader.gradescope run --root "$ROOT" --settings "$ROOT/source/{SETTINGS}"
-status=$?
-if [ ! -s "$ROOT/results/results.json" ]; then   # python3 itself failed: Gradescope still gets a verdict
-  mkdir -p "$ROOT/results"
-  printf '{{"score": 0, "output": "The autograder failed before grading (exit status %s); please tell your \
+# Everything is in one function that bash reads whole before it runs any of it, and the line that calls it
+# exits: nothing written into this file while it runs is ever read.
+main() {{
+  ROOT="${{{ROOT_ENV}:-/autograder}}"
+  KIT="$ROOT/source/{KIT_FOLDER}"
+  export PYTHONPATH="$KIT:$KIT/tests${{PYTHONPATH:+:$PYTHONPATH}}"
+  python3 -m grader.gradescope run --root "$ROOT" --settings "$ROOT/source/{SETTINGS}"
+  status=$?
+  if [ ! -s "$ROOT/results/results.json" ]; then   # python3 itself failed: Gradescope still gets a verdict
+    mkdir -p "$ROOT/results"
+    printf '{{"score": 0, "output": "The autograder failed before grading (exit status %s); please tell your \
 instructor.", "tests": []}}\\n' "$status" > "$ROOT/results/results.json"
-fi
+  fi
+}}
+main "$@"; exit 0
 """
 
 
 # ---------------------------------------------------------------- the zip
 
 def build_zip(out, assignment: str = "attention", points: dict[str, float] | None = None,
-              test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None) -> Path:
+              test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None, allow_plain: bool = False) -> Path:
     """Write Gradescope's autograder zip for ``assignment`` to ``out``; ``points``: stage module -> points
-    (default: the course's default plan, 100 in all)."""
-    from .course import plan_points
-
+    (default: the course's default plan, 100 in all); ``allow_plain``: grade even where no confinement holds."""
     points = points or plan_points(100, None, assignment)
-    settings = {"assignment": assignment, "points": points, "test_timeout": test_timeout, "time_budget": time_budget}
+    settings = {"assignment": assignment, "points": points, "test_timeout": test_timeout, "time_budget": time_budget,
+                "allow_plain": allow_plain}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -116,8 +125,6 @@ def _add(zf: zipfile.ZipFile, name: str, text: str, executable: bool = False):
 
 def public_names(stage: str) -> set[str]:
     """Names of the tests (functions or classes) of ``stage`` marked public: the ones students have."""
-    from .course import public_tests
-
     return set(public_tests(SUITE / stage_test_file(stage)).public)
 
 
@@ -138,8 +145,6 @@ def stage_title(stage: str) -> str:
 
 def stage_entries(stage: str, points: float, tests: list[dict], public: set[str]) -> tuple[float, list[dict]]:
     """(the stage's score, its results.json entries: its total, then one per counted or non-CUDA skipped check)."""
-    from .scoring import needs_cuda, stage_report, stage_score
-
     score = stage_score(tests, points)
     counted = [t for t in tests if t["outcome"] in ("passed", "failed")]
     passed = [t["nodeid"] for t in counted if t["outcome"] == "passed"]
@@ -180,8 +185,22 @@ def results(graded: dict, points: dict[str, float]) -> dict:
     lines += ["", f"Total: {round(total, 2):g} of {round(sum(points.values()), 2):g} points. Checks marked hidden "
               "show their results when the grades are published.",
               f"(graded in {graded.get('seconds', 0):.1f} s; sandbox: {confinement.get('mode', 'unknown')})"]
+    tests.append(sandbox_entry(confinement))
     return {"score": round(total, 2), "output": "\n".join(lines), "visibility": "visible",
             "stdout_visibility": "hidden", "tests": tests}
+
+
+def sandbox_entry(confinement: dict) -> dict:
+    """An unscored entry for instructors only (Gradescope's "hidden"): how this submission's code was kept apart,
+    and, when it was not (plain, which the instructor allowed), that the grade rests on trusting it."""
+    mode = confinement.get("mode", "unknown")
+    lacking = ", ".join(confinement.get("missing", [])) or "nothing"
+    warning = ("UNCONFINED: learner code ran as root beside the grader and could have read the solutions and "
+               "hidden tests or changed its own grade; grades are only as good as the submissions are honest. "
+               if mode == "plain" else "")
+    return {"name": f"Sandbox: {mode}" + (" (UNCONFINED)" if mode == "plain" else ""), "score": 0, "max_score": 0,
+            "status": "passed" if mode != "plain" else "failed", "visibility": "hidden",
+            "output": f"{warning}Confinement: {mode}; it lacks: {lacking} (see the kit's README, Trusting the grades)."}
 
 
 def failure(why: str) -> dict:
@@ -194,10 +213,6 @@ def run(root, settings_file) -> dict:
     (also when grading fails: score 0 and why). Returns what it wrote."""
     root = Path(root)
     try:
-        from . import submission as S
-        from .cells import grade_folder
-        from .sandbox import Limits
-
         settings = json.loads(Path(settings_file).read_text())
         points = settings["points"]
         folder = root / "submission"
@@ -206,7 +221,11 @@ def run(root, settings_file) -> dict:
                             "submit the module files themselves, not a folder or an archive")
         else:
             limits = Limits(check_seconds=settings["test_timeout"], budget_seconds=settings["time_budget"])
-            found = results(grade_folder(folder, limits, list(points)), points)
+            # All of the container's root (the kit, this run's settings, run_autograder, results/) is the
+            # grader's: boxes get a copy of the submission's modules.
+            graded = grade_folder(folder, limits, list(points), allow_plain=settings.get("allow_plain", False),
+                                  private=[root])
+            found = results(graded, points)  # (the worker, and every box of it, is gone)
     except Exception as exc:  # a worker error, a broken image: Gradescope must still get a verdict
         traceback.print_exc()
         found = failure(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -229,7 +248,7 @@ def main(argv=None):
 
 def cli(args) -> int:
     """``attnkit gradescope``."""
-    from .course import CourseError, plan_points
+    from .course import CourseError
 
     try:
         points = plan_points(args.total, None, args.assignment)
@@ -239,7 +258,7 @@ def cli(args) -> int:
     if budget_problem(args.test_timeout, args.time_budget):
         print(f"attnkit gradescope: error: {budget_problem(args.test_timeout, args.time_budget)}", file=sys.stderr)
         return 2
-    out = build_zip(args.out, args.assignment, points, args.test_timeout, args.time_budget)
+    out = build_zip(args.out, args.assignment, points, args.test_timeout, args.time_budget, args.allow_plain)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): Gradescope's autograder for {args.assignment}, "
           f"{len(points)} stages, {sum(points.values()):g} points; upload it as a zip-file autograder "
           "(Ubuntu base image, no GPU)")

@@ -48,6 +48,7 @@ import fcntl
 import importlib.util
 import json
 import os
+import platform
 import secrets
 import select
 import shutil
@@ -59,16 +60,16 @@ import threading
 import time
 import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 from stage_names import builds_on, is_stage_module, module_files
 
-from . import cgroups, scratch
+from . import cgroups, lockdown, redaction, scratch
 from .cgroups import BoxGroup
 from .kit import FIXTURES, KIT, SOLUTIONS, SUITE
-from .sandbox_child import CONTROL_BYTES, LENGTH, ProtocolError, decode, encode, pack
+from .sandbox_child import AUDIT_ARCH, CONTROL_BYTES, LENGTH, ProtocolError, decode, encode, pack, processes_of
 from .submission import sources
 
 CHILD_SCRIPT = Path(__file__).with_name("sandbox_child.py")
@@ -79,8 +80,10 @@ TEST_TIMEOUT = 10.0  # CPU seconds one check may use, unless a course or a run s
 MAX_HEADER_BYTES = 1 << 20  # an answer's JSON (arrays travel as blobs beside it)
 MESSAGE_CHARS = 4000  # of an error message or traceback from a box, kept
 UID_RANGE = (1_500_000_000, 2_100_000_000)  # fresh uids for boxes (no real user lives there)
-WALL_FACTOR = 5  # limits on waiting (wall-clock time less the time spent waiting for a processor) are this
-# many times the CPU limits
+WALL_FACTOR = 5  # a check's limit on waiting (wall-clock time less the time spent waiting for a processor) is
+# this many times its CPU limit
+WAIT_MARGIN = 10.0  # seconds of waiting a whole submission may spend beyond its budget (the trusted side's own
+# work between its checks): a submission that sleeps in every check holds a grading worker for its budget, no more
 LOAD_FACTOR = 4  # an operation is stopped after this many times its waiting limit of wall-clock time, whatever
 # the load (a backstop: a box whose processes always seem to wait for a processor)
 BUDGET_CHECKS = 12  # the default budget of a submission: this many checks at their limit
@@ -94,6 +97,8 @@ CLOSE_SECONDS = 2.0  # CPU time a worker may take to close its stage before its 
 # machines. The kit's tensors are small; one thread is also the fastest.
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+DENIED_NOTE = ("\n(When graded, learner code may not run programs, start processes, write or create files, or open "
+               "sockets: keep the stage's work in torch, in memory.)")
 
 
 # ---------------------------------------------------------------- limits and confinement
@@ -129,7 +134,9 @@ class Limits:
 
     @property
     def budget_wall(self) -> float:
-        return WALL_FACTOR * self.budget
+        """The whole submission's waiting: its budget. Computing is waiting too (waiting is wall-clock time
+        less the time spent waiting for a processor), so code that only computes meets its CPU budget first."""
+        return self.budget + WAIT_MARGIN
 
     @property
     def run_wall(self) -> float:
@@ -139,18 +146,23 @@ class Limits:
 
     def for_box(self, mode) -> dict:
         # RLIMIT_NPROC counts the processes of a uid (in its user namespace): without a box of
-        # its own, that would be the grader's.
+        # its own, that would be the grader's. RLIMIT_CPU backs the budget up (each process's own).
         return {"memory_bytes": self.memory_bytes, "tmp_bytes": self.tmp_bytes,
-                "processes": self.processes if mode != "plain" else None}
+                "processes": self.processes if mode != "plain" else None,
+                "cpu_seconds": int(self.budget + START_SECONDS)}
 
 
 GUARANTEES = {  # what keeps one submission from reaching another, by the name a Confinement lists
-    "mount": "a private root file system (the kit, the gradebook and other submissions out of sight) "
-             "and a fresh /tmp, /dev/shm and home for each submission",
-    "pid": "a fresh pid namespace for each submission (no signals, ptrace or leftover processes)",
-    "network": "a fresh network namespace for each submission (no network, no shared abstract sockets)",
-    "ipc": "a fresh IPC namespace for each submission (no shared SysV or POSIX IPC objects)",
+    "files": "the kit's solutions, hidden tests and fixtures, the grader, the gradebook and other submissions out of "
+             "its reach",
+    "mount": "a private root file system for each submission (only the Python installation and its own modules "
+             "in it)",
+    "processes": "the grader's and other submissions' processes out of its reach (no signals, tracing, memory or "
+                 "open files)",
+    "pid": "a fresh pid namespace for each submission (other processes not even listed)",
     "uid": "a fresh unprivileged uid for each submission",
+    "system calls": "learner code that cannot run programs, start processes, write files, or open sockets or IPC "
+                    "objects (a seccomp filter)",
     "keyring": "no access to the kernel's keyrings",
     "cgroup": "a cgroup for each submission (the CPU time of all its processes counted, dead ones included)",
     "cgroup limits": "the memory and number of a submission's processes bounded together (cgroup memory and "
@@ -160,8 +172,13 @@ CGROUP_GUARANTEES = ("cgroup", "cgroup limits")  # held wherever this process ma
 HOLDS = {  # by the confinement's mode
     "namespaces": tuple(g for g in GUARANTEES if g not in CGROUP_GUARANTEES),
     "userns": tuple(g for g in GUARANTEES if g != "uid" and g not in CGROUP_GUARANTEES),
-    "plain": ("keyring",),
+    # root without namespaces (Docker's default profile: Gradescope, Kubernetes, CI runners): a fresh uid, the
+    # learner's filter, and the files a box must not reach made private to root first (``lockdown``)
+    "container": ("files", "processes", "uid", "system calls", "keyring"),
+    "plain": ("system calls", "keyring"),
 }
+MODES = tuple(HOLDS)  # strongest first
+ALLOW_PLAIN = "--allow-plain"  # how an instructor opts into plain confinement (the refusal names it)
 
 
 @dataclass(frozen=True)
@@ -172,6 +189,7 @@ class Confinement:
     cgroup: bool = False  # a cgroup for each box, counting its CPU time
     bounded: bool = False  # ... bounding its memory and number of processes too
     why: str = ""  # why stronger confinements failed, if they did
+    private: tuple = ()  # what was made private to root before any box started (container)
 
     @property
     def missing(self) -> list[str]:
@@ -180,11 +198,16 @@ class Confinement:
         return [g for g in GUARANTEES if g not in holds]
 
     def summary(self) -> str:
-        if not self.missing:
+        if self.mode == "plain":
+            head = ("sandbox: plain (UNCONFINED, as the instructor allowed): learner code runs as this user, beside "
+                    "the grader, and can read the solutions and hidden tests; it lacks")
+        elif not self.missing:
             return f"sandbox: {self.mode} (fresh namespaces, /tmp, uid and cgroup for each submission)"
+        else:
+            head = f"sandbox: {self.mode}, WEAKER than full confinement; it lacks"
         lacking = "; ".join(GUARANTEES[g] for g in self.missing)
-        return (f"sandbox: {self.mode}, WEAKER than full confinement; it lacks {lacking}"
-                + (f" [{self.why}]" if self.why else ""))
+        private = f" (made private to root first: {', '.join(self.private)})" if self.private else ""
+        return f"{head} {lacking}{private}" + (f" [{self.why}]" if self.why else "")
 
     def record(self) -> dict:
         return {"mode": self.mode, "missing": self.missing}
@@ -198,39 +221,85 @@ class SandboxUnavailable(RuntimeError):
     """No way to start a template or a box works on this machine (not the learner's fault)."""
 
 
-def candidate_modes() -> list[str]:
+class ConfinementRefused(SandboxUnavailable):
+    """No confinement holds here, and the instructor did not allow grading without one."""
+
+
+def candidate_modes(allow_plain: bool = False) -> list[str]:
     """Confinements worth trying here, strongest first. Never ``userns`` as root: the boxes would
-    keep root's uid on the host (owner of its files, its sysctls) without a capability to lose."""
+    keep root's uid on the host (owner of its files, its sysctls) without a capability to lose. Root
+    whose namespaces are refused (a container) gets ``container``. ``plain`` only when allowed."""
     modes = []
-    if shutil.which("unshare"):
-        modes.append("namespaces" if os.geteuid() == 0 else "userns")
-    return modes + ["plain"]
+    if os.geteuid() == 0:
+        modes += ["namespaces"] if shutil.which("unshare") else []
+        modes.append("container")
+    elif shutil.which("unshare"):
+        modes.append("userns")
+    return modes + (["plain"] if allow_plain else [])
 
 
 def _refuse(mode):
     if mode == "userns" and os.geteuid() == 0:
         raise SandboxUnavailable("userns: refused as root (the boxes would keep root's uid on the host); "
                                  "root gets the namespaces confinement")
+    if mode == "container" and os.geteuid() != 0:
+        raise SandboxUnavailable("container: needs root (each box gets a fresh uid)")
+    if mode == "container" and platform.machine() not in AUDIT_ARCH:
+        raise SandboxUnavailable(f"container: no system call table for {platform.machine()} (x86_64, aarch64)")
     if mode not in HOLDS:
-        raise SandboxUnavailable(f"{mode!r} is not a confinement (namespaces, userns or plain)")
+        raise SandboxUnavailable(f"{mode!r} is not a confinement ({', '.join(MODES)})")
+
+
+def refusal(failures: list[str]) -> ConfinementRefused:
+    """The error of a machine where no confinement holds: what failed, and what to do."""
+    return ConfinementRefused(
+        "no confinement for learner code holds on this machine, so nothing was graded: "
+        + "; ".join(failures) + ". Grade as root (with namespaces, or in a container with Docker's default "
+        "capabilities), or where unprivileged user namespaces are enabled (sysctl kernel.unprivileged_userns_clone=1"
+        f"). To grade anyway with learner code UNCONFINED beside the grader (it can then read the solutions and "
+        f"hidden tests), pass {ALLOW_PLAIN} (attnkit grade, attnkit gradescope, attnkit course build)")
 
 
 def _unshare(mode) -> list[str]:
-    """The command prefix that puts a template in its namespaces ([] for plain)."""
-    if mode == "plain":
+    """The command prefix that puts a template in its namespaces ([] for container and plain)."""
+    if mode in ("container", "plain"):
         return []
     user = ["--user", "--map-root-user"] if mode == "userns" else []
     return [shutil.which("unshare") or "unshare", *user, "--mount", "--pid", "--net", "--ipc", "--uts",
             "--fork", "--kill-child", "--"]
 
 
-def probe(confine=None) -> Confinement:
-    """The strongest confinement this machine allows, found quickly (no template is started):
-    what a grading run announces before it starts."""
+def _container_holds() -> str | None:
+    """Why the container confinement cannot work here (None: it can): it needs root's power to change uids
+    and a kernel with seccomp filters."""
+    try:
+        with open("/proc/self/status") as status:
+            fields = dict(line.split(":", 1) for line in status if ":" in line)
+        effective = int(fields["CapEff"].strip(), 16)
+    except (OSError, KeyError, ValueError):
+        return "cannot read this process's capabilities (/proc/self/status)"
+    capabilities = (("CAP_SETUID", 7), ("CAP_SETGID", 6), ("CAP_KILL", 5))
+    lacking = [name for name, bit in capabilities if not effective >> bit & 1]
+    if lacking:
+        return f"root without {', '.join(lacking)}"
+    if "Seccomp" not in fields:
+        return "the kernel has no seccomp filters"
+    return None
+
+
+def probe(confine=None, allow_plain=False) -> Confinement:
+    """The strongest confinement this machine allows, found quickly (no template is started): what a
+    grading run announces before it starts. Raises ConfinementRefused where none holds and plain is not
+    allowed."""
     failures = []
-    for mode in [confine] if confine else candidate_modes():
+    for mode in [confine] if confine else candidate_modes(allow_plain):
         _refuse(mode)
-        if mode != "plain":
+        if mode == "container":
+            why = _container_holds()
+            if why:
+                failures.append(f"container: {why}")
+                continue
+        elif mode != "plain":
             try:
                 run = subprocess.run([*_unshare(mode), "true"], capture_output=True, text=True, timeout=60)
             except (OSError, subprocess.SubprocessError) as exc:
@@ -240,7 +309,7 @@ def probe(confine=None) -> Confinement:
                 failures.append(f"{mode}: {run.stderr.strip() or run.returncode}")
                 continue
         return Confinement(mode, *_cgroups(), why="; ".join(failures))
-    raise SandboxUnavailable("; ".join(failures))
+    raise refusal(failures or ["no confinement was allowed"])
 
 
 def _cgroups() -> tuple[bool, bool]:
@@ -293,6 +362,22 @@ def _learner_cpu(init) -> float | None:
             ticks += sum(fields)
         pending += _children(pid)
     return ticks / CLOCK_TICKS
+
+
+def _run_delays(init) -> dict[int, float]:
+    """Thread id -> seconds it has waited on a run queue, for every thread of ``init`` and the processes
+    under it (Linux schedstat; {} where the kernel does not keep it)."""
+    delays, pending = {}, [init]
+    while pending:
+        pid = pending.pop()
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                    delays[int(task)] = int(stat.read().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            pass
+        pending += _children(pid)
+    return delays
 
 
 def _ns_pids(pid) -> list[int]:
@@ -385,11 +470,17 @@ class _Box:
     last_cpu: float = 0.0  # the CPU time last read (what a box that died before its count had used)
     last_stalled: float = 0.0  # the time waiting for a processor last read
     fresh: bool = True  # no learner code has run in it yet
+    uid: int | None = None  # its fresh uid, if it has one
+    delays: dict = field(default_factory=dict)  # thread -> seconds it waited for a processor (no cgroup)
 
     def stalled(self) -> float:
-        """Seconds the box's processes were ready to run but waited for a processor (its cgroup's
-        pressure stall count), 0 where the kernel does not say."""
+        """Seconds the box's processes were ready to run but waited for a processor: its cgroup's pressure
+        stall count, else the sum of its threads' run-queue delays (/proc/<pid>/task/<tid>/schedstat, kept
+        for threads that have ended), 0 where the kernel says neither."""
         seconds = self.group.stalled_seconds() if self.group is not None else None
+        if seconds is None and self.init is not None:
+            self.delays.update(_run_delays(self.init))
+            seconds = sum(self.delays.values())
         if seconds is not None:
             self.last_stalled = max(self.last_stalled, seconds)
         return self.last_stalled
@@ -406,12 +497,18 @@ class _Box:
 class Sandbox:
     """One template process (see the module docstring): started on first use, kept until close().
 
-    ``confine``: a mode name to insist on (None: the strongest that works here). Thread-safe.
-    ``dropped_output`` counts the bytes of learner output the cap dropped, over every box.
+    ``confine``: a mode name to insist on (None: the strongest that works here, ``plain`` only if
+    ``allow_plain``). ``private``: paths the boxes must not reach besides the kit's own (a course, the
+    records): where boxes are only other uids (``container``), they are made private to root before the
+    first box starts (``grader.lockdown``). Wherever boxes run, a probe box proves they cannot reach them
+    before any learner code runs. Thread-safe. ``dropped_output`` counts the bytes of learner output the
+    cap dropped, over every box.
     """
 
-    def __init__(self, *, confine=None, start_seconds=START_SECONDS):
+    def __init__(self, *, confine=None, allow_plain=False, private=(), start_seconds=START_SECONDS):
         self.confine = confine
+        self.allow_plain = allow_plain
+        self.private = tuple(map(str, private))
         self.start_seconds = start_seconds
         self.confinement: Confinement | None = None
         self.dropped_output = 0
@@ -435,6 +532,11 @@ class Sandbox:
     def __exit__(self, *exc):
         self.close()
 
+    def _modes(self) -> list[str]:
+        if self.confine:
+            return [self.confine]
+        return [self.confinement.mode] if self.confinement else candidate_modes(self.allow_plain)
+
     # -- the template's life
 
     def start_soon(self):
@@ -443,52 +545,99 @@ class Sandbox:
         (The process is started by the calling thread, whose end would kill it: its parent-death
         signal follows the thread that started it.)"""
         with self._lock:
-            if self._proc is None:
-                mode = self.confine or (self.confinement.mode if self.confinement else candidate_modes()[0])
+            modes = self._modes()
+            if self._proc is None and modes:
                 try:
-                    _refuse(mode)
-                    self._launch(mode)
+                    _refuse(modes[0])
+                    self._launch(modes[0])
                 except SandboxUnavailable:
                     self._stop()  # start() tries again, and says why
 
     def start(self) -> Confinement:
-        """Start the template if it is not running (or finish starting it); returns its confinement."""
+        """Start the template if it is not running (or finish starting it), and prove its confinement with a
+        probe box; returns the confinement. Raises ConfinementRefused where none holds (and plain is not
+        allowed), SandboxUnavailable where a confinement that should hold failed its proof."""
         with self._lock:
             if self._proc is not None and self._proc.poll() is None and self._launched is None:
                 return self.confinement  # started, and ready
             launched = self._launched if self._proc is not None and self._proc.poll() is None else None
-            modes = [self.confine] if self.confine else (
-                [self.confinement.mode] if self.confinement else candidate_modes())
             failures = []
-            for mode in modes:
+            for mode in self._modes():
                 started = time.monotonic()
                 try:
                     _refuse(mode)
+                    if mode == "container" and _container_holds():
+                        raise SandboxUnavailable(_container_holds())
                     if launched != mode:
                         self._stop()
                         self._launch(mode)
                     launched = None
                     self._await_ready(mode)
                     self._launched = None
+                    private = self._make_private(mode)
                 except SandboxUnavailable as exc:
                     failures.append(f"{mode}: {exc}")
                     continue
+                why = "; ".join(failures) or (self.confinement.why if self.confinement else "")
+                self.confinement = Confinement(mode, *_cgroups(), why=why, private=private)
+                self._prove()  # a confinement that should hold and does not is no reason to try a weaker one
                 self.stats["starts"] += 1
                 self.stats["start_seconds"].append(round(time.monotonic() - started, 3))
-                why = "; ".join(failures) or (self.confinement.why if self.confinement else "")
-                self.confinement = Confinement(mode, *_cgroups(), why=why)
                 if self.confinement.missing:
                     warnings.warn(self.confinement.summary(), SandboxWarning, stacklevel=3)
                 return self.confinement
-            raise SandboxUnavailable("cannot start the sandbox:\n  " + "\n  ".join(failures))
+            raise refusal(failures or ["no confinement was allowed"])
+
+    def _make_private(self, mode) -> tuple:
+        """Where boxes share this machine's file system (container): what they must not reach, private to root."""
+        if mode != "container":
+            return ()
+        keep = [*lockdown.needed(), self._folder.path]
+        return tuple(map(str, lockdown.make_private([*lockdown.KIT_PRIVATE, *self.private], keep)))
+
+    def _prove(self):
+        """Before any learner code: a probe box must fail to read what is private (a hidden fixture, a
+        solution, the grader, the caller's ``private`` paths), to write the grader's files, and under the
+        learner's filter to run a program, start a process, create a file, open a socket or reach this
+        process, its parent or the template. Anything it reached stops the sandbox: SandboxUnavailable."""
+        if self.confinement.mode == "plain":
+            return
+        private = [*lockdown.KIT_PRIVATE, *self.private]
+        request = {"cmd": "probe", "token": secrets.token_hex(8), "read": lockdown.witnesses(private),
+                   "write": [str(p) for p in private if Path(p).exists()], "need": lockdown.python_witnesses()}
+        if self.confinement.mode == "container":  # (elsewhere these pids are not in the box's world)
+            request["pids"] = [pid for pid in (os.getpid(), os.getppid(), self._template) if pid]
+        box = self.spawn({}, Limits())
+        try:
+            deadline = time.monotonic() + BOX_SECONDS
+            _send(box, pack(request), deadline, lambda: None)
+            header, _ = _receive(box, deadline, lambda: None, 0)
+        except (_OutOfTime, _BoxGone, ProtocolError) as exc:
+            header = {"kind": "failed", "message": type(exc).__name__.strip("_")}
+        finally:
+            self.kill(box)
+        reached = header.get("reached") if header.get("kind") == "probe" else None
+        if reached != []:
+            self._stop()
+            what = ("; ".join(map(str, reached)) if isinstance(reached, list)
+                    else "run a program (the probe ended without answering)" if header.get("kind") == "ended"
+                    else f"answer ({header.get('message', header.get('kind'))})")
+            raise SandboxUnavailable(f"the {self.confinement.mode} confinement does not hold on this machine: a "
+                                     f"probe box could {what}. Nothing was graded."
+                                     + (lockdown.PYTHON_HINT if "which it needs" in what else ""))
 
     def _launch(self, mode):
         """Start a template process confined by ``mode`` (it then imports torch: see _await_ready)."""
-        confined = mode != "plain"
+        namespaced = mode in ("namespaces", "userns")
         scratch.sweep()
         cgroups.sweep()
         folder = scratch.Folder("sandbox")
         root = folder.path
+        blocked = [p for p in root.parents if not p.stat().st_mode & 0o001]
+        if mode == "container" and blocked:  # (boxes are other users, on this machine's file system)
+            folder.remove()
+            raise SandboxUnavailable(f"the boxes' folder {root} is out of their reach ({blocked[0]} lets no other "
+                                     "user through): set TMPDIR to a folder every user may pass through, e.g. /tmp")
         for name in ("runtime", "incoming", "newroot", "tmp"):
             (root / name).mkdir()
         shutil.copyfile(CHILD_SCRIPT, root / "runtime" / "sandbox_child.py")
@@ -496,23 +645,26 @@ class Sandbox:
             shutil.copyfile(module, root / "runtime" / module.name)
         for path in [root, *root.rglob("*")]:
             if path.name != scratch.LOCK:  # the boxes' uids may pass through, read the runtime, list nothing
-                path.chmod((0o711 if path.name in (root.name, "incoming") else 0o755) if path.is_dir() else 0o644)
+                path.chmod((0o711 if path.name in (root.name, "incoming", "tmp") else 0o755) if path.is_dir()
+                           else 0o644)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {
             "control_fd": theirs.fileno(),
-            "newroot": str(root / "newroot") if confined else None,
+            "mode": mode,
+            "newroot": str(root / "newroot") if namespaced else None,
             "runtime_host": str(root / "runtime"),
             "incoming_host": str(root / "incoming"),
-            "runtime": "/sandbox/runtime" if confined else str(root / "runtime"),
+            "runtime": "/sandbox/runtime" if namespaced else str(root / "runtime"),
             "secrets": [str(p) for p in (KIT, SOLUTIONS, SUITE, FIXTURES)],
-            "drop": {"namespaces": "uid", "userns": "userns"}.get(mode),
+            "drop": {"namespaces": "uid", "userns": "userns", "container": "uid"}.get(mode),
         }
         command = [*_unshare(mode), sys.executable, "-I", str(root / "runtime" / "sandbox_child.py"),
                    json.dumps(config)]
         if _setpriv_pdeathsig():
             command = [shutil.which("setpriv"), "--pdeathsig", "KILL", "--", *command]
+        home = "/tmp" if namespaced else str(root / "tmp")
         env = {**ONE_THREAD, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "USER": "learner", "LOGNAME": "learner",
-               "HOME": "/tmp" if confined else str(root / "tmp"), "TMPDIR": "/tmp" if confined else str(root / "tmp")}
+               "HOME": home, "TMPDIR": home}
         try:
             proc = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -532,7 +684,6 @@ class Sandbox:
 
     def _await_ready(self, mode):
         """Wait for the launched template to say it is confined and has imported torch."""
-        confined = mode != "plain"
         proc = self._proc
         reply = self._reply(None, time.monotonic() + self.start_seconds)
         if reply.get("kind") != "ready":
@@ -540,7 +691,8 @@ class Sandbox:
             lines = str(reply.get("message")).strip().splitlines() or [""]
             self._stop()
             raise SandboxUnavailable(lines[-1] + (f" (stderr: {tail})" if tail else ""))
-        self._template = proc.pid if not confined else next(iter(_children(proc.pid)), None)
+        namespaced = mode in ("namespaces", "userns")
+        self._template = next(iter(_children(proc.pid)), None) if namespaced else proc.pid
 
     def close(self):
         """Stop the template: it kills every box it still has, then exits."""
@@ -582,7 +734,7 @@ class Sandbox:
             confinement = self.start()
             token = secrets.token_hex(8)
             uid = None
-            if confinement.mode == "namespaces":
+            if confinement.mode in ("namespaces", "container"):
                 uid = secrets.randbelow(UID_RANGE[1] - UID_RANGE[0]) + UID_RANGE[0]
             incoming = self._folder.path / "incoming" / token
             incoming.mkdir(mode=0o700)
@@ -595,9 +747,11 @@ class Sandbox:
                     os.chown(path, uid, uid)
             incoming.chmod(0o500)
             tmp = None
-            if confinement.mode == "plain":
+            if confinement.mode in ("container", "plain"):  # (with a mount namespace: a tmpfs of its own)
                 tmp = self._folder.path / "tmp" / token
                 tmp.mkdir(mode=0o700)
+                if uid is not None:
+                    os.chown(tmp, uid, uid)
             pipes = [os.pipe() for _ in range(4)]  # requests, replies, stdout, stderr
             for read, _ in pipes[2:]:
                 with contextlib.suppress(OSError):  # (Linux) fewer wake-ups for a flood of output
@@ -616,7 +770,7 @@ class Sandbox:
                     os.close(fd)
             streams = {"stdout": os.fdopen(pipes[2][0], "rb", buffering=0),
                        "stderr": os.fdopen(pipes[3][0], "rb", buffering=0)}
-            box = _Box(token, pipes[0][1], pipes[1][0], _Capture(streams, limits.output_bytes), incoming, tmp)
+            box = _Box(token, pipes[0][1], pipes[1][0], _Capture(streams, limits.output_bytes), incoming, tmp, uid=uid)
             if reply.get("kind") != "spawned":
                 self._discard(box)
                 self._stop()
@@ -651,17 +805,23 @@ class Sandbox:
         return None
 
     def kill(self, box: _Box):
-        """Kill ``box`` and wait until the template reports it gone."""
+        """Kill ``box`` and wait until the template reports it gone: every process of it dead (in a
+        container, every process of its uid). A template that cannot say so is stopped, and the
+        sandbox with it: SandboxUnavailable, for nothing a box that may live on did can be trusted."""
         with self._lock:
+            gone = False
             if self._control is not None:
                 try:
                     self._control.send(json.dumps({"cmd": "kill", "token": box.token}).encode())
                     reply = self._reply(box.token, time.monotonic() + BOX_SECONDS)
                 except OSError:
                     reply = {"kind": "failed"}
-                if reply.get("kind") != "gone":
+                gone = reply.get("kind") == "gone"
+                if not gone:
                     self._stop()  # a template that cannot kill its boxes is killed with them
             self._discard(box)
+            if not gone and box.uid is not None and not _none_left(box.uid):
+                raise SandboxUnavailable(f"a box's processes (uid {box.uid}) outlived it: nothing it did is trusted")
 
     def _discard(self, box: _Box):
         if box.group is not None:
@@ -677,6 +837,17 @@ class Sandbox:
         shutil.rmtree(box.incoming, ignore_errors=True)
         if box.tmp is not None:
             shutil.rmtree(box.tmp, ignore_errors=True)
+
+
+def _none_left(uid, seconds=2.0) -> bool:
+    """Whether every process of ``uid`` is gone within ``seconds`` (killed with their template: they die with
+    their parents)."""
+    deadline = time.monotonic() + seconds
+    while processes_of(uid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _kill_template(proc, control, folder):
@@ -840,6 +1011,7 @@ class IsolatedBackend:
         self._check_wall = 0.0  # wall time of the current check's operations so far
         self._checks_from_caller = False
         self._exhausted = False
+        self._own = None  # fingerprints of the submission's own modules (grader.redaction), made when first needed
         self._lock = threading.Lock()
 
     @property
@@ -948,7 +1120,7 @@ class IsolatedBackend:
                     if header.get("token") == token or self._worker_ended(header):
                         break  # anything else is left over from an earlier worker
                 if header.get("kind") == "result":
-                    return decode(header.get("value"), values)
+                    return self._said_in(decode(header.get("value"), values))
                 failure = self._failure(module, header)  # the learner's code raised: the box serves on
             except _OutOfTime as exc:
                 self._end_box()
@@ -991,21 +1163,43 @@ class IsolatedBackend:
         a = self.adapters
         kind = header.get("kind")
         if kind == "submission_error":
-            return a.SubmissionError(_clip(header.get("message")))
+            return a.SubmissionError(self._said(header.get("message")))
         if kind == "exception":
-            what = f"{_clip(header.get('type'), 200)}: {_clip(header.get('message'))}"
+            what = f"{self._said(header.get('type'), 200)}: {self._said(header.get('message'))}"
+            if header.get("type") == "PermissionError" or "Operation not permitted" in str(header.get("message")):
+                what += DENIED_NOTE
             if header.get("memory") and module in self.ceilings:
                 what = (f"{module}: out of memory: when graded, this stage may allocate "
                         f"{self.ceilings[module] / 2**20:g} MiB beyond what its process held when the stage "
                         f"started ({what})")
             elif header.get("memory"):
                 what = f"{module}: memory limit of {self.limits.memory_bytes / 2**30:g} GiB exceeded ({what})"
-            trace = _clip(header.get("traceback") or "")
+            trace = self._said(header.get("traceback") or "")
             return a.SubmissionError(what + (f"\nwhere (most recent call last):\n{trace.rstrip()}" if trace else ""))
         if kind == "ended":
             self._module = self._token = self._worker = None  # the worker is gone; the next call starts another
             return a.SubmissionError(self._describe_end(module, header.get("status")))
         return a.SubmissionError(f"{module}: unexpected answer {kind!r} from the sandbox")
+
+    def _said(self, text, limit=MESSAGE_CHARS) -> str:
+        """A text from the box, as a student may read it: cut to ``limit`` characters, and without any stretch
+        that quotes hidden material (grader.redaction: a stage built on another holds the other's reference)."""
+        text = _clip(text, limit)
+        if len(text) < redaction.WINDOW:
+            return text
+        if self._own is None:
+            self._own = redaction.fingerprints(self.sources)
+        return redaction.kit_redactor().clean(text, self._own)
+
+    def _said_in(self, value):
+        """A result from the box with every string in it passed through ``_said`` (what checks may print)."""
+        if isinstance(value, str):
+            return self._said(value, len(value))
+        if isinstance(value, dict):
+            return {self._said_in(k): self._said_in(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(map(self._said_in, value))
+        return value
 
     def _describe_end(self, module, status):
         if not (type(status) is int and 0 <= status < 1 << 16):  # the box's word: check it
@@ -1027,7 +1221,7 @@ class IsolatedBackend:
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
             text = (f"{module}: the child process exited with code {code} before answering "
                     "(sys.exit/os._exit at import or in the function?)")
-        tail = self._box.capture.last_lines("stderr") if self._box else ""
+        tail = self._said(self._box.capture.last_lines("stderr")) if self._box else ""
         return text + (f"\nits last output on stderr:\n{tail}" if tail else "")
 
     # -- boxes and stages

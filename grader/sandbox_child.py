@@ -42,6 +42,7 @@ bootstrap can run before the sandbox exists; NumPy is imported lazily.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -50,6 +51,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 
 LENGTH = struct.Struct("<Q")
 MAX_DEPTH = 64  # nesting of lists/tuples/dicts in one message
@@ -219,12 +221,81 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS =
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 KEYCTL_JOIN_SESSION_KEYRING = 1
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 1
-SYSCALLS = {  # glibc wraps none of these
-    "x86_64": {"pivot_root": 155, "add_key": 248, "request_key": 249, "keyctl": 250, "mount_setattr": 442},
-    "aarch64": {"pivot_root": 41, "add_key": 217, "request_key": 218, "keyctl": 219, "mount_setattr": 442},
+# System call numbers (glibc wraps few of these, and a seccomp filter names calls by number), per machine.
+SYSCALLS = {
+    "x86_64": {
+        "open": 2, "ioctl": 16, "shmget": 29, "shmat": 30, "shmctl": 31, "socket": 41, "socketpair": 53,
+        "clone": 56, "fork": 57, "vfork": 58, "execve": 59, "semget": 64, "semop": 65, "semctl": 66, "shmdt": 67,
+        "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "truncate": 76, "rename": 82, "mkdir": 83,
+        "rmdir": 84, "creat": 85, "link": 86, "unlink": 87, "symlink": 88, "chmod": 90, "fchmod": 91, "chown": 92,
+        "fchown": 93, "lchown": 94, "ptrace": 101, "utime": 132, "mknod": 133, "pivot_root": 155, "chroot": 161,
+        "acct": 163, "mount": 165, "umount2": 166, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190,
+        "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199, "semtimedop": 220, "utimes": 235,
+        "mq_open": 240, "mq_unlink": 241, "add_key": 248, "request_key": 249, "keyctl": 250, "inotify_init": 253,
+        "inotify_add_watch": 254, "openat": 257, "mkdirat": 258, "mknodat": 259, "fchownat": 260,
+        "futimesat": 261, "unlinkat": 263, "renameat": 264, "linkat": 265, "symlinkat": 266, "fchmodat": 268,
+        "unshare": 272, "utimensat": 280, "inotify_init1": 294, "perf_event_open": 298, "fanotify_init": 300,
+        "fanotify_mark": 301, "name_to_handle_at": 303, "open_by_handle_at": 304, "setns": 308,
+        "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "renameat2": 316, "bpf": 321,
+        "execveat": 322, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
+        "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
+        "fsmount": 432, "fspick": 433, "pidfd_open": 434, "clone3": 435, "openat2": 437, "pidfd_getfd": 438,
+        "process_madvise": 440, "mount_setattr": 442, "fchmodat2": 452, "setxattrat": 463, "removexattrat": 466,
+        "open_tree_attr": 467,
+    },
+    "aarch64": {  # the generic table (no open, creat, fork, mkdir ...: only their *at forms)
+        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15, "fremovexattr": 16,
+        "inotify_init1": 26, "inotify_add_watch": 27, "ioctl": 29, "mknodat": 33, "mkdirat": 34, "unlinkat": 35,
+        "symlinkat": 36, "linkat": 37, "renameat": 38, "umount2": 39, "mount": 40, "pivot_root": 41,
+        "truncate": 45, "chroot": 51, "fchmod": 52, "fchmodat": 53, "fchownat": 54, "fchown": 55, "openat": 56,
+        "utimensat": 88, "acct": 89, "unshare": 97, "ptrace": 117, "mq_open": 180, "mq_unlink": 181,
+        "msgget": 186, "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "semget": 190, "semctl": 191,
+        "semtimedop": 192, "semop": 193, "shmget": 194, "shmctl": 195, "shmat": 196, "shmdt": 197, "socket": 198,
+        "socketpair": 199, "add_key": 217, "request_key": 218, "keyctl": 219, "clone": 220, "execve": 221,
+        "perf_event_open": 241, "fanotify_init": 262, "fanotify_mark": 263, "name_to_handle_at": 264,
+        "open_by_handle_at": 265, "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
+        "renameat2": 276, "bpf": 280, "execveat": 281, "userfaultfd": 282, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
+        "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_open": 434, "clone3": 435, "openat2": 437,
+        "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442, "fchmodat2": 452, "setxattrat": 463,
+        "removexattrat": 466, "open_tree_attr": 467,
+    },
 }
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # the system call ABI a seccomp filter allows
 KEYRING_CALLS = ("add_key", "request_key", "keyctl")
+# What learner code may not do when graded, whatever the confinement (the learner's filter, ``confine_learner``):
+# no attention stage needs any of it, and each is a way out of a box or into another. Calls a machine lacks
+# (x86_64's open, fork ... on aarch64) are skipped.
+LEARNER_DENIED = (
+    # run programs or start processes: a fresh process would escape the stage's memory ceiling (RLIMIT_AS is a
+    # number of bytes, checked against each process's own address space), and the box is held to one process
+    "execve", "execveat", "fork", "vfork",
+    # reach other processes: memory, file descriptors, handles on them
+    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "kcmp", "pidfd_open", "pidfd_getfd",
+    # the network and sockets other than the socketpairs below; watching files for the grader's writes
+    "socket", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
+    # kernel keyrings, namespaces and mounts, kernel programs and counters, io_uring (its requests bypass seccomp)
+    *KEYRING_CALLS, "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "mount_setattr", "open_tree",
+    "open_tree_attr", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "acct", "bpf", "perf_event_open",
+    "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "name_to_handle_at", "open_by_handle_at",
+    # leave anything in the file system for a later box (opening for writing is checked below)
+    "creat", "mkdir", "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat", "renameat2", "link", "linkat",
+    "symlink", "symlinkat", "mknod", "mknodat", "truncate", "chmod", "fchmod", "fchmodat", "fchmodat2", "chown",
+    "fchown", "lchown", "fchownat", "setxattr", "lsetxattr", "fsetxattr", "setxattrat", "removexattr",
+    "lremovexattr", "fremovexattr", "removexattrat", "utime", "utimes", "futimesat", "utimensat",
+    # System V and POSIX IPC objects, which outlive their makers and any uid may be given access to
+    "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semctl",
+    "semtimedop", "mq_open", "mq_unlink",
+)
+# Calls whose arguments a filter cannot read (they point to memory): "not implemented", so that the C library
+# falls back to the older call, whose arguments are checked (clone3 -> clone, openat2 -> openat).
+LEARNER_UNIMPLEMENTED = ("clone3", "openat2")
+CLONE_THREAD = 0x00010000
+# CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET (CLONE_NEWTIME is clone3's and unshare's only)
+CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+OPEN_WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC  # (O_TMPFILE and O_APPEND need a write mode)
+AF_UNIX = 1
+TERMINAL_INJECTION = (0x5412, 0x541C)  # ioctl TIOCSTI, TIOCLINUX: type into a terminal
 SYSTEM_DIRS = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"]
 DEVICES = ["null", "zero", "full", "random", "urandom"]
 
@@ -421,7 +492,7 @@ def main():
         return 1
     own_pids = os.open("/proc/self/ns/pid", os.O_RDONLY) if confined else None  # see spawn()
     send(control, {"kind": "ready", "pid": os.getpid()})
-    boxes = {}  # token -> pid of the box's first process
+    boxes = {}  # token -> (pid of the box's first process, its uid)
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(control, CONTROL_BYTES, 4)
@@ -436,20 +507,20 @@ def main():
         token = str(request.get("token", ""))
         if request.get("cmd") == "spawn" and len(fds) == 4 and token not in boxes:
             pid = spawn(lib, config, request, fds, under_tmp, own_pids)
-            boxes[token] = pid
+            boxes[token] = (pid, request.get("uid"))
             reply = {"kind": "spawned", "token": token, "pid": pid}
         elif request.get("cmd") == "kill":
-            if token in boxes:
-                kill_box(boxes.pop(token), confined)
-            reply = {"kind": "gone", "token": token}
+            gone = kill_box(*boxes.pop(token), config) if token in boxes else True
+            reply = {"kind": "gone" if gone else "failed", "token": token,
+                     "message": "" if gone else "processes of the box's uid outlived it"}
         else:
             reply = {"kind": "error", "message": f"bad request {request.get('cmd')!r}"}
         for fd in fds:
             os.close(fd)
         reap_strays(boxes)
         send(control, reply)
-    for pid in boxes.values():
-        kill_box(pid, confined)
+    for pid, uid in boxes.values():
+        kill_box(pid, uid, config)
     os._exit(0)  # (no interpreter teardown: torch's takes most of a second)
 
 
@@ -457,14 +528,18 @@ def send(control, message):
     control.send(json.dumps(message).encode())
 
 
-def kill_box(init, confined):
-    """Kill one box and wait until it is gone.
+def kill_box(init, uid, config) -> bool:
+    """Kill one box and wait until it is gone; False if a process of its uid could not be killed.
 
     Confined, the box's first process is the init of its pid namespace: killing it makes the
     kernel kill every other process of the box, and it can be reaped once the namespace is
-    empty. Without namespaces, every process of the box's tree is killed (what escaped it, an
-    orphan reparented to this template, by ``reap_strays``).
+    empty. In a container (no pid namespace), every process of the box's uid is killed by a process
+    of that uid (``kill_uid``): the box's world is its uid. Otherwise (plain) every process of the
+    box's tree is killed (what escaped it, an orphan reparented to this template, by ``reap_strays``).
     """
+    if config["mode"] == "container":
+        return kill_uid(uid, init)
+    confined = bool(config["newroot"])
     doomed, pending = [init], [] if confined else [init]
     while pending:
         more = children(pending.pop())
@@ -479,12 +554,61 @@ def kill_box(init, confined):
         os.waitpid(init, 0)
     except ChildProcessError:
         pass
+    return True
+
+
+KILL_SECONDS = 5.0  # a box's uid must have no process left within this
+
+
+def kill_uid(uid, init) -> bool:
+    """Kill every process of ``uid`` (and reap those that were ours), then check with /proc that none is
+    left. The kernel lets a process of the uid signal all the others (kill(-1)), and with the learner's
+    filter they cannot start new ones, so the killing is not a race."""
+    deadline = time.monotonic() + KILL_SECONDS
+    while True:
+        killer = os.fork()
+        if killer == 0:
+            try:
+                os.setgroups([])
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+                for _ in range(3):
+                    os.kill(-1, signal.SIGKILL)  # every process this uid may signal, but itself
+            except ProcessLookupError:
+                pass
+            finally:
+                os._exit(0)
+        os.waitpid(killer, 0)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(init, 0)
+        reap_strays({})
+        if not processes_of(uid):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
+def processes_of(uid) -> list[int]:
+    """The living processes (not zombies) with ``uid`` among their user ids (real, effective, saved, file)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+        except (OSError, ValueError):
+            continue
+        if str(uid) in fields.get("Uid", "").split() and not fields.get("State", "").strip().startswith(("Z", "X")):
+            found.append(int(name))
+    return found
 
 
 def reap_strays(boxes):
     """Kill and reap children of the template that are no box's first process: what a box left
     behind without namespaces (reparented here, the subreaper)."""
-    inits = set(boxes.values())
+    inits = {pid for pid, _ in boxes.values()}
     for pid in children(os.getpid()):
         if pid not in inits:
             try:
@@ -575,6 +699,7 @@ def box_main(lib, config, request, fds, under_tmp):
             fresh_world(lib, request["token"], limits["tmp_bytes"], under_tmp)
             box = {"submission": "/sandbox/submission", "tmp": "/tmp", "confined": True}
         else:
+            # (container, plain) the machine's /proc: a worker cannot tell its stage's processes from others'
             box = {"submission": request["submission"], "tmp": request["tmp"], "confined": False}
         set_limits(limits)
         drop_privileges(lib, config["drop"], request.get("uid"))
@@ -582,6 +707,7 @@ def box_main(lib, config, request, fds, under_tmp):
         deny(lib, KEYRING_CALLS)  # keys outlive processes, and any uid may read one made readable
         os.environ.update(HOME=box["tmp"], TMPDIR=box["tmp"])
         os.chdir(box["tmp"])
+        sys.dont_write_bytecode = True  # (learner code may not write files: no __pycache__ either)
         import adapters
 
         write_message(REPLIES, {"kind": "ready"})
@@ -635,10 +761,14 @@ def set_limits(limits):
         resource.RLIMIT_CORE: 0,
         resource.RLIMIT_FSIZE: limits["tmp_bytes"],
         resource.RLIMIT_NPROC: limits.get("processes"),
+        # A backstop the kernel holds whatever happens to the grader: the box's own limits are checked from
+        # outside, on the CPU time of all its processes (SIGXCPU at the soft limit, SIGKILL at the hard one).
+        resource.RLIMIT_CPU: limits.get("cpu_seconds"),
     }
     for which, value in values.items():
         if value is not None:
-            resource.setrlimit(which, (value, value))
+            soft = int(value)
+            resource.setrlimit(which, (soft, soft + 5 if which == resource.RLIMIT_CPU else soft))
 
 
 def hold_address_space(headroom):
@@ -680,22 +810,67 @@ def join_fresh_session_keyring(lib):
         check(-1, "keyctl(JOIN_SESSION_KEYRING)")
 
 
-def deny(lib, names):
-    """A seccomp filter for this process and all it starts: the system calls ``names`` fail with
-    EPERM, and so does any call through another ABI (i386's int 0x80, x32) that could reach them
-    by other numbers. Needs no_new_privs (set when privileges were dropped)."""
-    import ctypes
+# Classic BPF for seccomp: instructions (code, jump if true, jump if false, k) over struct seccomp_data,
+# whose fields are the call's number (offset 0), its ABI (4) and six 64-bit arguments (16 + 8 i; the low
+# 32 bits first on these little-endian machines). Jumps count the instructions they skip.
+BPF_LOAD, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
+SECCOMP_ALLOW, SECCOMP_ERRNO = 0x7FFF0000, 0x00050000
+
+
+def _argument(i):
+    return 16 + 8 * i
+
+
+def seccomp_program(machine, denied=(), unimplemented=(), checks=()):
+    """A seccomp filter (a list of BPF instructions) that makes the calls ``denied`` fail with EPERM and
+    ``unimplemented`` with ENOSYS, and runs ``checks``: (call, instructions that end in a return, run with the
+    call's number loaded). Every call through another ABI (i386's int 0x80, x32) fails: it could reach the
+    same calls by other numbers. Calls this machine does not have are left out."""
     import errno
 
-    machine = os.uname().machine
-    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
-    allow, fail = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO
-    program = [(load, 0, 0, 4), (jeq, 1, 0, AUDIT_ARCH[machine]), (ret, 0, 0, fail), (load, 0, 0, 0)]
+    numbers = SYSCALLS[machine]
+    fail = lambda code: (BPF_RET, 0, 0, SECCOMP_ERRNO | code)  # noqa: E731
+    program = [(BPF_LOAD, 0, 0, 4), (BPF_JEQ, 1, 0, AUDIT_ARCH[machine]), fail(errno.EPERM), (BPF_LOAD, 0, 0, 0)]
     if machine == "x86_64":
-        program += [(jge, 0, 1, 0x40000000), (ret, 0, 0, fail)]  # x32 system calls
-    for name in names:
-        program += [(jeq, 0, 1, SYSCALLS[machine][name]), (ret, 0, 0, fail)]
-    program.append((ret, 0, 0, allow))
+        program += [(BPF_JGE, 0, 1, 0x40000000), fail(errno.EPERM)]  # x32 system calls
+    for names, code in ((denied, errno.EPERM), (unimplemented, errno.ENOSYS)):
+        for name in names:
+            if name in numbers:
+                program += [(BPF_JEQ, 0, 1, numbers[name]), fail(code)]
+    for name, body in checks:
+        if name in numbers:
+            program += [(BPF_JEQ, 0, len(body), numbers[name]), *body]
+    return program + [(BPF_RET, 0, 0, SECCOMP_ALLOW)]
+
+
+def learner_checks():
+    """The calls the learner's filter allows only with some arguments (see ``seccomp_program``)."""
+    import errno
+
+    allow, deny = (BPF_RET, 0, 0, SECCOMP_ALLOW), (BPF_RET, 0, 0, SECCOMP_ERRNO | errno.EPERM)
+
+    def flags_clear(argument, mask):  # allowed when none of ``mask``'s bits is set in the argument
+        return [(BPF_LOAD, 0, 0, _argument(argument)), (BPF_JSET, 0, 1, mask), deny, allow]
+
+    return [
+        # threads, never processes (nor new namespaces)
+        ("clone", [(BPF_LOAD, 0, 0, _argument(0)), (BPF_JSET, 2, 0, CLONE_NEW), (BPF_JSET, 0, 1, CLONE_THREAD),
+                   allow, deny]),
+        # files are opened to be read, never written or created
+        ("open", flags_clear(1, OPEN_WRITES)),
+        ("openat", flags_clear(2, OPEN_WRITES)),
+        # a pair of connected Unix sockets (Python's multiprocessing helpers), nothing that reaches out
+        ("socketpair", [(BPF_LOAD, 0, 0, _argument(0)), (BPF_JEQ, 0, 1, AF_UNIX), allow, deny]),
+        # no typing into a terminal the grader's processes read
+        ("ioctl", [(BPF_LOAD, 0, 0, _argument(1)), *[(BPF_JEQ, 2 - i, 0, request)
+                                                     for i, request in enumerate(TERMINAL_INJECTION)], allow, deny]),
+    ]
+
+
+def install_seccomp(lib, program):
+    """Load ``program`` for this thread and everything it starts (needs no_new_privs)."""
+    import ctypes
+
     code = b"".join(struct.pack("HBBI", *instruction) for instruction in program)
     filters = ctypes.create_string_buffer(code)
 
@@ -706,20 +881,37 @@ def deny(lib, names):
     check(lib.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(compiled), 0, 0), "seccomp")
 
 
+def deny(lib, names):
+    """A seccomp filter for this process and all it starts: the system calls ``names`` fail with EPERM."""
+    install_seccomp(lib, seccomp_program(os.uname().machine, denied=names))
+
+
+def confine_learner(lib):
+    """The learner's filter, loaded by a worker before it imports learner code: see LEARNER_DENIED."""
+    check(lib.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    install_seccomp(lib, seccomp_program(os.uname().machine, LEARNER_DENIED, LEARNER_UNIMPLEMENTED,
+                                         learner_checks()))
+
+
 def serve_box(adapters, box):
-    """The box's first process: fork a worker for each stage that needs one; report its end."""
+    """The box's first process: fork a worker for each stage that needs one (or the probe, see ``probe``);
+    report its end."""
     while True:
         message = read_message(REQUESTS)
         if message is None:
             return 0  # the grader closed the channel
         header, _ = message
-        if header.get("cmd") != "open":
+        if header.get("cmd") not in ("open", "probe"):
             continue  # a stray request for a worker that has gone: ignore
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
-                serve(adapters, box, header)
+                if header["cmd"] == "probe":
+                    write_message(REPLIES, {"kind": "probe", "token": header.get("token"),
+                                            "reached": probe(libc(), box, header)})
+                else:
+                    serve(adapters, box, header)
             except SystemExit as exc:  # sys.exit() in learner code: report its exit code
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             except BaseException:
@@ -728,6 +920,60 @@ def serve_box(adapters, box):
                 os._exit(code)
         status = wait_for(pid)
         write_message(REPLIES, {"kind": "ended", "token": header.get("token"), "status": status})
+
+
+def probe(lib, box, request) -> list[str]:
+    """Try, in a fresh box before any learner code has run, what learner code must not be able to do; returns
+    what succeeded (nothing, where the confinement holds). With the box's own permissions: read the
+    ``read`` paths (files, or folders to list) and write the ``write`` ones, and fail to read none of the
+    ``need`` ones (the Python installation: a module not imported yet must still import); then under the
+    learner's filter:
+    run a program, start a process, create a file, open a socket, and reach the processes ``pids`` (their
+    open files, memory, signals). The grader refuses to grade where anything was reached."""
+    import socket
+
+    reached = []
+
+    def attempt(what, action, *args):
+        try:
+            action(*args)
+        except OSError:
+            return
+        reached.append(what)
+
+    def read(path):
+        return os.listdir(path) if os.path.isdir(path) else os.close(os.open(path, os.O_RDONLY))
+
+    for path in request.get("read", []):
+        attempt(f"read {path}", read, path)
+    for path in request.get("need", []):  # what learner code must be able to read: the Python installation
+        try:
+            read(path)
+        except OSError as exc:
+            reached.append(f"not read {path}, which it needs ({exc.strerror})")
+    reached += [f"write {path}" for path in request.get("write", []) if os.access(path, os.W_OK)]
+    confine_learner(lib)
+    try:  # first: if it works, this process is gone and the grader sees it end without an answer
+        os.execv(sys.executable, [sys.executable, "-c", "pass"])
+    except OSError:
+        pass
+    try:
+        child = os.fork()
+    except OSError:
+        pass
+    else:
+        if child == 0:
+            os._exit(0)
+        os.waitpid(child, 0)
+        reached.append("start a process")
+    attempt("create a file", lambda: os.close(os.open(os.path.join(box["tmp"], "probe"), os.O_WRONLY | os.O_CREAT)))
+    attempt("open a socket", lambda: socket.socket().close())
+    for pid in request.get("pids", []):
+        attempt(f"list the open files of process {pid}", os.listdir, f"/proc/{pid}/fd")
+        attempt(f"open the memory of process {pid}", lambda path: os.close(os.open(path, os.O_RDONLY)),
+                f"/proc/{pid}/mem")
+        attempt(f"signal process {pid}", os.kill, pid, 0)
+    return reached
 
 
 def wait_for(pid):
@@ -781,6 +1027,7 @@ def serve(adapters, box, opened):
     faulthandler.enable()  # a segfault prints the Python stack to the captured stderr
     randomness = random_states()
     baseline = process_state(adapters) if box["confined"] else None
+    confine_learner(libc())  # before any learner code: this process and its threads, for good
     header = opened
     while header is not None and header.get("cmd") == "open":
         restore_random_states(randomness)  # every stage starts from the template's random state

@@ -28,6 +28,14 @@ class Target:
     timestamps: dict[str, str] = field(default_factory=dict)
     course_root: Path | None = None  # the nbgrader course (None: a plain folder of submissions)
     where: str = "the target"  # where the submissions were looked for, and how they get there (said if none)
+    allow_plain: bool = False  # grade where no confinement holds (learner code unconfined: the instructor's choice)
+    submissions_root: Path | None = None  # (a plain folder of submissions) that folder
+
+    @property
+    def private(self) -> list[Path]:
+        """What learner code must not reach besides the kit: the course (gradebook, submissions, records), or
+        the folder of submissions and the records."""
+        return [self.course_root] if self.course_root else [p for p in (self.submissions_root, self.out) if p]
 
 
 def load_course(course_dir, assignment: str | None = None):
@@ -84,7 +92,7 @@ def course_target(course_dir, assignment: str | None) -> Target:
                   timestamps=timestamps,
                   gradebook=GradebookSync(course.gradebook_url, assignment, course.notebook, dict(course.points),
                                           course.course_id),
-                  course_root=course.root,
+                  course_root=course.root, allow_plain=course.allow_plain,
                   where=f"nothing in {quote(str(submitted))}/<student>/{assignment}/; collect the submissions first "
                         f"(in the course folder: `nbgrader collect {assignment}`, or `nbgrader zip_collect "
                         f"{assignment}` for an LMS download)")
@@ -111,6 +119,6 @@ def folder_target(submissions_dir, out, assignment: str | None = None, points=No
                           "(or give --course, whose assignment's points are used)")
     return Target(submissions=found, assignment=assignment, out=out,
                   points=dict(points or plan_points(assignment=assignment)), test_timeout=test_timeout,
-                  time_budget=time_budget,
+                  time_budget=time_budget, submissions_root=root,
                   where=f"{quote(str(root))} holds no submission folder (it should hold one folder per student, "
                         "named after the student, with the student's stage modules, sNN_*.py or mNN_*.py)")

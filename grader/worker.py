@@ -42,7 +42,7 @@ import pytest
 from . import scratch
 from .kit import KIT, suite_files
 from .plugin import GradingPlugin
-from .sandbox import ONE_THREAD, Limits, Sandbox
+from .sandbox import ONE_THREAD, ConfinementRefused, Limits, Sandbox, SandboxUnavailable
 
 READY_SECONDS = 300  # a worker must be ready (torch, pytest, collection, its sandbox) within this
 ANSWER_BYTES = 256 << 20  # a worker's answer for one submission is far smaller
@@ -60,6 +60,11 @@ UNUSED_PLUGINS = ("terminal", "timeout", "cacheprovider", "logging", "warnings",
 class WorkerError(RuntimeError):
     """A grading worker died, stopped answering or could not grade (never the learner's doing: their
     code is boxed). The submission gets no record and is tried again by the next run."""
+
+
+class WorkerRefused(WorkerError):
+    """No confinement holds where the worker runs, and plain was not allowed: no submission can be graded
+    there (the message says what to do)."""
 
 
 def pytest_args(staging: Path) -> list[str]:
@@ -89,8 +94,12 @@ class JobLoop:
         if self.grading.collection_errors or not self.grading.checks:
             why = "\n".join(self.grading.collection_errors)[-3000:] or "no checks were collected"
             return self._stop(f"the graded suite cannot be collected: {why}")
+        try:  # before any learner code: which confinement holds here, proven by a probe box
+            confinement = self.grading.confinement
+        except SandboxUnavailable as exc:
+            return self._stop(str(exc), refused=isinstance(exc, ConfinementRefused))
         self.answer({"ready": True, "seconds": round(time.monotonic() - self.started, 3),
-                     "confinement": self.grading.confinement})
+                     "confinement": confinement})
         for job in self.jobs:
             try:
                 answer = self.grade(session, job)
@@ -125,20 +134,22 @@ class JobLoop:
         return {"tests": grading.verdicts(), "output_capped": grading.output_capped,
                 "confinement": grading.confinement, "seconds": round(time.monotonic() - started, 3)}
 
-    def _stop(self, why: str):
-        self.answer({"error": why})
+    def _stop(self, why: str, refused: bool = False):
+        self.answer({"error": why, "refused": refused})
         self.status = 1
         return True
 
 
-def serve(jobs, answer, limits: Limits, *, isolate: bool = True, started: float | None = None) -> int:
+def serve(jobs, answer, limits: Limits, *, isolate: bool = True, started: float | None = None,
+          allow_plain: bool = False, private=()) -> int:
     """Grade ``jobs`` ({"sources": {file name: bytes}, "seed", "stages": the stage modules to grade, None:
     every stage of the kit}) in one pytest session in this process,
     passing each answer to ``answer``. ``isolate=False`` runs the learner's code in this process
     itself, each stage with the learner's own earlier stages (no reference versions of those, see
     grader/sandbox.py): for measurements (benchmarks/bench_grading.py's floor), never for grading."""
     started = time.monotonic() if started is None else started
-    with scratch.Folder("worker") as work, (Sandbox() if isolate else contextlib.nullcontext()) as sandbox:
+    sandbox = Sandbox(allow_plain=allow_plain, private=private) if isolate else contextlib.nullcontext()
+    with scratch.Folder("worker") as work, sandbox as sandbox:
         if sandbox is not None:
             sandbox.start_soon()  # its template imports torch while pytest starts here
         staging = work.path / "submission"  # the trusted copy the sandbox copies from
@@ -168,7 +179,8 @@ def main(argv=None) -> int:
                 "sources": {name: base64.b64decode(data) for name, data in job["sources"].items()}}
                for job in map(json.loads, jobs))
     return serve(decoded, lambda answer: answers.write(json.dumps(answer) + "\n"), Limits(**settings["limits"]),
-                 isolate=settings["isolate"], started=started)
+                 isolate=settings["isolate"], started=started, allow_plain=settings.get("allow_plain", False),
+                 private=settings.get("private", ()))
 
 
 def _die_with_parent():
@@ -187,8 +199,11 @@ class WorkerProcess:
     """The trusted side's handle on one grading worker process: started on first use, a job at a time,
     restarted after a failure."""
 
-    def __init__(self, limits: Limits, isolate: bool = True):
+    def __init__(self, limits: Limits, isolate: bool = True, *, allow_plain: bool = False, private=()):
+        """``allow_plain``: grade with learner code unconfined where nothing else holds (the instructor's
+        explicit choice); ``private``: what boxes must not reach besides the kit (see grader.sandbox.Sandbox)."""
         self.limits, self.isolate = limits, isolate
+        self.allow_plain, self.private = allow_plain, [str(p) for p in private]
         self.proc = None
         self.log = None
         self.start_seconds = None  # how long the last start took (torch, pytest, collection, sandbox)
@@ -200,7 +215,8 @@ class WorkerProcess:
         self.log = tempfile.TemporaryFile()
         env = dict(os.environ, **ONE_THREAD, PYTHONSAFEPATH="1")  # no module from the working folder
         env.pop("NBGRADER_EXECUTION", None)
-        settings = {"limits": asdict(self.limits), "isolate": self.isolate}
+        settings = {"limits": asdict(self.limits), "isolate": self.isolate, "allow_plain": self.allow_plain,
+                    "private": self.private}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "grader.worker", json.dumps(settings)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self.log, cwd=tempfile.gettempdir(), env=env,
@@ -208,7 +224,8 @@ class WorkerProcess:
         self._buffer = bytearray()
         answer = self._answer(time.monotonic() + READY_SECONDS)
         if "error" in answer:
-            raise self._failed(answer["error"])
+            raise self._failed(answer["error"], WorkerRefused if answer.get("refused") else WorkerError)
+        # Said before the worker ran any learner code: what confines this worker's submissions from now on.
         self.start_seconds, self.confinement = answer.get("seconds"), answer.get("confinement")
 
     def grade(self, job: dict) -> dict:
@@ -233,8 +250,10 @@ class WorkerProcess:
             raise self._failed("the grading worker stopped reading") from None
         answer = self._answer(time.monotonic() + self.limits.run_wall)
         if "error" in answer:
-            raise self._failed(answer["error"])
-        return answer
+            raise self._failed(answer["error"], WorkerRefused if answer.get("refused") else WorkerError)
+        # The confinement a record states is what this worker said before it ran any learner code, never a
+        # word of an answer given after (where nothing confines, learner code could have written that).
+        return {**answer, "confinement": self.confinement}
 
     def _answer(self, deadline) -> dict:
         """The worker's next answer: one JSON line (read in linear time; the messages in it are capped
@@ -261,14 +280,14 @@ class WorkerProcess:
         except ValueError:
             raise self._failed("the grading worker's answer does not parse") from None
 
-    def _failed(self, what) -> WorkerError:
+    def _failed(self, what, kind=WorkerError) -> WorkerError:
         tail = ""
-        if self.log is not None:
+        if self.log is not None and kind is WorkerError:
             self.log.seek(0, os.SEEK_END)
             self.log.seek(max(0, self.log.tell() - 3000))
             tail = self.log.read().decode("utf-8", "replace").strip()
         self.close(graceful=False)
-        return WorkerError(what + (f"; its log ends with:\n{tail}" if tail else ""))
+        return kind(what + (f"; its log ends with:\n{tail}" if tail else ""))
 
     def close(self, graceful: bool = True):
         """Stop the worker. One waiting for a job is told so (its job pipe closes) and given

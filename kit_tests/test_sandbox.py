@@ -2,10 +2,13 @@
 
 Limits are short (1 s of CPU time per
 check) so that the whole file stays fast; one sandbox (one template, torch imported once) serves
-the whole module, as one serves a grading worker.
+the whole module, as one serves a grading worker. Every test that uses it runs twice as root: with the
+confinement the README promises here (namespaces), and with the one a container gets (``container``:
+a fresh uid, the learner's filter, the kit private to root), which this machine also allows.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,7 +22,7 @@ import pytest
 
 from adapters import SubmissionError
 from cases import draw_weights
-from grader import scratch
+from grader import lockdown, scratch
 from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, stages
 from grader.samples import write_modules
 from grader.sandbox import (
@@ -36,7 +39,9 @@ from stage_names import builds_on
 from tamper import attacked, payload, solution, stealing_wrapper, stub
 
 LIMITS = Limits(check_seconds=1.0, memory_bytes=2 << 30, output_bytes=64 << 10, processes=48)
-PROMISED = "namespaces" if os.geteuid() == 0 else "userns"  # what the README promises on such a machine
+# What the README promises on such a machine; kit_tests/test_container.py runs this file in a container as
+# Docker makes one (kit_tests/docker_default.sh), where the promise is the container confinement.
+PROMISED = os.environ.get("ATTNKIT_TEST_CONFINEMENT") or ("namespaces" if os.geteuid() == 0 else "userns")
 
 HOSTILE_CALLS = Path(__file__).with_name("tamper_payloads") / "hostile_calls.py"
 
@@ -73,10 +78,22 @@ def same(actual, expected, where="result"):
 
 @pytest.fixture(scope="module")
 def sandbox():
-    """One template for the module, as a grading worker keeps one for all its submissions."""
-    with Sandbox() as sandbox:
+    """One template for the module, as a grading worker keeps one for all its submissions (the container
+    confinement makes the kit's secrets private to root: given back after)."""
+    with kept_modes(lockdown.KIT_PRIVATE), Sandbox() as sandbox:
         sandbox.start()
         yield sandbox
+
+
+@contextlib.contextmanager
+def kept_modes(paths):
+    """The permissions of ``paths`` as they were, once the block ends."""
+    modes = {path: path.stat().st_mode for path in map(Path, paths) if path.exists()}
+    try:
+        yield
+    finally:
+        for path, mode in modes.items():
+            path.chmod(mode)
 
 
 @pytest.fixture(scope="module")
@@ -177,12 +194,18 @@ def test_adapter_errors_are_the_local_backend_errors(isolated_reference, referen
 
 def test_the_machine_confines_as_the_readme_promises(sandbox):
     """As root: fresh namespaces and a fresh uid for each submission; without root: the same in a
-    user namespace, without the fresh uid. A machine that confines less fails here (no skip)."""
+    user namespace, without the fresh uid. A machine that confines less fails here (no skip). In a
+    container (root, no namespaces, no cgroups): a fresh uid and the learner's filter; not a private root
+    file system or pid namespace (the kit's secrets are made private to root instead), nor cgroups."""
+    missing = {"namespaces": [], "userns": ["uid"],
+               "container": ["mount", "pid", "cgroup", "cgroup limits"]}[PROMISED]
     assert sandbox.mode == PROMISED, sandbox.confinement.summary()
-    assert probe().mode == PROMISED
-    missing = [] if PROMISED == "namespaces" else ["uid"]
     assert sandbox.confinement.missing == missing, sandbox.confinement.summary()
+    assert probe().mode == PROMISED
     assert probe().missing == missing
+    if sandbox.mode == "container":
+        assert set(map(str, lockdown.KIT_PRIVATE)) <= set(sandbox.confinement.private)
+        assert all(not path.stat().st_mode & 0o077 for path in lockdown.KIT_PRIVATE if path.exists())
 
 
 def test_a_machine_without_cgroup_limits_says_so():
@@ -348,14 +371,22 @@ def test_a_gigabyte_of_printing_is_truncated(hostile):
     good_call_works(hostile)
 
 
-def test_a_fork_loop_is_bounded_and_dies_with_its_box(hostile):
+def test_learner_code_runs_no_program_and_starts_no_process(hostile):
+    """Under the learner's filter (every confinement): no fork, no program (a fresh process would escape a
+    stage's memory ceiling), so the box is its first process and one worker, whatever the code tries:
+    a fork loop, children that hide their CPU time, a background hog, memory spread over processes."""
     uid = int(call(hostile, "whoami")[0])
-    made = int(call(hostile, "fork_loop"))
-    assert 0 < made < LIMITS.processes
-    good_call_works(hostile)  # the sleeping children do not block the worker
-    assert processes_of(uid) > made
-    hostile.close()  # kills the box: its pid namespace, and every process in it
-    assert processes_of(uid) == 0
+    assert int(call(hostile, "fork_loop")) == 0
+    for attack, args in [("burn_hidden", (4.0,)), ("hog_in_background", (8, 6)), ("spread_memory", (3, 900)),
+                         ("run_program", ())]:
+        with pytest.raises(SubmissionError, match=r"^PermissionError: \[Errno 1\] Operation not permitted") as info:
+            call(hostile, attack, *args)
+        assert "may not run programs, start processes" in str(info.value)  # said, for an honest learner
+    good_call_works(hostile)
+    if hostile.mode != "userns":  # (there the box keeps the grader's uid)
+        assert processes_of(uid) == 2
+        hostile.close()  # kills the box
+        assert processes_of(uid) == 0
 
 
 def test_tampering_reaches_only_the_submissions_own_answers(hostile, hostile_root, sandbox):
@@ -410,6 +441,9 @@ def patch():
 
 
 def test_a_worker_serves_the_next_stage_only_if_the_last_left_no_trace(tmp_path, sandbox):
+    """Without a pid namespace of its own (container), a worker cannot tell its stage's processes from the
+    machine's, so it serves one stage only."""
+    own_pids = sandbox.mode != "container"
     for name in ("s01_attention_scores", "s02_normalization"):
         shutil.copyfile(SOLUTIONS / f"{name}.py", tmp_path / f"{name}.py")
     s01 = tmp_path / "s01_attention_scores.py"
@@ -422,12 +456,13 @@ def test_a_worker_serves_the_next_stage_only_if_the_last_left_no_trace(tmp_path,
                                    softmax, rtol=1e-6)
         # Back to stage 1 in the same worker, from the same random state as a fresh fork.
         same(call(backend, "draw"), first)
-        assert backend.stats["workers"] == 1 and backend.stats["stages"] == 3
+        assert backend.stats["workers"] == (1 if own_pids else 3) and backend.stats["stages"] == 3
         call(backend, "patch")  # torch.softmax replaced, float64 by default: the next stage must not see it
         np.testing.assert_allclose(backend.run("call", "s02_normalization", func="softmax_torch", args=(scores,)),
                                    softmax, rtol=1e-6)
-        assert backend.stats["workers"] == 2 and backend.stats["boxes"] == 1
-        assert {"names of torch", "torch modes", "python threads", "threads"} <= set(backend.stats["leaving"])
+        assert backend.stats["workers"] == (2 if own_pids else 4) and backend.stats["boxes"] == 1
+        if own_pids:
+            assert {"names of torch", "torch modes", "python threads", "threads"} <= set(backend.stats["leaving"])
 
 
 # ---------------------------------------------------------------- what a box can reach
@@ -451,24 +486,37 @@ def test_other_submissions_are_out_of_reach(hostile, hostile_root):
         call(hostile, "list_dir", str(hostile_root.parent))
     with pytest.raises(SubmissionError, match=r"^(FileNotFoundError|PermissionError)"):
         call(hostile, "read_bytes", str(hostile_root / "s01_attention_scores.py"))
-    assert int(call(hostile, "list_dir", "/sandbox/incoming")) == 0  # where the template receives them
+    if hostile.mode == "container":  # where the template puts the submissions: the boxes may pass through
+        with pytest.raises(SubmissionError, match=r"^PermissionError"):
+            call(hostile, "list_dir", str(hostile._box.incoming.parent))
+    else:
+        assert int(call(hostile, "list_dir", "/sandbox/incoming")) == 0  # where the template receives them
 
 
-def test_writes_land_nowhere_outside(hostile, hostile_root):
-    for target in (KIT / "pwned.txt", SOLUTIONS / "pwned.txt", hostile_root / "pwned.txt"):
-        with pytest.raises(SubmissionError, match=r"^(FileNotFoundError|PermissionError|OSError)"):
+def test_a_box_cannot_read_another_live_box(hostile, hostile_root, sandbox, tmp_path):
+    """Two submissions graded at once (boxes of one template): neither reaches the other's modules."""
+    with IsolatedBackend(write_submission(tmp_path / "other"), LIMITS, sandbox=sandbox) as other:
+        good_call_works(other)
+        good_call_works(hostile)
+        theirs = other._box.incoming / "s01_attention_scores.py"
+        with pytest.raises(SubmissionError, match=r"^(FileNotFoundError|PermissionError)"):
+            call(hostile, "read_bytes", str(theirs))
+
+
+def test_writes_land_nowhere(hostile, hostile_root):
+    """Learner code opens files to read them only: not the kit, not other submissions, not even the
+    box's own /tmp or its copy of the submission."""
+    for target in (KIT / "pwned.txt", SOLUTIONS / "pwned.txt", hostile_root / "pwned.txt", Path("/tmp/pwned.txt"),
+                   Path("/dev/shm/pwned.txt")):
+        with pytest.raises(SubmissionError, match=r"^PermissionError"):
             call(hostile, "write_file", str(target))
         assert not target.exists()
-    # The box's /tmp works (and is its own).
-    assert bool(call(hostile, "write_file", "/tmp/scratch.txt"))
-    with pytest.raises(SubmissionError, match=r"^(OSError|PermissionError)"):
-        call(hostile, "write_file", "/sandbox/submission/s01_attention_scores.py")  # read-only copy
 
 
 def test_no_network_and_no_root(hostile):
     with pytest.raises(SubmissionError, match=r"^(OSError|PermissionError|TimeoutError|ConnectionError)"):
         call(hostile, "connect")
-    if hostile.mode == "namespaces":
+    if hostile.mode in ("namespaces", "container"):
         assert (call(hostile, "whoami") >= 1_000_000).all()
 
 
@@ -479,8 +527,13 @@ def test_the_learner_holds_only_its_own_channel(hostile):
     assert seen["fds"][0] == "/dev/null"
     assert all(seen["fds"][fd].startswith("pipe:") for fd in (1, 2, 3, 4))
     assert set(seen["fds"]) <= {0, 1, 2, 3, 4, 5}
-    assert len(seen["pids"]) == 2 and seen["pids"][0] == 1  # the box's first process and this worker
     assert seen["dumpable"] == 0
+    if hostile.mode == "container":  # the machine's processes are listed, none of the grader's is reachable
+        for pid in (os.getpid(), hostile.sandbox._template):
+            with pytest.raises(SubmissionError, match=r"^PermissionError"):
+                call(hostile, "list_dir", f"/proc/{pid}/fd")
+        return
+    assert len(seen["pids"]) == 2 and seen["pids"][0] == 1  # the box's first process and this worker
     devices = {f"/dev/{name}" for name in ("null", "zero", "full", "random", "urandom")}
     assert set(seen["writable_mounts"]) <= {"/tmp", "/dev/shm", "/proc"} | devices, seen["writable_mounts"]
 
@@ -492,21 +545,17 @@ def test_learner_code_computes_with_one_thread(hostile):
     assert (seen["torch_threads"], seen["omp_threads"]) == (1, "1")
 
 
-def test_each_submission_has_a_world_of_its_own(hostile_root, sandbox, tmp_path):
-    """What one submission leaves in /tmp (read-only), /dev/shm, its home, SysV shared memory or a
-    setsid daemon that ignores signals is there for itself, and gone for the next one, which also
-    runs under another uid. Keys it cannot make at all: keys outlive processes, and any uid may
-    read one made readable, so a box has no keyring system calls."""
+def test_nothing_can_be_left_for_the_next_submission(hostile_root, sandbox, tmp_path):
+    """No file in /tmp, /dev/shm or the home folder, no SysV shared memory, no key, no setsid daemon
+    serving an abstract socket: the learner's filter refuses each (files are read only, no IPC objects,
+    no keyring, no processes, no sockets), and the next submission, under another uid, finds nothing."""
     with IsolatedBackend(hostile_root, LIMITS, sandbox=sandbox) as first:
-        planted = list(call(first, "plant"))
-        assert {"/tmp/attnkit-loot", "/dev/shm/attnkit-loot", "daemon", "sysv-shm"} <= set(planted)
-        assert "keyring" not in planted
-        assert list(call(first, "scavenge")) == sorted(planted)  # the channels work: within one submission
+        assert list(call(first, "plant")) == []
         uid = int(call(first, "whoami")[0])
-    assert processes_of(uid) == 0  # the daemon went with its box
+    assert processes_of(uid) == 0
     with IsolatedBackend(write_submission(tmp_path / "next"), LIMITS, sandbox=sandbox) as second:
         assert list(call(second, "scavenge")) == []
-        assert int(call(second, "whoami")[0]) != uid or PROMISED == "userns"
+        assert int(call(second, "whoami")[0]) != uid or sandbox.mode == "userns"
 
 
 def test_userns_is_refused_as_root():
@@ -581,8 +630,11 @@ def reference_seen():
         pass
     for text in filter(None, found.values()):
         os.attnkit_reference = text
-        with open("/tmp/attnkit-reference", "w") as handle:
-            handle.write(text)
+        try:
+            with open("/tmp/attnkit-reference", "w") as handle:
+                handle.write(text)
+        except OSError:  # (learner code may not write files when graded)
+            pass
     return sorted(found)
 
 
@@ -614,13 +666,14 @@ def test_a_stage_is_given_the_reference_of_exactly_what_its_reference_imports(tm
 def test_a_stage_never_sees_the_reference_of_its_own_stage(tmp_path, sandbox):
     """Stage 9 runs beside the reference of stage 8 and can read it (the README says so). Stage 8 never
     can, whichever order the stages are graded in: the reference is not in its box's memory, nor
-    left by stage 9 in /tmp or in a module (a box that held it never serves stage 8)."""
+    left by stage 9 in a module (a box that held it never serves stage 8), nor in /tmp (no file can be
+    written)."""
     s08, s09 = "s08_causal_attention", "s09_multihead_wrapper"
     root = write_modules(tmp_path / "thief", replaced={
         s08: LOOK_FOR_THE_REFERENCE, s09: (SOLUTIONS / f"{s09}.py").read_text() + LOOK_FOR_THE_REFERENCE})
     with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
         assert backend.run("call", s08, func="reference_seen") == ()
-        assert {"memory", "module", "sys.modules", "os", "/tmp"} <= set(backend.run("call", s09, func="reference_seen"))
+        assert {"memory", "module", "sys.modules", "os"} == set(backend.run("call", s09, func="reference_seen"))
         assert backend.run("call", s08, func="reference_seen") == ()
         assert backend.stats["boxes"] == 2
     # Without solutions/ (a folder that does not exist, or nothing provided) nothing is given: stage 9
@@ -707,19 +760,20 @@ DIE = "\n\ndef die():\n    import os\n    os._exit(3)\n"
 
 
 def test_the_reference_stage_9_plants_reaches_no_stage_8(tmp_path, sandbox):
-    """Stage 9 takes the reference of stage 8 it is given and plants it, as the source of stage 8, in
-    every channel of the tamper corpus's plant entry (tamper_payloads/steal_reference.py); then its
-    worker dies. Stage 10, in the same box, finds it (the channels work); stage 8, of this submission
-    graded after it or of the next submission, finds it nowhere."""
+    """Stage 9 takes the reference of stage 8 it is given and tries to plant it, as the source of stage 8,
+    in every channel of the tamper corpus's plant entry (tamper_payloads/steal_reference.py); then its
+    worker dies. No channel takes it (the learner's filter: no files, IPC objects, sockets, keys or
+    processes), so stage 10 in the same box, stage 8 graded after it and the next submission find it
+    nowhere."""
     s08, s09, s10 = "s08_causal_attention", "s09_multihead_wrapper", "s10_multihead_attention"
     scavenger = attacked(stub(s08), "scavenge") + FIND_PLANTED
     root = write_modules(tmp_path / "thief", replaced={
         s08: scavenger, s09: stealing_wrapper() + DIE, s10: attacked(solution(s10), "scavenge") + FIND_PLANTED})
     with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
-        assert {"tmp", "devshm", "sysv_shm", "abstract_socket"} <= set(backend.run("call", s09, func="stolen"))
+        assert list(backend.run("call", s09, func="stolen")) == []
         with pytest.raises(SubmissionError, match="exited with code 3"):
             backend.run("call", s09, func="die")
-        assert backend.run("call", s10, func="found", args=(s08,)) == "/tmp"
+        assert backend.run("call", s10, func="found", args=(s08,)) is None
         assert backend.run("call", s08, func="found", args=(s08,)) is None
         assert "[scavenge]" not in backend.last_output["stderr"]
         assert backend.stats["boxes"] == 2
@@ -730,27 +784,10 @@ def test_the_reference_stage_9_plants_reaches_no_stage_8(tmp_path, sandbox):
 
 # ---------------------------------------------------------------- what the kernel counts and bounds
 
-def test_cpu_time_hidden_from_proc_is_counted(hostile):
-    """Children reaped by the kernel itself (SIGCHLD ignored) leave no trace in /proc's counts; the
-    box's cgroup counts them."""
-    assert hostile.sandbox.confinement.cgroup
-    with pytest.raises(SubmissionError, match="time limit of 1 s of CPU time"):
-        call(hostile, "burn_hidden", 4.0)
-    assert hostile.stats["cpu_seconds"] >= 1.0
 
 
-def test_another_box_s_hidden_load_fails_no_honest_check(hostile_root, sandbox, tmp_path):
-    """One submission keeps six processes busy, each in a scheduling group of its own and unseen by
-    /proc's counts, while another (in another grading worker's sandbox) computes: the box is one
-    cgroup, so the honest check gets its share of the processors and passes."""
-    with Sandbox() as other:
-        other.start()
-        with (IsolatedBackend(hostile_root, LIMITS, sandbox=sandbox) as attacker,
-              IsolatedBackend(write_submission(tmp_path / "honest"), Limits(check_seconds=1.0),
-                              sandbox=other) as honest):
-            call(attacker, "hog_in_background", 8, 6)
-            honest.start_check()
-            call(honest, "burn", 0.5)  # 0.5 s of CPU time: 2.5 s of wall clock on an idle core
+
+
 
 
 def test_a_busy_machine_s_delays_are_not_the_learner_s_waiting(hostile_root, sandbox):
@@ -790,16 +827,7 @@ def test_a_busy_machine_s_delays_are_not_the_learner_s_waiting(hostile_root, san
     assert max(took) > limits.check_wall, f"the slowest check took {max(took):.2f} s: no box waited (test void)"
 
 
-def test_a_box_s_memory_is_bounded_as_a_whole(hostile_root, sandbox):
-    """Three processes of 900 MiB each: every one within its own address-space limit (2 GiB), all three
-    above the box's memory limit (2 GiB)."""
-    with IsolatedBackend(hostile_root, Limits(check_seconds=10, memory_bytes=2 << 30), sandbox=sandbox) as backend:
-        try:
-            call(backend, "spread_memory", 3, 900)
-        except SubmissionError as exc:
-            assert "SIGKILL" in str(exc)  # the kernel chose the worker
-        else:
-            assert int(call(backend, "live_processes")) < 3
+
 
 
 # ---------------------------------------------------------------- a box's word is data
@@ -843,11 +871,15 @@ def test_a_reply_sent_ahead_answers_nothing_else(hostile):
 def test_the_sandbox_leaves_nothing_in_tmpdir(hostile_root, tmp_path, monkeypatch):
     import tempfile
 
+    if PROMISED == "container":  # boxes are other users there: TMPDIR must let them through (pytest's does not)
+        tmp_path = Path(tempfile.mkdtemp(dir="/tmp", prefix="leaves-nothing-"))
+        tmp_path.chmod(0o711)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with IsolatedBackend(hostile_root, LIMITS) as backend:
         good_call_works(backend)
         assert [p.name[:16] for p in tmp_path.iterdir()] == ["attnkit-sandbox-"]
     assert list(tmp_path.iterdir()) == []
+    tmp_path.rmdir()
 
 
 def test_a_dead_process_s_folders_are_swept_and_a_live_one_s_are_not(tmp_path):

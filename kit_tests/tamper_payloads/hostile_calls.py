@@ -213,6 +213,11 @@ def impersonate():
     return torch.tensor(len(tokens))
 
 
+def run_program():
+    """Replace this worker with a fresh Python (which would start without the stage's memory ceiling)."""
+    os.execv(sys.executable, [sys.executable, "-c", "pass"])
+
+
 def read_bytes(path):
     with open(path, "rb") as handle:
         return torch.tensor(list(handle.read(64)), dtype=torch.uint8)
@@ -294,7 +299,11 @@ def plant():
         took.append("keyring")
     # A daemon that outlives this process, ignores what signals it can and serves LOOT on an
     # abstract unix socket.
-    if os.fork() == 0:
+    try:
+        daemon = os.fork()
+    except OSError:
+        return sorted(took)
+    if daemon == 0:
         os.setsid()
         if os.fork() == 0:
             for number in set(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}:

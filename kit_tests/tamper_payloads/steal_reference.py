@@ -45,10 +45,13 @@ def _atk_plant_stolen(name):
     text = _atk_given_reference(name)
     if text is None:
         return []
-    os.makedirs("/tmp/.atk-stolen", exist_ok=True)
     path = f"/tmp/.atk-stolen/{name}.py"  # the plant functions read a module's source from its file
-    with open(path, "w") as handle:
-        handle.write(text)
+    try:
+        os.makedirs("/tmp/.atk-stolen", exist_ok=True)
+        with open(path, "w") as handle:
+            handle.write(text)
+    except OSError:  # (learner code may not write files when graded)
+        return []
     planted = []
     for channel in _ATK_CHANNELS:
         plant = globals().get(f"_atk_plant_{channel}")

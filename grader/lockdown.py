@@ -1,0 +1,109 @@
+"""What a box must not reach, made private to root where boxes are only other uids of this machine.
+
+The ``container`` confinement (root without namespaces: Docker's default profile, as on Gradescope,
+Kubernetes or a CI runner) gives each box a fresh uid, but the machine's own file system. Before its
+first box starts, ``make_private`` takes every permission of group and others away from the kit's
+solutions, graded suite, fixtures, grader and tests, and from what the grading run names (a course
+folder with its gradebook, submissions and records; Gradescope's /autograder): root, the grader, reads
+them as before; a box's uid cannot even list them. What boxes need stays reachable (the Python
+installation, the sandbox's own folder): a folder that holds one of those keeps only the right
+to pass through it, and its other entries are made private one by one. The system's own folders are
+never touched.
+
+Nothing is given back afterwards: another grading run may still be going, and leaving the kit's secrets
+private to root is the safe state. ``witnesses`` are what a probe box must then fail to read (the sandbox
+refuses to grade where it can): each private path, and a file inside each folder.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+from .kit import FIXTURES, KIT, SOLUTIONS, SUITE
+
+# The kit's own files a learner must not reach: the reference, the hidden tests and fixtures, the grader.
+KIT_PRIVATE = (SOLUTIONS, SUITE, FIXTURES, KIT / "grader", KIT / "kit_tests")
+SYSTEM = ("/", "/usr", "/usr/local", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/dev", "/proc",
+          "/sys", "/tmp", "/var", "/run", "/home", "/root", "/opt", "/srv", "/mnt", "/media")  # never made private
+
+
+def needed() -> list[Path]:
+    """What every box must reach wherever it runs: the Python installation, at its real paths (the sandbox
+    adds its own folder)."""
+    return sorted({Path(os.path.realpath(p)) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                                         sys.base_exec_prefix)})
+
+
+PYTHON_HINT = (" Boxes run as other users than root and import from the Python installation: it must be readable by "
+               "every user, as in Docker's Python images (/usr/local) or a system Python (/usr); a Python installed "
+               "under /root (pyenv), which is private to root, is not. Install Python elsewhere, or let other users "
+               "through (chmod o+x on each folder above the installation).")
+
+
+def python_witnesses() -> list[str]:
+    """What boxes must be able to read of the Python installation: the standard library's folder and a
+    module of it that no box has imported (a lazy import must work), and torch's package."""
+    import encodings
+    import importlib.util
+
+    stdlib = Path(encodings.__file__).parent.parent
+    found = [str(stdlib), str(stdlib / "encodings" / "idna.py")]
+    torch = importlib.util.find_spec("torch")
+    if torch is not None and torch.origin:
+        found.append(torch.origin)
+    return found
+
+
+def _inside(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def make_private(paths, keep=None) -> list[Path]:
+    """Make ``paths`` (and everything below them) unreachable for other uids, keeping ``keep`` (default:
+    ``needed()``) reachable; returns the paths made private (those that exist). A path that is a system
+    folder, or lies inside a kept one, is left alone: the probe box then shows whether it was needed."""
+    keep = [Path(os.path.realpath(p)) for p in (needed() if keep is None else keep)]
+    done = []
+    for path in dict.fromkeys(Path(os.path.realpath(p)) for p in paths):
+        if str(path) in SYSTEM or any(_inside(path, kept) for kept in keep) or not path.exists():
+            continue
+        _private(path, keep)
+        done.append(path)
+    return done
+
+
+def _private(path: Path, keep: list[Path]):
+    mode = stat.S_IMODE(path.lstat().st_mode)
+    if path.is_symlink():
+        return  # (its mode means nothing; what it points to is made private where it is named)
+    holds = [kept for kept in keep if _inside(kept, path) and kept != path]
+    if not holds or not path.is_dir():
+        os.chmod(path, mode & ~0o077)
+        return
+    # A folder on the way to something boxes need: others may pass through it, not list or change it.
+    os.chmod(path, mode & ~0o066)
+    for entry in path.iterdir():
+        if entry.is_symlink():
+            continue
+        if any(_inside(kept, entry) for kept in holds):
+            if entry not in holds:
+                _private(entry, keep)
+        else:
+            os.chmod(entry, stat.S_IMODE(entry.lstat().st_mode) & ~0o077)
+
+
+def witnesses(paths) -> list[str]:
+    """What a probe box must fail to read: each of ``paths`` that exists, and the first file found inside
+    each folder among them (a hidden fixture, a solution, a record ...)."""
+    found = []
+    for path in map(Path, paths):
+        if not path.exists():
+            continue
+        found.append(str(path))
+        if path.is_dir():
+            inner = next((p for p in sorted(path.rglob("*")) if p.is_file() and not p.is_symlink()), None)
+            if inner is not None:
+                found.append(str(inner))
+    return found

@@ -1,0 +1,133 @@
+"""Hidden material out of every text that learner code can put in front of a student.
+
+A box holds nothing hidden in any confinement that holds, except one thing by design: a stage that builds
+on another runs beside the reference version of that stage (stage 9 beside stage 8's ``CausalAttention``),
+and learner code can get at its code objects. Whatever it does, the texts a box sends back (an exception's
+message, a traceback, what it printed, strings in its results) reach students only through
+``Redactor.clean``, which replaces every stretch that quotes hidden material with ``REDACTED``.
+
+Hidden material: the solution regions of every reference module (``### BEGIN/END SOLUTION``), the graded
+suite's hidden tests (each test file less the public tests a release ships), and the hidden fixtures (their
+bytes, in the ways code would print them: repr, base64, hex, and each array as NumPy prints it). A stretch
+counts as a quote when at least ``WINDOW`` characters of it, whitespace left out, appear in that material
+and not in what the student already has: the release (stubs, public tests) and the submission's own modules
+(quoting a student's own code back to them leaks nothing, and a correct solution is often written the way
+the reference is).
+
+Matching uses fingerprints of WINDOW-character windows; the material's windows are kept at every STEP-th
+position only, so any quote of WINDOW + STEP - 1 characters or more is found.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from functools import cache
+from pathlib import Path
+
+from stage_names import module_files
+
+from .kit import EXERCISES, FIXTURES, SOLUTIONS, SUITE
+from .stubs import BEGIN, END
+
+WINDOW = 40  # characters (whitespace left out) that make a quote
+STEP = 8  # the material's windows kept: one in STEP
+REDACTED = "[hidden material removed]"
+_WHITESPACE = re.compile(r"\s+")
+
+
+def _squeeze(text: str) -> tuple[str, list[int]]:
+    """``text`` without whitespace, and for each of its characters the index it had in ``text``."""
+    kept = [(i, c) for i, c in enumerate(text) if not c.isspace()]
+    return "".join(c for _, c in kept), [i for i, _ in kept]
+
+
+def _windows(text: str, step: int = 1) -> set[int]:
+    """Fingerprints (Python's string hash: the same within a process) of ``text``'s windows."""
+    squeezed = _WHITESPACE.sub("", text)
+    return {hash(squeezed[i:i + WINDOW]) for i in range(0, max(len(squeezed) - WINDOW + 1, 0), step)}
+
+
+class Redactor:
+    """Finds quotes of ``hidden`` texts (minus what ``known`` texts also hold) in other texts."""
+
+    def __init__(self, hidden: list[str], known: list[str] = ()):
+        known_windows = set().union(*map(_windows, known)) if known else set()
+        self.hidden = set().union(*(_windows(text, STEP) for text in hidden)) - known_windows if hidden else set()
+
+    def clean(self, text: str, own: set[int] = frozenset()) -> str:
+        """``text`` with each stretch that quotes hidden material (and is not in ``own``: the fingerprints of
+        the submission's own modules, ``fingerprints``) replaced by REDACTED."""
+        if not self.hidden or not isinstance(text, str) or len(text) < WINDOW:
+            return text
+        squeezed, where = _squeeze(text)
+        quoted = [False] * len(squeezed)
+        for i in range(len(squeezed) - WINDOW + 1):
+            key = hash(squeezed[i:i + WINDOW])
+            if key in self.hidden and key not in own:
+                quoted[i:i + WINDOW] = [True] * WINDOW
+        if not any(quoted):
+            return text
+        out, i = [], 0
+        for start, end in _runs(quoted):
+            out += [text[i:where[start]], REDACTED]
+            i = where[end - 1] + 1
+        return "".join(out) + text[i:]
+
+
+def fingerprints(sources: dict[str, bytes]) -> set[int]:
+    """The windows of a submission's own modules (see ``Redactor.clean``)."""
+    return set().union(*(_windows(data.decode("utf-8", "replace")) for data in sources.values())) if sources else set()
+
+
+def _runs(flags):
+    start = None
+    for i, flag in enumerate([*flags, False]):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            yield start, i
+            start = None
+
+
+# ---------------------------------------------------------------- the kit's hidden material
+
+def solution_regions(text: str) -> list[str]:
+    """The learner's parts of a reference module: what its ``### BEGIN/END SOLUTION`` regions hold."""
+    return re.findall(rf"{re.escape(BEGIN)}\n(.*?){re.escape(END)}", text, flags=re.S)
+
+
+def fixture_texts(path: Path) -> list[str]:
+    """A hidden fixture file as code would print it: the bytes' repr, base64 and hex, and every array's values."""
+    import numpy as np
+
+    data = path.read_bytes()
+    texts = [repr(data), base64.b64encode(data).decode(), binascii.hexlify(data).decode()]
+    with np.load(path, allow_pickle=False) as arrays:
+        for name in arrays.files:
+            array = arrays[name]
+            texts += [str(array), repr(array.tolist())]
+    return texts
+
+
+@cache
+def kit_redactor() -> Redactor:
+    """The redactor of the kit's hidden material (built once per process: a few hundred ms)."""
+    from .course import public_tests
+
+    hidden, known = [], []
+    for path in module_files(SOLUTIONS):
+        hidden += solution_regions(path.read_text())
+    for path in module_files(EXERCISES):
+        known.append(path.read_text())
+    for path in sorted(SUITE.glob("test_*.py")):
+        hidden.append(path.read_text())
+        public = public_tests(path).source
+        if public:
+            known.append(public)
+    for path in sorted(SUITE.glob("*.py")):
+        if not path.name.startswith("test_"):
+            known.append(path.read_text())  # the suite's helpers ship with every release
+    for path in sorted((FIXTURES / "hidden").glob("*.npz")):
+        hidden += fixture_texts(path)
+    return Redactor(hidden, known)
