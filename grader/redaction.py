@@ -10,9 +10,9 @@ Hidden material: the solution regions of every reference module (``### BEGIN/END
 suite's hidden tests (each test file less the public tests a release ships), and the hidden fixtures (their
 bytes, in the ways code would print them: repr, base64, hex, and each array as NumPy prints it). A stretch
 counts as a quote when at least ``WINDOW`` characters of it, whitespace left out, appear in that material
-and not in what the student already has: the release (stubs, public tests) and the submission's own modules
-(quoting a student's own code back to them leaks nothing, and a correct solution is often written the way
-the reference is).
+and not in what the student already has: the release of their assignment (its stubs, public tests, the
+suite's helpers) and the submission's own modules (quoting a student's own code back to them leaks nothing,
+and a correct solution is often written the way the reference is).
 
 Matching uses fingerprints of WINDOW-character windows; the material's windows are kept at every STEP-th
 position only, so any quote of WINDOW + STEP - 1 characters or more is found.
@@ -25,7 +25,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-from stage_names import module_files
+from stage_names import assignment_of, module_files, stage_of
 
 from .kit import EXERCISES, FIXTURES, SOLUTIONS, SUITE
 from .stubs import BEGIN, END
@@ -111,19 +111,20 @@ def fixture_texts(path: Path) -> list[str]:
 
 
 @cache
-def kit_redactor() -> Redactor:
-    """The redactor of the kit's hidden material (built once per process: a few hundred ms)."""
+def kit_redactor(assignment: str) -> Redactor:
+    """The redactor of the kit's hidden material for a student of ``assignment``, who has its release (built
+    once per process and assignment: about a second). Hidden: every assignment's, whatever the student has."""
     from .course import public_tests
 
     hidden, known = [], []
     for path in module_files(SOLUTIONS):
         hidden += solution_regions(path.read_text())
-    for path in module_files(EXERCISES):
-        known.append(path.read_text())
+        if assignment_of(path.stem) == assignment:
+            known.append((EXERCISES / path.name).read_text())
     for path in sorted(SUITE.glob("test_*.py")):
         hidden.append(path.read_text())
         public = public_tests(path).source
-        if public:
+        if public and assignment_of(stage_of(path.name)) == assignment:
             known.append(public)
     for path in sorted(SUITE.glob("*.py")):
         if not path.name.startswith("test_"):

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from stage_names import builds_on, is_stage_module, module_files
+from stage_names import assignment_of, builds_on, is_stage_module, module_files
 
 from . import cgroups, lockdown, redaction, scratch
 from .cgroups import BoxGroup
@@ -82,8 +82,8 @@ MESSAGE_CHARS = 4000  # of an error message or traceback from a box, kept
 UID_RANGE = (1_500_000_000, 2_100_000_000)  # fresh uids for boxes (no real user lives there)
 WALL_FACTOR = 5  # a check's limit on waiting (wall-clock time less the time spent waiting for a processor) is
 # this many times its CPU limit
-WAIT_MARGIN = 10.0  # seconds of waiting a whole submission may spend beyond its budget (the trusted side's own
-# work between its checks): a submission that sleeps in every check holds a grading worker for its budget, no more
+WAIT_SLACK = 1.1  # a whole submission may wait this many times its budget (a margin for the channel's own delays):
+# one that sleeps in every check holds a grading worker for about its budget, no more
 LOAD_FACTOR = 4  # an operation is stopped after this many times its waiting limit of wall-clock time, whatever
 # the load (a backstop: a box whose processes always seem to wait for a processor)
 BUDGET_CHECKS = 12  # the default budget of a submission: this many checks at their limit
@@ -136,7 +136,7 @@ class Limits:
     def budget_wall(self) -> float:
         """The whole submission's waiting: its budget. Computing is waiting too (waiting is wall-clock time
         less the time spent waiting for a processor), so code that only computes meets its CPU budget first."""
-        return self.budget + WAIT_MARGIN
+        return self.budget * WAIT_SLACK
 
     @property
     def run_wall(self) -> float:
@@ -1012,6 +1012,8 @@ class IsolatedBackend:
         self._checks_from_caller = False
         self._exhausted = False
         self._own = None  # fingerprints of the submission's own modules (grader.redaction), made when first needed
+        # Whose release the student has (what needs no hiding): the assignment of the submission's modules.
+        self._assignment = next((assignment_of(Path(name).stem) for name in self.sources), None)
         self._lock = threading.Lock()
 
     @property
@@ -1162,8 +1164,9 @@ class IsolatedBackend:
         """The SubmissionError for a reply that is not a result."""
         a = self.adapters
         kind = header.get("kind")
-        if kind == "submission_error":
-            return a.SubmissionError(self._said(header.get("message")))
+        if kind == "submission_error":  # (the adapter's word in the box: an import that failed, a name missing)
+            message = self._said(header.get("message"))
+            return a.SubmissionError(message + (DENIED_NOTE if "Operation not permitted" in message else ""))
         if kind == "exception":
             what = f"{self._said(header.get('type'), 200)}: {self._said(header.get('message'))}"
             if header.get("type") == "PermissionError" or "Operation not permitted" in str(header.get("message")):
@@ -1189,7 +1192,7 @@ class IsolatedBackend:
             return text
         if self._own is None:
             self._own = redaction.fingerprints(self.sources)
-        return redaction.kit_redactor().clean(text, self._own)
+        return redaction.kit_redactor(self._assignment).clean(text, self._own)
 
     def _said_in(self, value):
         """A result from the box with every string in it passed through ``_said`` (what checks may print)."""

@@ -118,6 +118,7 @@ PRELUDES = {
     **dict.fromkeys(("hijack_patch_exit", "zygote_mem_patch"), ("hijack_common",)),
     "signal_ptrace_daemon": ("daemon_common",),
     "steal_reference": ("plant_common",),
+    **dict.fromkeys(("forge_worker_answer", "edit_grader", "leak_hidden"), ("grader_places",)),
 }
 
 
@@ -272,27 +273,31 @@ def corpus() -> list[Tamper]:
                fixed(), links={"s08_causal_attention.py": SOLUTIONS / "s08_causal_attention.py"},
                reason="submitted as a symbolic link", expected={"causal_attention": 0}),
         Tamper("sandbox-tricks", "the solutions; at the end of stage 1 the worker jams the request pipe (the "
-               "grader's next request cannot be written) and answers for the sandbox; s02 spends 6 s of CPU time "
-               "at import in children the kernel reaps by itself (SIGCHLD ignored, unseen by /proc); s03 raises "
-               "an 8 MB exception message at import", fixed(**armed(
+               "grader's next request cannot be written) and answers for the sandbox; s02 tries to spend 6 s of CPU "
+               "time at import in children the kernel reaps by itself (SIGCHLD ignored, unseen by /proc; graded code "
+               "may start no process); s03 raises an 8 MB exception message at import", fixed(**armed(
                    solution, s01_attention_scores="jam_channel", s02_normalization="hidden_cpu",
                    s03_context_vectors="huge_message")),
-               reason=("Stage attention_scores: 9 of 9", "time limit", "failed with RuntimeError: xxxx"),
+               reason=("Stage attention_scores: 9 of 9", "may not run programs, start processes",
+                       "failed with RuntimeError: xxxx"),
                expected={"normalization": 0, "context_vectors": 0}),
         # -- aimed at the submissions graded after them (the victims are named LATE + ...) --
         Tamper("hijack-frames", "s01 solution that walks the stack frames up to the sandbox's serving code, "
                "takes its request and reply pipes and leaves a setsid daemon (signals ignored and blocked) that "
-               "answers as the sandbox with this submission's modules, then blocks the import",
+               "answers as the sandbox with this submission's modules, then blocks the import (graded code may "
+               "start no process: no daemon, and the import blocks until the time limit)",
                fixed(**armed(solution, s01_attention_scores="hijack_frames")),
-               reason="Stage attention_scores: "),
+               reason="time limit", expected={"attention_scores": 0}),
         Tamper("hijack-gc", "the same as hijack-frames, the sandbox's objects found through gc.get_objects()",
                fixed(**armed(solution, s01_attention_scores="hijack_gc")),
                reason="Stage attention_scores: "),
         Tamper("hijack-patch", "s01 solution that rebinds the sandbox's own functions (os._exit, the trace "
                "check, the stage server) so that its worker goes on serving whatever comes next; s02 solution "
-               "that rewrites the submission path in its parent's memory through /proc/<pid>/mem", fixed(**armed(
+               "that rewrites the submission path in its parent's memory through /proc/<pid>/mem. Graded code may "
+               "write no file, so the copy of its modules it would serve from is never made: its own hijacked "
+               "worker serves its later stages from nowhere", fixed(**armed(
                    solution, s01_attention_scores="hijack_patch_exit", s02_normalization="zygote_mem_patch")),
-               reason="Stage attention_scores: "),
+               reason="is missing from", expected={marker(s): 0 for s in stages("attention")[1:]}),
         Tamper("plant", "the solutions; stage k also plants its own source in channel k: /tmp (read-only "
                "folder), /dev/shm, the home folder, SysV shared memory, a SysV message queue, POSIX shared "
                "memory, a POSIX message queue, an abstract unix socket and a TCP socket (setsid daemons), "
@@ -312,6 +317,20 @@ def corpus() -> list[Tamper]:
                    s08_causal_attention=attacked(stub("s08_causal_attention"), "pull_reference", "scavenge"),
                    s09_multihead_wrapper=stealing_wrapper()),
                reason=STUB, expected={"causal_attention": 0}),
+        Tamper("reach-the-grader", "stubs that, at import: write a forged all-passed answer into every pipe of the "
+               "grading processes they find in /proc, through /proc/<pid>/fd (s01); append code to the grader's "
+               "modules and to run_autograder (s02); raise the solutions, hidden tests and hidden fixtures they "
+               "can read as their message (s03); start threads until refused (s04); fill /tmp, /dev/shm and "
+               "their home (s05); run a fresh Python (s10)", lambda ctx: {
+                   stage: attacked(stub(stage), name, context={"kit": str(KIT), "course": str(ctx.course)})
+                   for stage, name in REACH_THE_GRADER.items()},
+               reason=STUB, expected={marker(stage): 0 for stage in REACH_THE_GRADER}),
+        Tamper("leak-reference", "the stubs, and the s09 solution, whose wrapper raises, on every call, the source "
+               "of the reference CausalAttention grading runs it beside (taken from memory)",
+               lambda ctx: {**{stage: stub(stage) for stage in stages("attention")},
+                            "s09_multihead_wrapper": attacked(solution("s09_multihead_wrapper"), "leak_reference")},
+               reason="LEAKED the reference", expected={
+                   **{marker(stage): 0 for stage in stages("attention")}, "multihead_wrapper": Fraction(1, 9)}),
         Tamper(LATE + "stubs", "victim: the stubs, untouched, graded after every attacker",
                lambda ctx: {stage: stub(stage) for stage in stages("attention")},
                reason=STUB, expected={marker(stage): 0 for stage in stages("attention")}),
@@ -344,6 +363,10 @@ def modern_corpus() -> list[Tamper]:
                "memory ceiling of its graded checks catches it", fixed(m07_tiled_attention=payload("hidden_matrix")),
                # Its public memory check (256 tokens, measured in its process) passes: an honest limit.
                reason="ran out of memory at 8192 tokens", expected={"tiled_attention": Fraction(20, 22)}),
+        Tamper("m-exec-matrix", "an m07 whose tiled_attention computes the whole score matrix in a fresh python -I "
+               "process (beyond any memory ceiling of its own), handing tensors over through pipes",
+               fixed(m07_tiled_attention=payload("exec_matrix")),
+               reason="may not run programs", expected={"tiled_attention": Fraction(0, 22)}),
         Tamper("m-print-flood", "a correct m01 that prints 1 GiB on stdout and 1 GiB on stderr at import",
                fixed(**armed(solution, m01_pytorch_attention="print_flood")), reason="Stage pytorch_attention: "),
         Tamper(LATE + "m-stubs", "victim: the stubs, untouched, graded after every attacker",
@@ -351,6 +374,12 @@ def modern_corpus() -> list[Tamper]:
                reason=STUB, expected={marker(stage): 0 for stage in stages("modern-attention")}),
     ]
 
+
+REACH_THE_GRADER = {  # the payload of each stage of the "reach-the-grader" entry
+    "s01_attention_scores": "forge_worker_answer", "s02_normalization": "edit_grader",
+    "s03_context_vectors": "leak_hidden", "s04_trainable_projections": "thread_bomb",
+    "s05_self_attention": "fill_scratch", "s10_multihead_attention": "run_program",
+}
 
 PLANTED = {  # the persistence channel each stage of the "plant" entry uses (its payload)
     "s01_attention_scores": "plant_tmp", "s02_normalization": "plant_devshm", "s03_context_vectors": "plant_home",

@@ -332,6 +332,28 @@ def test_the_budget_bounds_a_submission_then_every_check_fails_at_once(hostile_r
         assert 1.0 <= backend.cpu_used() < 1.5
 
 
+def test_a_submission_that_sleeps_in_every_check_waits_its_budget_at_most(hostile_root, sandbox):
+    """Each check sleeps well within its own limit on waiting (5 x 1 s); together they wait the submission's
+    budget (4 s, with a tenth more for the channel's own delays) and no more: then every check fails at once.
+    (Before, the whole submission could wait five times its budget: a grading worker held 10 minutes.)"""
+    limits = Limits(check_seconds=1.0, budget_seconds=4.0)
+    started = time.monotonic()
+    with IsolatedBackend(hostile_root, limits, sandbox=sandbox) as backend:
+        good_call_works(backend)  # (the box's start is nobody's waiting)
+        started, ran = time.monotonic(), 0
+        for _ in range(20):
+            backend.start_check()
+            try:
+                call(backend, "doze", 0.5)
+                ran += 1
+            except SubmissionError as exc:
+                assert "time budget of this submission ran out" in str(exc)
+                break
+        waited = time.monotonic() - started
+    assert 6 <= ran <= 9, ran
+    assert limits.budget <= waited < limits.budget_wall + 1.5, waited
+
+
 def test_start_up_is_not_the_learners_time(hostile_root):
     """A cold sandbox (a template to start, torch to import: seconds) and a check limit far shorter:
     the first check still passes, because the clock starts when the learner's code does."""
@@ -943,3 +965,25 @@ def test_a_memory_ceiling_is_held_by_the_kernel_whatever_the_stage_hides(sandbox
     with IsolatedBackend(SOLUTIONS, LIMITS, sandbox=sandbox, ceilings=ceiling) as reference:
         assert reference.run("call", m07, func="tiled_attention", args=[q, q, q],
                              kwargs={"is_causal": True, "block_size": 256}).shape == q.shape
+
+
+# ---------------------------------------------------------------- making files private (the container confinement)
+
+def test_make_private_takes_group_and_other_away_and_keeps_the_way_to_what_boxes_need(tmp_path):
+    """A course with the Python installation inside it: the course keeps only the right to pass through (no
+    listing), every other entry is private to its owner, the installation is untouched; the system's folders
+    and what lies inside a kept folder are never changed."""
+    course = tmp_path / "course"
+    (course / "submitted" / "alice").mkdir(parents=True)
+    (course / "gradebook.db").write_text("x")
+    (course / "venv" / "lib").mkdir(parents=True)
+    for path in (course, course / "submitted", course / "gradebook.db", course / "venv", course / "venv" / "lib"):
+        path.chmod(0o755)
+    done = lockdown.make_private([course, "/usr", course / "venv" / "lib"], keep=[course / "venv"])
+    assert done == [course]
+    mode = lambda path: path.stat().st_mode & 0o777  # noqa: E731
+    assert mode(course) == 0o711
+    assert mode(course / "submitted") == 0o700 and mode(course / "gradebook.db") == 0o700
+    assert mode(course / "venv") == 0o755 and mode(course / "venv" / "lib") == 0o755
+    assert lockdown.witnesses([course / "submitted"]) == [str(course / "submitted")]
+    assert lockdown.witnesses([course]) == [str(course), str(course / "gradebook.db")]

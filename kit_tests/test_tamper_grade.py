@@ -9,13 +9,19 @@ processes run alongside. The tests check that the run completed; that each entry
 grade its honest work deserves, with the reason in its feedback; that the late bystanders' records
 are byte-identical to the early ones; that nothing outside the records changed, in the course, the
 gradebook or the kit; and that the run left nothing behind: no process, nothing in TMPDIR.
+
+The same again in a container as Docker makes one (root, Docker's default capabilities, no cgroups:
+kit_tests/docker_default.sh), where the kit grades with its ``container`` confinement: every entry must get
+the same grade there.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,9 +29,11 @@ import pytest
 from test_tamper_nbgrader import expected_scores, file_hashes, gradebook_rows
 from verdicts import verdicts
 
+from grader import lockdown
 from grader import results as R
 from grader.course import build
-from grader.kit import KIT, marker, stages
+from grader.kit import KIT, SOLUTIONS, marker, stages
+from grader.redaction import solution_regions
 from grader.samples import by_student, write_submission
 from grader.scoring import stage_report
 from load import cpu_hogs
@@ -38,10 +46,15 @@ TEST_TIMEOUT = 3.0  # CPU seconds per check: the learner's own time, so a loaded
 CORPUS = corpus()
 
 
-def attnkit_grade(root, tmpdir, assignment=ASSIGNMENT):
-    env = dict(os.environ, TMPDIR=str(tmpdir))
-    run = subprocess.run([sys.executable, "-m", "grader.cli", "grade", assignment, "--course", str(root),
-                          "--workers", "1", "--quiet"], capture_output=True, text=True, env=env)
+DOCKER = Path(__file__).with_name("docker_default.sh")
+
+
+def attnkit_grade(root, tmpdir, assignment=ASSIGNMENT, container=False):
+    """``attnkit grade`` of the course at ``root``, here or (``container``) in a container like Docker's."""
+    env = dict(os.environ, TMPDIR=str(tmpdir), PYTHON=sys.executable)
+    command = [sys.executable, "-m", "grader.cli", "grade", assignment, "--course", str(root), "--workers", "1",
+               "--quiet"]
+    run = subprocess.run([str(DOCKER), *command] if container else command, capture_output=True, text=True, env=env)
     assert run.returncode == 0, f"attnkit grade failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     return run
 
@@ -58,9 +71,28 @@ def feedback(record: dict) -> str:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
+    return grade_the_corpus(tmp_path_factory, tmp_path_factory.mktemp("tmpdir"))
+
+
+@pytest.fixture(scope="module")
+def graded_in_a_container(tmp_path_factory, unavailable):
+    if os.geteuid() != 0:
+        unavailable("a container as Docker makes one needs root here (unshare, setpriv)")
+    # The boxes are other users there: TMPDIR must let them through (pytest's own folders do not).
+    tmpdir = Path(tempfile.mkdtemp(prefix="tamper-container-", dir="/tmp"))
+    tmpdir.chmod(0o711)
+    modes = {path: path.stat().st_mode for path in lockdown.KIT_PRIVATE if path.exists()}
+    try:
+        yield grade_the_corpus(tmp_path_factory, tmpdir, container=True)
+    finally:
+        for path, mode in modes.items():  # (the container confinement made them private to root)
+            path.chmod(mode)
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def grade_the_corpus(tmp_path_factory, tmpdir, container=False) -> dict:
     start = time.monotonic()
     root = tmp_path_factory.mktemp("tamper-grade") / "course"
-    tmpdir = tmp_path_factory.mktemp("tmpdir")
     c = build(root, test_timeout=TEST_TIMEOUT)
     run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
                          capture_output=True, text=True)
@@ -71,7 +103,7 @@ def graded(tmp_path_factory):
     # 1. The bystanders, graded alone.
     for student in BYSTANDERS:
         write_submission(by_student(student), release, root / "submitted" / student / ASSIGNMENT)
-    attnkit_grade(root, tmpdir)
+    attnkit_grade(root, tmpdir, container=container)
     alone = {s: R.read_record(R.record_path(out, s)) for s in BYSTANDERS}
 
     # 2. The corpus joins, with late copies of the bystanders; everything that exists now is recorded.
@@ -87,11 +119,12 @@ def graded(tmp_path_factory):
     # 3. One run for everybody (the early bystanders are skipped: already graded), on a loaded machine.
     t = time.monotonic()
     with cpu_hogs():
-        run = attnkit_grade(root, tmpdir)
+        run = attnkit_grade(root, tmpdir, container=container)
     seconds = time.monotonic() - t
     records = R.read_records(out)
-    print(f"\ntamper corpus through attnkit grade: {len(CORPUS) + len(BYSTANDERS)} submissions in {seconds:.0f} s "
-          f"(two CPU hogs alongside); whole fixture {time.monotonic() - start:.0f} s")
+    print(f"\ntamper corpus through attnkit grade{' in a container' if container else ''}: "
+          f"{len(CORPUS) + len(BYSTANDERS)} submissions in {seconds:.0f} s (two CPU hogs alongside); whole fixture "
+          f"{time.monotonic() - start:.0f} s")
     return dict(course=c, root=root, out=out, tmpdir=tmpdir, ctx=ctx, alone=alone, records=records, run=run,
                 targets_before=targets_before, files_before=files_before, rows_before=rows_before)
 
@@ -180,3 +213,48 @@ def test_every_stage_of_the_corpus_is_attacked():
     """The corpus covers every stage module, so that a channel left open in any stage would show."""
     attacked = {marker(stage) for entry in CORPUS for stage in entry.modules(Context(KIT, ASSIGNMENT, ()))}
     assert attacked == {marker(s) for s in stages(ASSIGNMENT)}
+
+
+# ---------------------------------------------------------------- the same in a container
+
+def test_in_a_container_every_entry_gets_the_same_grade(graded_in_a_container):
+    """The container confinement gives every entry its honest grade, the one it gets here, with the reason."""
+    records = graded_in_a_container["records"]
+    for entry in CORPUS:
+        got = {s["stage"]: s["points"] for s in records[entry.name]["stages"]}
+        assert got == pytest.approx(expected_scores(graded_in_a_container["course"], entry), abs=1e-6), entry.name
+        text = feedback(records[entry.name])
+        assert all(reason in text for reason in entry.reasons), entry.name
+
+
+def test_in_a_container_late_bystanders_are_graded_byte_for_byte_as_alone(graded_in_a_container):
+    for student, alone in graded_in_a_container["alone"].items():
+        assert graded_content(graded_in_a_container["records"][LATE + student]) == graded_content(alone), student
+
+
+def test_in_a_container_every_record_says_so(graded_in_a_container):
+    expected = {"mode": "container", "missing": ["mount", "pid", "cgroup", "cgroup limits"]}
+    assert {json.dumps(r["confinement"], sort_keys=True) for r in graded_in_a_container["records"].values()} == \
+        {json.dumps(expected, sort_keys=True)}
+
+
+def test_in_a_container_nothing_else_changed_and_nothing_is_left(graded_in_a_container):
+    test_no_file_outside_the_records_changed(graded_in_a_container)
+    test_no_gradebook_row_changed(graded_in_a_container)
+    test_the_kit_is_untouched(graded_in_a_container)
+    test_the_run_leaves_nothing_behind(graded_in_a_container)
+
+
+@pytest.mark.parametrize("where", ["here", "in a container"])
+def test_no_feedback_quotes_hidden_material(request, where):
+    """No record shows a line of a reference's solution regions that its submission does not hold itself
+    (the leak-reference entry puts the reference CausalAttention into every message of its stage 9)."""
+    run = request.getfixturevalue("graded" if where == "here" else "graded_in_a_container")
+    regions = {line.strip() for path in SOLUTIONS.glob("s*.py") for region in solution_regions(path.read_text())
+               for line in region.splitlines() if len(line.strip()) >= 30}
+    for student, record in run["records"].items():
+        folder = run["root"] / "submitted" / student / ASSIGNMENT
+        own = "\n".join(p.read_text(errors="replace") for p in folder.glob("s*.py") if p.is_file())
+        shown = json.dumps(record["stages"])
+        leaked = [line for line in regions if line not in own and json.dumps(line)[1:-1] in shown]
+        assert not leaked, f"{student}: {leaked[:2]}"

@@ -14,11 +14,15 @@ def _atk_copy_stage_modules(submission, cache, readonly=False):
     """Copy the stage modules (s*.py) of the folder ``submission`` into ``cache``, payloads cut off:
     the attacker's correct modules, that later requests are answered with. ``cache`` is a private
     folder (700, reused if it exists); with ``readonly`` it is a new folder whose files end 444 and
-    itself 555, so that an in-sandbox reset that deletes what it can leaves it in place."""
+    itself 555, so that an in-sandbox reset that deletes what it can leaves it in place. Where no file may be
+    written, nothing happens."""
     import os
 
     cut = '"""' + "[attnkit-tamper]"  # (in two pieces: the mark stands only where a payload starts)
-    os.makedirs(cache, mode=0o777 if readonly else 0o700, exist_ok=not readonly)
+    try:
+        os.makedirs(cache, mode=0o777 if readonly else 0o700, exist_ok=not readonly)
+    except OSError:  # refused (graded code may write no file): nothing to copy into
+        return
     for name in os.listdir(submission):
         if name.startswith("s") and name.endswith(".py"):
             with open(os.path.join(submission, name)) as handle:

@@ -29,6 +29,12 @@ def nap():
     time.sleep(3600)
 
 
+def doze(seconds):
+    """Sleep ``seconds``, then answer correctly (within each check's limit on waiting)."""
+    time.sleep(float(seconds))
+    return torch.ones(1)
+
+
 def burn(seconds):
     """Use ``seconds`` of CPU time, then answer correctly (slow but honest)."""
     end = time.process_time() + float(seconds)

@@ -61,7 +61,7 @@ def _atk_plant_folder(folder, module, path):
 
     if os.path.exists(folder):
         return
-    os.makedirs(folder)
+    os.makedirs(folder)  # (refused where graded code may write no file: the plant payloads catch that)
     with open(os.path.join(folder, "blob"), "wb") as handle:
         handle.write(_atk_planted_source(module, path))
     os.chmod(os.path.join(folder, "blob"), 0o444)
