@@ -261,7 +261,8 @@ def main(argv=None):
                     "(or, with --results, a folder of such <student>.json files alone) and write index.html with "
                     "PNG plots and tables.",
     )
-    p.add_argument("assignment", metavar="ASSIGNMENT", nargs="?", help="default: the course's assignment")
+    p.add_argument("assignment", metavar="ASSIGNMENT", nargs="?",
+                   help="default: the course's assignment that has grades (asked when several have)")
     p.add_argument("--course", default=".", help="nbgrader course directory (default: the current one)")
     p.add_argument("--results", metavar="FOLDER", help="read the <student>.json files in FOLDER, no gradebook")
     p.add_argument("--out", metavar="FOLDER",
@@ -276,7 +277,8 @@ def main(argv=None):
                     "a folder of submission folders (grades go to --out). Students already graded with the same "
                     "modules are skipped: a run killed at any moment resumes where it stopped.",
     )
-    p.add_argument("assignment", nargs="?", metavar="ASSIGNMENT", help="default: the course's assignment")
+    p.add_argument("assignment", nargs="?", metavar="ASSIGNMENT",
+                   help="default: the assignment the submissions are of (asked when they are of several)")
     p.add_argument("--course", help="nbgrader course directory (default: the current one); with --submissions: "
                                     "take the stage points from this course")
     p.add_argument("--submissions", metavar="DIR", help="grade the submission folders in DIR instead")
