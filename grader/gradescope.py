@@ -392,7 +392,7 @@ def main(argv=None):
     p.add_argument("--settings", help=f"default: ROOT/source/{SETTINGS}")
     args = parser.parse_args(argv)
     found = run(args.root, args.settings or Path(args.root) / "source" / SETTINGS)
-    print(found["output"])
+    print(printable(found["output"], newlines=True))  # the autograder's log, which instructors read
     return 0
 
 
