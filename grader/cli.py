@@ -198,13 +198,13 @@ def cmd_grade(args):
     for student, why in sorted(outcome.errors.items()):
         print(f"  not graded: {printable(student)}: {printable(why.splitlines()[0])} (run again to retry)")
     for student, why in sorted(outcome.refused.items()):
-        print(f"  refused: {quote(printable(target.submissions[student]))}: {why}; {ID_RULE}: rename the folder "
-              "and run again")
+        print(f"  refused: {quote(printable(target.submissions[student]))}: {printable(why)}; {ID_RULE}: "
+              "rename the folder and run again")
     if args.notebooks:
         print(f"autograded notebooks: {len(written)} written, {len(failed)} failed"
               + (f"; next: nbgrader generate_feedback {target.assignment}" if written else ""))
         for student, why in sorted(failed.items()):
-            print(f"  no notebook for {student}: {printable(why.splitlines()[-1])} (run again to retry)")
+            print(f"  no notebook for {printable(student)}: {printable(why.splitlines()[-1])} (run again to retry)")
     if not args.quiet:
         print(f"grades: {quote(str(target.out))} (one JSON per student, grades.csv, grades.json)"
               + ("; gradebook updated" if target.gradebook else ""))

@@ -51,11 +51,13 @@ def connect(scheduler: str) -> Client:
             "nothing was graded or changed")
     try:
         protocol, _ = parse_address(scheduler)
-        if protocol in ("tcp", "tls"):  # a refused or unknown address is known at once, without distributed's retries
-            socket.create_connection(get_address_host_port(scheduler), timeout=CONNECT_SECONDS).close()
-        return Client(scheduler, timeout=f"{CONNECT_SECONDS}s")
+        where = get_address_host_port(scheduler) if protocol in ("tcp", "tls") else None
     except ValueError as exc:
         raise SchedulerError(f"{scheduler!r} is not a Dask scheduler's address ({exc}); e.g. tcp://host:8786") from None
+    try:
+        if where is not None:  # a refused or unknown address is known at once, without distributed's retries
+            socket.create_connection(where, timeout=CONNECT_SECONDS).close()
+        return Client(scheduler, timeout=f"{CONNECT_SECONDS}s")
     except (OSError, TimeoutError) as exc:  # refused, no such host, silent, or not a scheduler
         reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
         raise SchedulerError(f"no Dask scheduler answers at {scheduler} ({reason or type(exc).__name__}): "

@@ -47,7 +47,7 @@ TOP_MISTAKES = 8  # mistakes listed per stage
 STUB = re.compile(r"\bNotImplementedError\b")  # what a stub raises (grader/stubs.py writes them)
 # What the suite's adapters say when a stage module cannot be run at all (tests/adapters.py, SubmissionError):
 COULD_NOT_RUN = re.compile(r"\S+\.py (has a syntax error on line|is missing from )|\S+ contains null bytes|"
-                     r"importing \S+\.py failed with ")
+                           r"importing \S+\.py failed with ")
 BINS = 10  # histogram bins over 0..100 %
 
 
@@ -232,14 +232,13 @@ def summarize(results: list[dict], gradebook: dict | None = None, assignment: st
                             s.mistake_students[text].add(student)
                 kind = test.get("limit")
                 if kind:
-                    hit = hits.get(("budget",) if kind == "budget" else (stage, kind))
-                    if hit is not None:  # a check not run because of it, or the same limit again
-                        hit.checks += 1
+                    key = ("budget",) if kind == "budget" else (stage, kind)
+                    if key in hits:  # a check not run because of it, or the same limit again
+                        hits[key].checks += 1
                     else:
-                        hit = Limit(student, stage, kind, test.get("label") or test.get("nodeid", ""),
-                                    first_line(test.get("message") or ""))
-                        hits[("budget",) if kind == "budget" else (stage, kind)] = hit
-                        limits.append(hit)
+                        hits[key] = Limit(student, stage, kind, test.get("label") or test.get("nodeid", ""),
+                                          first_line(test.get("message") or ""))
+                        limits.append(hits[key])
         students[student] = {"total": round(total, 2), "max_total": record.get("max_total"),
                              "seconds": record.get("seconds")}
     if gradebook is not None:
