@@ -17,6 +17,7 @@ from shlex import quote
 from stage_names import ASSIGNMENTS, is_stage_module
 
 from .sandbox import ALLOW_PLAIN, BUDGET_CHECKS, TEST_TIMEOUT, budget_problem
+from .untrusted import ID_RULE, printable
 
 
 def cmd_stubs(args):
@@ -133,7 +134,9 @@ def cmd_report(args):
     try:
         assignment = args.assignment
         if not args.results:  # a course: an assignment it has (a results folder names its own)
-            assignment = course_assignment(load_course(args.course), assignment, "report")
+            assignment, chosen = course_assignment(load_course(args.course), assignment, "report")
+            if chosen:
+                print(f"attnkit report: {chosen}", file=sys.stderr)
         index, report = build_report(course=args.course, assignment=assignment, results=args.results,
                                      out=args.out)
     except (ReportError, TargetError) as exc:
@@ -146,9 +149,9 @@ def cmd_report(args):
         print("attnkit report: interrupted", file=sys.stderr)
         return 130
     print(f"class report on {len(report.students)} students, {len(report.stages)} stages, "
-          f"{len(report.limits)} limit hits: {quote(str(index))}")
+          f"{report.limit_summary()}: {quote(str(index))}")
     for mismatch in report.mismatches:
-        print(f"  warning: {mismatch}")
+        print(f"  warning: {printable(mismatch)}")
     return 0
 
 
@@ -163,8 +166,8 @@ def cmd_grade(args):
         if args.submissions:
             if not args.out:
                 raise GradeError("--submissions needs --out DIR (where the grades go)")
-            points = load_course(args.course, args.assignment).points if args.course else None
-            target = folder_target(args.submissions, args.out, args.assignment, points=points,
+            target = folder_target(args.submissions, args.out, args.assignment,
+                                   course=load_course(args.course) if args.course else None,
                                    test_timeout=args.test_timeout or TEST_TIMEOUT, time_budget=args.time_budget)
         else:
             target = course_target(args.course or ".", args.assignment)
@@ -173,6 +176,8 @@ def cmd_grade(args):
                 target.time_budget = None  # derived from the new limit, unless given too
             if args.time_budget is not None:
                 target.time_budget = args.time_budget
+        if target.chosen:
+            print(f"attnkit grade: {target.chosen}", file=sys.stderr)
         if budget_problem(target.test_timeout, target.time_budget):
             raise GradeError(budget_problem(target.test_timeout, target.time_budget))
         if args.notebooks:
@@ -193,18 +198,22 @@ def cmd_grade(args):
     graded = len(outcome.graded)
     rate = f", {graded / outcome.seconds:.2f} submissions/s" if graded and outcome.seconds else ""
     print(f"{target.assignment}: graded {graded}, already graded {len(outcome.skipped)}, "
-          f"errors {len(outcome.errors)} in {outcome.seconds:.1f} s{rate}")
+          f"errors {len(outcome.errors)}" + (f", refused {len(outcome.refused)}" if outcome.refused else "")
+          + f" in {outcome.seconds:.1f} s{rate}")
     for student, why in sorted(outcome.errors.items()):
-        print(f"  not graded: {student}: {why.splitlines()[0]} (run again to retry)")
+        print(f"  not graded: {printable(student)}: {printable(why.splitlines()[0])} (run again to retry)")
+    for student, why in sorted(outcome.refused.items()):
+        print(f"  refused: {quote(printable(target.submissions[student]))}: {printable(why)}; {ID_RULE}: "
+              "rename the folder and run again")
     if args.notebooks:
         print(f"autograded notebooks: {len(written)} written, {len(failed)} failed"
               + (f"; next: nbgrader generate_feedback {target.assignment}" if written else ""))
         for student, why in sorted(failed.items()):
-            print(f"  no notebook for {student}: {why.splitlines()[-1]} (run again to retry)")
+            print(f"  no notebook for {printable(student)}: {printable(why.splitlines()[-1])} (run again to retry)")
     if not args.quiet:
         print(f"grades: {quote(str(target.out))} (one JSON per student, grades.csv, grades.json)"
               + ("; gradebook updated" if target.gradebook else ""))
-    return 1 if outcome.errors or failed else 0
+    return 1 if outcome.errors or outcome.refused or failed else 0
 
 
 def cmd_gradescope(args):
@@ -258,7 +267,8 @@ def main(argv=None):
                     "(or, with --results, a folder of such <student>.json files alone) and write index.html with "
                     "PNG plots and tables.",
     )
-    p.add_argument("assignment", metavar="ASSIGNMENT", nargs="?", help="default: the course's assignment")
+    p.add_argument("assignment", metavar="ASSIGNMENT", nargs="?",
+                   help="default: the course's assignment that has grades (asked when several have)")
     p.add_argument("--course", default=".", help="nbgrader course directory (default: the current one)")
     p.add_argument("--results", metavar="FOLDER", help="read the <student>.json files in FOLDER, no gradebook")
     p.add_argument("--out", metavar="FOLDER",
@@ -273,7 +283,8 @@ def main(argv=None):
                     "a folder of submission folders (grades go to --out). Students already graded with the same "
                     "modules are skipped: a run killed at any moment resumes where it stopped.",
     )
-    p.add_argument("assignment", nargs="?", metavar="ASSIGNMENT", help="default: the course's assignment")
+    p.add_argument("assignment", nargs="?", metavar="ASSIGNMENT",
+                   help="default: the assignment the submissions are of (asked when they are of several)")
     p.add_argument("--course", help="nbgrader course directory (default: the current one); with --submissions: "
                                     "take the stage points from this course")
     p.add_argument("--submissions", metavar="DIR", help="grade the submission folders in DIR instead")

@@ -27,6 +27,7 @@ from . import submission as S
 from .dispatch import LocalResults
 from .sandbox import ConfinementRefused, Limits, probe
 from .targets import Target
+from .untrusted import printable
 
 GRADEBOOK_SECONDS = 2.0  # results reach the gradebook in one transaction at least this often
 
@@ -40,6 +41,7 @@ class Outcome:
     graded: list[str] = field(default_factory=list)  # graded in this run
     skipped: list[str] = field(default_factory=list)  # already graded (same fingerprint and points)
     errors: dict[str, str] = field(default_factory=dict)  # student -> why grading failed (retried next run)
+    refused: dict[str, str] = field(default_factory=dict)  # student -> why the id cannot be graded (rename it)
     seconds: float = 0.0
     first_result_seconds: float | None = None  # latency of the first graded submission
     records: dict[str, dict] = field(default_factory=dict)  # every student's current record
@@ -61,19 +63,29 @@ def _bar(quiet, **kwargs):
 
 def grade(target: Target, *, students=None, force=False, executor="local", scheduler=None,
           workers=None, quiet=False) -> Outcome:
-    """Grade ``target``'s submissions (those of ``students`` if given) that need it."""
+    """Grade ``target``'s submissions (those of ``students`` if given) that need it. A student whose id
+    cannot be a safe file name is refused (``outcome.refused``, why), and the others are graded."""
     if not target.submissions:  # refused before anything is written: it would empty grades.csv and grades.json
         raise GradeError(f"no submissions to grade: {target.where}. Nothing was graded or changed.")
+    if executor not in ("local", "dask"):
+        raise GradeError(f"unknown executor {executor!r} (local or dask)")
+    if executor == "dask" and not scheduler:
+        raise GradeError("--executor dask needs --scheduler ADDRESS (e.g. tcp://host:8786)")
     started = time.monotonic()
     outcome = Outcome()
     wanted = dict(target.submissions)
     if students:
         unknown = sorted(set(students) - set(wanted))
         if unknown:
-            raise GradeError(f"no submission for {', '.join(unknown)} (found {len(wanted)} submissions)")
+            raise GradeError(f"no submission for {', '.join(map(printable, unknown))} "
+                             f"(found {len(wanted)} submissions)")
         wanted = {s: wanted[s] for s in students}
     jobs = []
     for student, folder in wanted.items():
+        problem = R.student_problem(student)
+        if problem is not None:
+            outcome.refused[student] = problem
+            continue
         sources = S.sources(folder)
         fp = S.fingerprint(sources)
         if not force and _up_to_date(R.read_record(R.record_path(target.out, student)), fp, target.points):
@@ -82,53 +94,71 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
         jobs.append({"student": student, "fingerprint": fp, "seed": S.seed_of(fp), "sources": sources,
                      "stages": list(target.points)})
 
-    limits = Limits(check_seconds=target.test_timeout, budget_seconds=target.time_budget)
     scratch.sweep()  # what killed runs left in TMPDIR
-    if executor == "local" and jobs:
-        # Before any submission is graded: how well are they kept apart on this machine? (Nothing is graded
-        # where nothing holds, unless the instructor allowed plain confinement.)
-        try:
-            announced = probe(allow_plain=target.allow_plain)
-        except ConfinementRefused as exc:
-            raise GradeError(str(exc)) from None
-        outcome.confinement = announced.summary()
-        if not quiet or announced.missing:
-            print(outcome.confinement, file=sys.stderr)
-    if executor == "dask":
-        if not scheduler:
-            raise GradeError("--executor dask needs --scheduler ADDRESS (e.g. tcp://host:8786)")
-        from . import on_dask
-
-        stream = on_dask.results(jobs, limits, scheduler, target.allow_plain)
-    elif executor == "local":
-        workers = workers or os.cpu_count() or 1
-        stream = LocalResults(jobs, limits, max(1, min(workers, len(jobs) or 1)), allow_plain=target.allow_plain,
-                              private=target.private)
-    else:
-        raise GradeError(f"unknown executor {executor!r} (local or dask)")
-
+    stream, bar = _start(jobs, Limits(check_seconds=target.test_timeout, budget_seconds=target.time_budget),
+                         target, executor, scheduler, workers, outcome, quiet), None
     try:
+        # The bar lasts as long as the workers: their start and stop are part of the run's time, and of its rate.
+        bar = _bar(quiet or not jobs, total=len(jobs), desc=f"grading {target.assignment} (starting)", unit="sub")
         if target.gradebook is not None:  # while the workers start
             target.gradebook.check()
             target.gradebook.open()
         target.out.mkdir(parents=True, exist_ok=True)
         for stale in target.out.glob(".*.tmp"):  # a write cut short by a killed run
             stale.unlink(missing_ok=True)
-        synced = _collect(target, jobs, stream, outcome, started, quiet)
+        synced = _collect(target, jobs, stream, outcome, started, bar)
         # Bring every file and the gradebook in line with the records (also those of earlier runs).
+        bar.set_description(f"grading {target.assignment} (writing grades)")
         outcome.records = R.read_records(target.out, set(target.submissions))
         outcome.files = R.write_summary(target.out, target.assignment, list(outcome.records.values()))
         behind = [r for student, r in outcome.records.items() if synced.get(student) != r["fingerprint"]]
         if target.gradebook is not None and behind:
-            with _bar(quiet or len(behind) < 50, total=len(behind), desc="gradebook", unit="student") as bar:
-                target.gradebook.write(behind, target.timestamps, progress=bar)
+            if len(behind) < 50:
+                target.gradebook.write(behind, target.timestamps)
+            else:
+                bar.close()
+                with _bar(quiet, total=len(behind), desc="gradebook", unit="student") as books:
+                    target.gradebook.write(behind, target.timestamps, progress=books)
+        bar.set_description(f"grading {target.assignment} (stopping the workers)")
     finally:
-        stream.close()  # stops the workers now, also when interrupted
+        if stream is not None:
+            stream.close()  # stops the workers now, also when interrupted
+        if bar is not None:
+            bar.set_description(f"grading {target.assignment}", refresh=False)
+            bar.close()
         if target.gradebook is not None:
             target.gradebook.close()
         scratch.sweep()  # the workers' folders (they are killed, so they cannot remove them)
     outcome.seconds = round(time.monotonic() - started, 3)
     return outcome
+
+
+def _start(jobs, limits: Limits, target: Target, executor: str, scheduler, workers, outcome: Outcome, quiet: bool):
+    """The stream of (job, result) of ``jobs`` (None if there are none), its workers starting; says first how
+    well submissions are kept apart where they run (on stderr, also with ``quiet`` when that is weaker than it
+    should be). Nothing is graded where nothing confines, unless the instructor allowed plain confinement."""
+    if not jobs:
+        return None
+    if executor == "dask":
+        from . import on_dask
+
+        try:
+            stream = on_dask.DaskResults(jobs, limits, scheduler, target.allow_plain)
+        except on_dask.SchedulerError as exc:
+            raise GradeError(str(exc)) from None
+        lines, weaker = stream.confinement, stream.weaker
+    else:
+        try:
+            announced = probe(allow_plain=target.allow_plain)  # before any submission is graded
+        except ConfinementRefused as exc:
+            raise GradeError(str(exc)) from None
+        lines, weaker = [announced.summary()], bool(announced.missing)
+        stream = LocalResults(jobs, limits, max(1, min(workers or os.cpu_count() or 1, len(jobs))),
+                              allow_plain=target.allow_plain, private=target.private)
+    outcome.confinement = "\n".join(lines)
+    if not quiet or weaker:
+        print(outcome.confinement, file=sys.stderr)
+    return stream
 
 
 def check_notebooks_possible(target: Target):
@@ -152,7 +182,7 @@ def write_notebooks(target: Target, students=None, quiet=False) -> tuple[list[st
     return [s for s in todo if s not in failed], failed
 
 
-def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, quiet: bool) -> dict[str, str]:
+def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, bar) -> dict[str, str]:
     """Record each result as it arrives: the student's JSON at once, the gradebook every few seconds.
     Returns student -> fingerprint of the records this run wrote to the gradebook."""
     failing = limited = 0
@@ -165,34 +195,32 @@ def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, qui
             synced.update((r["student"], r["fingerprint"]) for r in pending)
         pending, flushed = [], time.monotonic()
 
-    with _bar(quiet, total=len(jobs), desc=f"grading {target.assignment}", unit="sub") as bar:
-        if jobs:
-            for job, result in stream:
-                student = job["student"]
-                if result.get("refused"):  # no confinement holds where the workers run: the same for everyone
-                    raise GradeError(result["error"])
-                if result["error"]:
-                    outcome.errors[student] = result["error"]
-                else:
-                    folder = target.submissions[student]
-                    if S.fingerprint(S.sources(folder)) != job["fingerprint"]:  # changed while being graded
-                        outcome.errors[student] = "the submission changed while it was graded; run again"
-                    else:
-                        record = R.build(student=student, assignment=target.assignment, submission=folder,
-                                         fingerprint=job["fingerprint"], tests=result["tests"], points=target.points,
-                                         seconds=result["seconds"], output_capped=result["output_capped"],
-                                         confinement=result["confinement"])
-                        R.write_record(target.out, record)
-                        pending.append(record)
-                        if time.monotonic() - flushed >= GRADEBOOK_SECONDS:
-                            flush()
-                        outcome.graded.append(student)
-                        failing += record["total"] < record["max_total"]
-                        limited += bool(R.limits_hit(record))
-                if outcome.first_result_seconds is None:
-                    outcome.first_result_seconds = round(time.monotonic() - started, 3)
-                bar.set_postfix(not_full=failing, limits=limited, errors=len(outcome.errors), refresh=False)
-                bar.update(1)
-        flush()
+    for job, result in stream if jobs else ():
+        student = job["student"]
+        if result.get("refused"):  # no confinement holds where the workers run: the same for everyone
+            raise GradeError(result["error"])
+        if result["error"]:
+            outcome.errors[student] = result["error"]
+        else:
+            folder = target.submissions[student]
+            if S.fingerprint(S.sources(folder)) != job["fingerprint"]:  # changed while being graded
+                outcome.errors[student] = "the submission changed while it was graded; run again"
+            else:
+                record = R.build(student=student, assignment=target.assignment, submission=folder,
+                                 fingerprint=job["fingerprint"], tests=result["tests"], points=target.points,
+                                 seconds=result["seconds"], output_capped=result["output_capped"],
+                                 confinement=result["confinement"])
+                R.write_record(target.out, record)
+                pending.append(record)
+                if time.monotonic() - flushed >= GRADEBOOK_SECONDS:
+                    flush()
+                outcome.graded.append(student)
+                failing += record["total"] < record["max_total"]
+                limited += bool(R.limits_hit(record))
+        if outcome.first_result_seconds is None:
+            outcome.first_result_seconds = round(time.monotonic() - started, 3)
+            bar.set_description(f"grading {target.assignment}")
+        bar.set_postfix(not_full=failing, limits=limited, errors=len(outcome.errors), refresh=False)
+        bar.update(1)
+    flush()
     return synced
-

@@ -5,7 +5,11 @@ image, and for every submission copies the student's files into ``/autograder/su
 ``/autograder/run_autograder`` and reads ``/autograder/results/results.json``
 (https://gradescope-autograders.readthedocs.io/en/latest/specs/). The zip holds::
 
-    setup.sh                  a CPU build of torch, then the kit from kit/ (editable: it finds its files there)
+    setup.sh                  what grading needs and nothing else (GRADING_NEEDS: a CPU build of torch, numpy,
+                              pytest, pytest-timeout and what they need), at the versions of the machine that
+                              built the zip (tested_versions), then the kit from kit/ (editable, without its
+                              other dependencies: nbgrader, Dask, matplotlib serve the instructor's side)
+    requirements.txt          those versions, pinned (torch apart: it comes from PyTorch's CPU index)
     run_autograder            python3 -m grader.gradescope run, with kit/ on the path
     attnkit-gradescope.json   the assignment, its points per stage and the time limits
     kit/                      the kit's source: grader/, tests/, solutions/, fixtures/ (hidden ones too), ...
@@ -13,45 +17,54 @@ image, and for every submission copies the student's files into ``/autograder/su
 A submission is graded as ``attnkit grade`` grades one: its stage modules are read the way
 ``grader.submission`` reads them (a module submitted as a symbolic link fails on import, saying so),
 and ``grader.cells.grade_folder`` grades them with a grading worker: the same suite, seed and sandbox.
+Students upload the modules themselves; an upload of one folder or one zip file that holds them is
+graded as if they had been uploaded alone (``upload``), and an upload without them is told what to
+upload (score 0, nothing that needs the instructor).
 The hidden tests, hidden fixtures and solutions must be in the image, since grading needs them; learner
 code runs only in a sandbox box, whose world holds the Python installation and its own modules, not
 /autograder. How well a box is kept apart depends on the container (see README, "Trusting the grades"):
 Gradescope runs the autograder as root in Docker, where the run records the confinement it got in the
 results' output; in ``plain`` mode (no namespaces) the box is only a child process with resource limits.
 
-results.json has one test per counted check, worth points / counted of its stage (in whole hundredths of a
-point: the passed checks share the stage's score, the failed ones the rest, so that the sums are exact) and
-scoring all of it if it passed, nothing if not: the checks of a stage add up to ``grader.scoring.stage_score``.
+results.json has one test per counted check, worth points / counted of its stage (``check_worth``: to four
+decimals, the same for every submission) and scoring all of it if it passed, nothing if not; the stage's
+total and the top-level score are ``grader.scoring.stage_score``'s, to the hundredth as ``attnkit grade`` and
+nbgrader give them, and the checks of a stage add up to it within half a hundredth.
 Checks that need CUDA are skipped on Gradescope's machines and count for nothing, as in ``attnkit grade``:
 they are not listed, and the stage's report says how many there were. Public checks (marked ``public``,
 the ones students have) are ``visible``; hidden ones ``after_published``, with their failure message (the diagnosis,
 never test code). Each stage also gets an unscored entry named with its total ("Stage 8:
-causal_attention total: 9 of 12 points") whose output is the stage's report: unscored, so that the
-entries never count a point twice whether Gradescope adds up the tests or takes the top-level score;
-``after_published`` too, since the report names the hidden checks. The top-level output, shown to
-the student at once, lists the stage totals. A submission that cannot be graded still gets a
+causal_attention total: 9 of 12 points") whose output is the stage's report and whose status says whether
+every check passed: unscored, so that the entries never count a point twice whether Gradescope adds up
+the tests or takes the top-level score; ``after_published`` too, since the report names the hidden
+checks. The top-level output, shown to the student at once, lists the stage totals in columns; every
+output is plain text (``TEXT_OUTPUT``: Gradescope's default format would collapse the columns, and read
+whatever a learner's message holds as markup). A submission that cannot be graded still gets a
 results.json: score 0 and why.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import traceback
 import zipfile
-from pathlib import Path
+import zlib
+from pathlib import Path, PurePosixPath
 
-from stage_names import stage_test_file
+from stage_names import assignment_of, module_files, stage_test_file
 
 # Everything this process will use is imported before any learner code runs (no lazy imports).
-from . import submission as S
 from .cells import grade_folder
 from .course import plan_points, public_tests
 from .kit import KIT, SUITE, marker
 from .results import write_atomic
 from .sandbox import TEST_TIMEOUT, Limits, budget_problem
 from .scoring import needs_cuda, stage_report, stage_score
+from .submission import MAX_MODULE_BYTES, linked_modules
+from .untrusted import printable
 
 ROOT_ENV = "ATTNKIT_GRADESCOPE_ROOT"  # Gradescope's container root, /autograder unless set (the kit's test sets it)
 SETTINGS = "attnkit-gradescope.json"
@@ -59,16 +72,25 @@ KIT_FOLDER = "kit"  # where the zip holds the kit's source
 SHIPPED = ("pyproject.toml", "README.md", "conftest.py", "grader", "tests", "solutions", "exercises", "fixtures")
 SKIPPED_NAMES = ("__pycache__", ".pytest_cache")
 CPU_TORCH = "https://download.pytorch.org/whl/cpu"
+# What grading imports (the suite's and the grader's side); the kit's other dependencies (nbgrader, Dask,
+# matplotlib, tqdm) serve the instructor's commands. kit_tests/test_gradescope.py grades with these alone.
+GRADING_NEEDS = ("torch", "numpy", "pytest", "pytest-timeout")
+REQUIREMENTS = "requirements.txt"
+TEXT_OUTPUT = {"output_format": "text", "test_output_format": "text", "test_name_format": "text"}
 
-SETUP_SH = f"""#!/usr/bin/env bash
-# Gradescope runs this once, in /autograder/source, to build the autograder's image.
+SETUP_SH = """#!/usr/bin/env bash
+# Gradescope runs this once, in /autograder/source, to build the autograder's image: what grading needs and
+# nothing else, at the versions the kit was tested with on the machine that built this zip ({built}).
 set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m pip --version || {{ apt-get update && apt-get install -y python3-pip; }}
-python3 -c 'import sys; assert sys.version_info >= (3, 10), "the kit needs Python 3.10 or later"'
+python3 -c 'import sys; assert sys.version_info >= {floor}, "these versions need Python {floor_text} or later: \
+choose a base image that has it (Ubuntu 24.04: Python 3.12)"'
 export PIP_BREAK_SYSTEM_PACKAGES=1   # the image is the autograder's alone (Ubuntu 24.04's pip refuses otherwise)
-python3 -m pip install torch --index-url {CPU_TORCH}   # CPU only: Gradescope has no GPU
-python3 -m pip install -e {KIT_FOLDER}/   # editable: the kit finds its suite, solutions and fixtures in {KIT_FOLDER}/
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+python3 -m pip install --no-deps torch=={torch} --index-url {index}   # CPU only: Gradescope has no GPU
+python3 -m pip install -r {requirements}   # the rest of what grading imports, and what torch needs, pinned
+python3 -m pip install --no-deps -e {kit}/   # editable: the kit finds its suite, solutions and fixtures in {kit}/
 """
 
 RUN_AUTOGRADER = f"""#!/usr/bin/env bash
@@ -100,10 +122,13 @@ def build_zip(out, assignment: str = "attention", points: dict[str, float] | Non
     points = points or plan_points(100, None, assignment)
     settings = {"assignment": assignment, "points": points, "test_timeout": test_timeout, "time_budget": time_budget,
                 "allow_plain": allow_plain}
+    versions = tested_versions()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
-        _add(zf, "setup.sh", SETUP_SH, executable=True)
+        _add(zf, "setup.sh", setup_sh(versions), executable=True)
+        _add(zf, REQUIREMENTS, "".join(f"{name}=={version}\n" for name, version in sorted(versions.items())
+                                       if name != "torch"))
         _add(zf, "run_autograder", RUN_AUTOGRADER, executable=True)
         _add(zf, SETTINGS, json.dumps(settings, indent=1) + "\n")
         for name in SHIPPED:
@@ -112,6 +137,48 @@ def build_zip(out, assignment: str = "attention", points: dict[str, float] | Non
                 if file.is_file() and not file.is_symlink() and not set(file.parts) & set(SKIPPED_NAMES):
                     zf.write(file, f"{KIT_FOLDER}/{file.relative_to(KIT)}")
     return out
+
+
+def tested_versions(needs=GRADING_NEEDS) -> dict[str, str]:
+    """name -> version of ``needs`` and of everything they require, as installed here (where the kit was
+    tested): what the autograder's image installs. Local labels are dropped (torch 2.13.0+cpu -> 2.13.0: the
+    image takes the CPU build of that version)."""
+    from importlib.metadata import distribution
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    found, todo = {}, list(needs)
+    while todo:
+        dist = distribution(todo.pop())
+        name = canonicalize_name(dist.metadata["Name"])
+        if name in found:
+            continue
+        found[name] = Version(dist.version).public
+        for line in dist.requires or []:
+            required = Requirement(line)
+            if required.marker is None or required.marker.evaluate({"extra": ""}):
+                todo.append(required.name)
+    return found
+
+
+def python_floor(versions: dict[str, str]) -> tuple[int, int]:
+    """The oldest Python 3 that every one of ``versions`` supports (their Requires-Python), as installed here."""
+    from importlib.metadata import distribution
+
+    from packaging.specifiers import SpecifierSet
+
+    needs = [SpecifierSet(distribution(name).metadata.get("Requires-Python") or "") for name in versions]
+    return next((3, minor) for minor in range(8, 100) if all(f"3.{minor}.99" in spec for spec in needs))
+
+
+def setup_sh(versions: dict[str, str]) -> str:
+    """setup.sh for ``versions`` (``tested_versions``): torch from the CPU index, the rest from REQUIREMENTS."""
+    floor = python_floor(versions)
+    built = f"Python {sys.version_info.major}.{sys.version_info.minor}, torch {versions['torch']}"
+    return SETUP_SH.format(built=built, floor=floor, floor_text=".".join(map(str, floor)), torch=versions["torch"],
+                           index=CPU_TORCH, requirements=REQUIREMENTS, kit=KIT_FOLDER)
 
 
 def _add(zf: zipfile.ZipFile, name: str, text: str, executable: bool = False):
@@ -133,10 +200,11 @@ def is_public(nodeid: str, public: set[str]) -> bool:
     return bool(set(nodeid.partition("[")[0].split("::")[1:]) & public)
 
 
-def shares(points: float, n: int) -> list[float]:
-    """``points`` split into ``n`` shares of whole hundredths that add up to it exactly (in hundredths)."""
-    cents = round(points * 100)
-    return [(cents // n + (i < cents % n)) / 100 for i in range(n)]
+def check_worth(points: float, counted: int) -> float:
+    """What one of a stage's ``counted`` checks is worth: the same for every check and every submission (a
+    stage's counted checks do not depend on the submission), to four decimals so that Gradescope shows it
+    plainly; n of them add up to ``points`` within n / 20000."""
+    return round(points / counted, 4) if counted else 0.0
 
 
 def stage_title(stage: str) -> str:
@@ -146,20 +214,14 @@ def stage_title(stage: str) -> str:
 def stage_entries(stage: str, points: float, tests: list[dict], public: set[str]) -> tuple[float, list[dict]]:
     """(the stage's score, its results.json entries: its total, then one per counted or non-CUDA skipped check)."""
     score = stage_score(tests, points)
-    counted = [t for t in tests if t["outcome"] in ("passed", "failed")]
-    passed = [t["nodeid"] for t in counted if t["outcome"] == "passed"]
-    failed = [t["nodeid"] for t in counted if t["outcome"] == "failed"]
-    # The passed checks share the stage's score, the failed ones the rest: each is worth points / counted
-    # to within a hundredth, and the sums are exact.
-    earned = dict(zip(passed, shares(score, len(passed)) if passed else []))
-    worth = {**earned, **dict(zip(failed, shares(points - score, len(failed)) if failed else []))}
-    entries = [{"name": f"{stage_title(stage)} total: {score:g} of {points:g} points",
-                "output": stage_report(marker(stage), points, tests), "visibility": "after_published"}]
+    worth = check_worth(points, sum(t["outcome"] in ("passed", "failed") for t in tests))
+    entries = [total_entry(stage, points, tests)]
     for t in tests:
         if t["outcome"] == "skipped" and needs_cuda(t["nodeid"]):
             continue  # not run without a GPU, counts for nothing: the stage's report says so
+        counted = t["outcome"] in ("passed", "failed")
         entry = {"name": f"{stage_title(stage)} / {t['label']}",
-                 "score": earned.get(t["nodeid"], 0.0), "max_score": worth.get(t["nodeid"], 0.0),
+                 "score": worth if t["outcome"] == "passed" else 0.0, "max_score": worth if counted else 0.0,
                  "visibility": "visible" if is_public(t["nodeid"], public) else "after_published"}
         if t["outcome"] == "failed":
             entry["status"] = "failed"
@@ -170,6 +232,14 @@ def stage_entries(stage: str, points: float, tests: list[dict], public: set[str]
             entry["status"] = "passed"
         entries.append(entry)
     return score, entries
+
+
+def total_entry(stage: str, points: float, tests: list[dict]) -> dict:
+    """A stage's unscored entry: its total in the name, its report as output, passed when every check did."""
+    failed = any(t["outcome"] == "failed" for t in tests)
+    return {"name": f"{stage_title(stage)} total: {stage_score(tests, points):g} of {points:g} points",
+            "status": "failed" if failed else "passed", "output": stage_report(marker(stage), points, tests),
+            "visibility": "after_published"}
 
 
 def results(graded: dict, points: dict[str, float]) -> dict:
@@ -187,7 +257,7 @@ def results(graded: dict, points: dict[str, float]) -> dict:
               f"(graded in {graded.get('seconds', 0):.1f} s; sandbox: {confinement.get('mode', 'unknown')})"]
     tests.append(sandbox_entry(confinement))
     return {"score": round(total, 2), "output": "\n".join(lines), "visibility": "visible",
-            "stdout_visibility": "hidden", "tests": tests}
+            "stdout_visibility": "hidden", "tests": tests, **TEXT_OUTPUT}
 
 
 def sandbox_entry(confinement: dict) -> dict:
@@ -205,7 +275,105 @@ def sandbox_entry(confinement: dict) -> dict:
 
 def failure(why: str) -> dict:
     return {"score": 0, "output": f"This submission could not be graded: {why}\nPlease tell your instructor.",
-            "visibility": "visible", "tests": []}
+            "visibility": "visible", "tests": [], **TEXT_OUTPUT}
+
+
+def to_fix(why: str) -> dict:
+    """The results of an upload the student can put right: score 0, and what to upload."""
+    return {"score": 0, "output": f"Nothing was graded: {why}", "visibility": "visible", "tests": [], **TEXT_OUTPUT}
+
+
+# ---------------------------------------------------------------- what was uploaded
+
+MAX_ZIP_BYTES = 50 << 20  # an uploaded zip larger than this is not opened
+IGNORED = ("__MACOSX", "__pycache__")  # folders that zips and Python leave beside the modules
+
+
+class UploadError(Exception):
+    """An upload with no stage module of the assignment where the autograder looks: says what to upload."""
+
+
+@contextlib.contextmanager
+def upload(submission: Path, stages: list[str]):
+    """The folder whose stage modules are graded: ``submission`` if they are at its top level, else the one
+    folder (not a link) or zip file at its top level that holds them (a zip: at its top level or in a folder
+    of it). A zip's modules are taken out, as regular files within the size a module may have, into a
+    private folder that lasts as long as the context. An UploadError says what to upload otherwise."""
+    from . import scratch
+
+    wanted = [f"{stage}.py" for stage in stages]
+    if _ours(submission, wanted):
+        yield submission
+        return
+    places = {}  # where the assignment's modules are -> their zip members (None: a folder)
+    for entry in sorted(Path(submission).iterdir()):
+        if entry.is_symlink() or entry.name.startswith(".") or entry.name in IGNORED:
+            continue
+        if entry.is_dir() and _ours(entry, wanted):
+            places[entry] = None
+        elif entry.suffix.lower() == ".zip" and entry.is_file():
+            for folder, members in _zipped(entry, wanted).items():
+                places[(entry, folder)] = members
+    if len(places) != 1:
+        raise UploadError(_what_to_upload(submission, wanted, places))
+    ((place, members),) = places.items()
+    if members is None:
+        yield place
+        return
+    with scratch.Folder("upload") as unpacked:
+        try:
+            with zipfile.ZipFile(place[0]) as zf:
+                for info in members:
+                    with zf.open(info) as data:
+                        text = data.read(MAX_MODULE_BYTES + 1)
+                    if len(text) <= MAX_MODULE_BYTES:  # a larger module is not graded (grader.submission)
+                        (unpacked.path / PurePosixPath(info.filename).name).write_bytes(text)
+        except (OSError, RuntimeError, EOFError, NotImplementedError, zipfile.BadZipFile, zlib.error) as exc:
+            raise UploadError(f"{printable(place[0].name)} could not be read ({printable(exc)}): upload the "
+                              f"modules themselves ({', '.join(wanted)}); you may submit again") from None
+        yield unpacked.path
+
+
+def _ours(folder: Path, wanted: list[str]) -> bool:
+    """Whether ``folder`` holds a stage module of ``wanted`` (a file, or a link: graded as one that fails)."""
+    return bool(({p.name for p in module_files(folder)} | set(linked_modules(folder))) & set(wanted))
+
+
+def _zipped(archive: Path, wanted: list[str]) -> dict[str, list]:
+    """folder of the zip ("" for its top level) -> its members that are stage modules of ``wanted``, regular
+    files, at the top level or one folder down; {} for a file that is no zip this reads."""
+    try:
+        if archive.stat().st_size > MAX_ZIP_BYTES:
+            return {}
+        with zipfile.ZipFile(archive) as zf:
+            members = zf.infolist()
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return {}
+    found = {}
+    for info in members:
+        path = PurePosixPath(info.filename)
+        regular = (info.external_attr >> 16) & 0o170000 in (0, 0o100000)  # not a link, a device, a folder
+        if (len(path.parts) <= 2 and path.name in wanted and regular and not info.is_dir()
+                and not set(path.parts) & set(IGNORED)):
+            found.setdefault(str(path.parent) if len(path.parts) == 2 else "", []).append(info)
+    return found
+
+
+def _what_to_upload(submission: Path, wanted: list[str], places: dict) -> str:
+    where = [f"{place.relative_to(submission)}/" if isinstance(place, Path) else
+             f"{place[0].name}" + (f" (in {place[1]}/)" if place[1] else "") for place in places]
+    held = sorted(p.name + ("/" if p.is_dir() else "") for p in Path(submission).iterdir())
+    others = sorted({printable(p.name) for p in module_files(submission)} - set(wanted))
+    said = [f"the stage modules are in {len(where)} places ({', '.join(map(printable, where))}): upload one set"
+            if places else "no stage module of this assignment was found in the upload"]
+    if others:
+        said.append(f"{', '.join(others)} belong{'s' * (len(others) == 1)} to the "
+                    f"{assignment_of(Path(others[0]).stem)} assignment, not this one")
+    said.append(f"upload the modules themselves ({', '.join(wanted)}), or one folder or one zip file that holds "
+                "them; you may submit again")
+    said.append(f"(uploaded: {', '.join(map(printable, held[:12]))}{' ...' if len(held) > 12 else ''})"
+                if held else "(the upload was empty)")
+    return "; ".join(said[:-1]) + ". " + said[-1]
 
 
 def run(root, settings_file) -> dict:
@@ -215,17 +383,16 @@ def run(root, settings_file) -> dict:
     try:
         settings = json.loads(Path(settings_file).read_text())
         points = settings["points"]
-        folder = root / "submission"
-        if not S.sources(folder):
-            found = failure(f"no stage module (like {next(iter(points))}.py) at the top level of the upload: "
-                            "submit the module files themselves, not a folder or an archive")
-        else:
-            limits = Limits(check_seconds=settings["test_timeout"], budget_seconds=settings["time_budget"])
-            # All of the container's root (the kit, this run's settings, run_autograder, results/) is the
-            # grader's: boxes get a copy of the submission's modules.
-            graded = grade_folder(folder, limits, list(points), allow_plain=settings.get("allow_plain", False),
-                                  private=[root])
+        limits = Limits(check_seconds=settings["test_timeout"], budget_seconds=settings["time_budget"])
+        try:
+            with upload(root / "submission", list(points)) as folder:
+                # All of the container's root (the kit, this run's settings, run_autograder, results/) is the
+                # grader's: boxes get a copy of the submission's modules.
+                graded = grade_folder(folder, limits, list(points), allow_plain=settings.get("allow_plain", False),
+                                      private=[root])
             found = results(graded, points)  # (the worker, and every box of it, is gone)
+        except UploadError as exc:
+            found = to_fix(str(exc))
     except Exception as exc:  # a worker error, a broken image: Gradescope must still get a verdict
         traceback.print_exc()
         found = failure(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -242,7 +409,7 @@ def main(argv=None):
     p.add_argument("--settings", help=f"default: ROOT/source/{SETTINGS}")
     args = parser.parse_args(argv)
     found = run(args.root, args.settings or Path(args.root) / "source" / SETTINGS)
-    print(found["output"])
+    print(printable(found["output"], newlines=True))  # the autograder's log, which instructors read
     return 0
 
 
@@ -259,9 +426,10 @@ def cli(args) -> int:
         print(f"attnkit gradescope: error: {budget_problem(args.test_timeout, args.time_budget)}", file=sys.stderr)
         return 2
     out = build_zip(args.out, args.assignment, points, args.test_timeout, args.time_budget, args.allow_plain)
+    floor = ".".join(map(str, python_floor(tested_versions())))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): Gradescope's autograder for {args.assignment}, "
           f"{len(points)} stages, {sum(points.values()):g} points; upload it as a zip-file autograder "
-          "(Ubuntu base image, no GPU)")
+          f"(an Ubuntu base image with Python {floor} or later, e.g. Ubuntu 24.04; no GPU)")
     return 0
 
 

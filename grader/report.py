@@ -11,14 +11,22 @@ and writes ``COURSE/attnkit-grades/<assignment>/report/index.html`` with
 - the most frequent diagnosed mistakes per stage (the "Likely mistake:" lines of failed tests),
   apart from the stages students left as stubs (a stub is not a mistake, and one untouched
   submission would otherwise top every stage's chart),
-- the students whose code hit a limit (time, memory, crash, exit, output), with the stage.
+- the modules that could not be run at all (a syntax error, an import that fails, a missing file),
+- the students whose code hit a limit (time, memory, crash, exit, output, the submission's budget), with
+  the stage: one hit per student, stage and kind (one check runs out of time, and the rest of its stage
+  is not run: one hit, its checks counted beside it).
 
 Every plot has a table next to it with the same numbers, so the page is readable without the images.
 Points come from the gradebook when there is one (it is what ``nbgrader export`` shows); the JSON
 files supply the details. Where the two disagree, the page says so.
+
+Everything in a record a student controls (their id, messages, mistakes) is inert here: escaped in the
+HTML, and drawn as plain text in the plots (no mathtext or TeX: ``plain_text``), with control characters
+shown as escapes (``grader.untrusted``).
 """
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import re
@@ -32,10 +40,14 @@ from pathlib import Path
 from stage_names import teaching_order
 
 from . import results as R
+from .untrusted import printable
 
 LIMIT_KINDS = ("time", "memory", "crash", "exit", "output")
 TOP_MISTAKES = 8  # mistakes listed per stage
 STUB = re.compile(r"\bNotImplementedError\b")  # what a stub raises (grader/stubs.py writes them)
+# What the suite's adapters say when a stage module cannot be run at all (tests/adapters.py, SubmissionError):
+COULD_NOT_RUN = re.compile(r"\S+\.py (has a syntax error on line|is missing from )|\S+ contains null bytes|"
+                           r"importing \S+\.py failed with ")
 BINS = 10  # histogram bins over 0..100 %
 
 
@@ -99,6 +111,7 @@ class StageSummary:
     mistakes: Counter = field(default_factory=Counter)  # mistake text -> tests that named it
     mistake_students: dict = field(default_factory=lambda: defaultdict(set))  # mistake -> students
     stubs: set = field(default_factory=set)  # students with a check that ran into a stub of this stage
+    could_not_run: dict = field(default_factory=dict)  # student -> why the stage's module could not be run (first line)
 
     @property
     def students_with_mistakes(self) -> set:
@@ -129,11 +142,14 @@ class StageSummary:
 
 @dataclass
 class Limit:
+    """One limit hit: a student's stage ran into a limit of one kind (the submission's time budget: once in all);
+    ``test`` is the first check that did, ``checks`` how many failed by it (the ones not run after it too)."""
     student: str
     stage: str
     kind: str
     test: str
     message: str
+    checks: int = 1
 
 
 @dataclass
@@ -145,6 +161,14 @@ class ClassReport:
     limits: list  # [Limit]
     mismatches: list = field(default_factory=list)  # gradebook vs JSON disagreements, as text
 
+    def limit_summary(self) -> str:
+        """The limit hits in words: "2 limit hits (6 checks failed by them)"."""
+        hits, checks = len(self.limits), sum(x.checks for x in self.limits)
+        if not hits:
+            return "no limit hit"
+        return (f"{hits} limit hit{'s' * (hits > 1)} ({checks} check{'s' * (checks > 1)} failed by "
+                f"{'them' if hits > 1 else 'it'})")
+
 
 def first_line(text: str) -> str:
     return " ".join(text.strip().split("\n")[0].split())
@@ -155,6 +179,12 @@ def is_stub(test: dict) -> bool:
     return bool(STUB.search(test.get("message") or ""))
 
 
+def could_not_run(test: dict) -> str | None:
+    """Why a failed check's stage module could not be run at all (the first line of the message), or None."""
+    message = (test.get("message") or "").strip()
+    return first_line(message) if COULD_NOT_RUN.match(message) else None
+
+
 def summarize(results: list[dict], gradebook: dict | None = None, assignment: str | None = None,
               source: str = "") -> ClassReport:
     """The report's numbers. ``gradebook`` ({student: {stage: (score, max)}}), when given, supplies
@@ -163,6 +193,7 @@ def summarize(results: list[dict], gradebook: dict | None = None, assignment: st
     students, limits, mismatches = {}, [], []
     for record in results:
         student = record["student"]
+        hits = {}  # (stage, kind), or ("budget",) once for all stages -> this student's Limit
         book = (gradebook or {}).get(student) if gradebook is not None else None
         if gradebook is not None and book is None:
             mismatches.append(f"{student}: has a result file but no submission in the gradebook")
@@ -191,15 +222,23 @@ def summarize(results: list[dict], gradebook: dict | None = None, assignment: st
             for test in entry.get("tests", []):
                 if test.get("outcome") == "failed" and is_stub(test):
                     s.stubs.add(student)
+                elif test.get("outcome") == "failed" and could_not_run(test):
+                    s.could_not_run.setdefault(student, could_not_run(test))
                 elif test.get("outcome") == "failed":
                     for mistake in test.get("mistakes") or []:
                         text = first_line(mistake)
                         if text:
                             s.mistakes[text] += 1
                             s.mistake_students[text].add(student)
-                if test.get("limit"):
-                    limits.append(Limit(student, stage, test["limit"], test.get("label") or test.get("nodeid", ""),
-                                        first_line(test.get("message") or "")))
+                kind = test.get("limit")
+                if kind:
+                    key = ("budget",) if kind == "budget" else (stage, kind)
+                    if key in hits:  # a check not run because of it, or the same limit again
+                        hits[key].checks += 1
+                    else:
+                        hits[key] = Limit(student, stage, kind, test.get("label") or test.get("nodeid", ""),
+                                          first_line(test.get("message") or ""))
+                        limits.append(hits[key])
         students[student] = {"total": round(total, 2), "max_total": record.get("max_total"),
                              "seconds": record.get("seconds")}
     if gradebook is not None:
@@ -221,6 +260,16 @@ def _pyplot():
     return plt
 
 
+@contextlib.contextmanager
+def plain_text():
+    """Text drawn as it is written: no mathtext (``$...$`` in a student's text would be parsed, and a bad
+    expression fails the whole figure) and no TeX (an instructor's matplotlibrc may turn it on)."""
+    import matplotlib
+
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        yield
+
+
 def _whole_numbers(axis):
     """Ticks at whole numbers only: the axis counts students."""
     from matplotlib.ticker import MaxNLocator
@@ -230,6 +279,16 @@ def _whole_numbers(axis):
 
 def plot_scores(report: ClassReport, path: Path) -> Path:
     """Small multiples: one histogram of points/max per stage, plus the totals."""
+    plt = _pyplot()
+    fig = scores_figure(report)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def scores_figure(report: ClassReport):
+    """The figure of ``plot_scores``: a panel per stage, then the totals' panel; each panel at the bottom of
+    its column says what its x axis counts."""
     plt = _pyplot()
     panels = list(report.stages.values())
     n = len(panels) + 1
@@ -255,12 +314,11 @@ def plot_scores(report: ClassReport, path: Path) -> Path:
         ax.axis("off")
     for ax in axes[:, 0]:
         ax.set_ylabel("students", fontsize=8)
-    for ax in axes[-1, :]:
-        ax.set_xlabel("% of the stage's points", fontsize=8)
+    for i, ax in enumerate(list(axes.flat)[:n]):
+        if i + cols >= n:  # nothing below it
+            ax.set_xlabel("% of the total points" if i == len(panels) else "% of the stage's points", fontsize=8)
     fig.suptitle(f"Score distribution per stage ({len(report.students)} students; red line: mean)", fontsize=11)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def plot_mistakes(report: ClassReport, path: Path) -> Path | None:
@@ -275,7 +333,7 @@ def plot_mistakes(report: ClassReport, path: Path) -> Path | None:
                              layout="constrained")
     for ax, s in zip(axes[:, 0], panels):
         top = top_mistakes(s)
-        labels = ["\n".join(textwrap.wrap(text, 70, max_lines=2, placeholder=" …")) for text, _, _ in top]
+        labels = ["\n".join(textwrap.wrap(printable(text), 70, max_lines=2, placeholder=" …")) for text, _, _ in top]
         counts = [len(students) for _, _, students in top]
         ax.barh(range(len(top)), counts, color="#dd8452")
         ax.set_yticks(range(len(top)), labels, fontsize=7)
@@ -340,7 +398,8 @@ img { max-width: 100%; border: 1px solid #eee; }
 
 
 def _e(value) -> str:
-    return html.escape(str(value))
+    """``value`` as HTML text: markup escaped, control characters shown as escapes."""
+    return html.escape(printable(value))
 
 
 def _table(head: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
@@ -373,14 +432,16 @@ def render_html(report: ClassReport, images: dict) -> str:
         parts.append(f"<img src='{_e(images['scores'])}' alt='histograms of the score per stage'>")
     rows = [[s.stage, f"{s.max_points:g}", f"{s.mean:.2f}",
              f"{(s.mean / s.max_points * 100) if s.max_points else 0:.0f} %",
-             f"{s.median:g}", s.full_marks, s.zero, len(s.students_with_mistakes), len(s.stubs)]
+             f"{s.median:g}", s.full_marks, s.zero, len(s.students_with_mistakes), len(s.stubs), len(s.could_not_run)]
             for s in report.stages.values()]
     parts.append(_table(["stage", "max", "mean", "mean %", "median", "full marks", "zero", "named mistakes",
-                         "still stubs"], rows, numeric={1, 2, 3, 4, 5, 6, 7, 8}))
-    parts.append("<p class=small>full marks, zero, named mistakes, still stubs: numbers of students. Named "
-                 "mistakes: students with at least one failed check that names a likely mistake; still stubs: "
-                 "students with a part of the stage not written yet (its TODO still raises "
-                 "NotImplementedError), not counted as a mistake.</p>")
+                         "still stubs", "could not run"], rows, numeric={1, 2, 3, 4, 5, 6, 7, 8, 9}))
+    parts.append("<p class=small>full marks, zero, named mistakes, still stubs, could not run: numbers of "
+                 "students. Named mistakes: students with at least one failed check that names a likely mistake; "
+                 "still stubs: students with a part of the stage not written yet (its TODO still raises "
+                 "NotImplementedError), not counted as a mistake; could not run: students whose module of the "
+                 "stage could not be run at all (a syntax error, a failing import, a missing file), listed "
+                 "below.</p>")
 
     parts.append("<h2 id=mistakes>Most frequent diagnosed mistakes</h2>")
     parts.append("<p class=small>From the “Likely mistake:” lines of failed tests. Students: how many students' "
@@ -406,13 +467,23 @@ def render_html(report: ClassReport, images: dict) -> str:
         parts.append(_table(["stage", "students", "who"],
                             [[s.stage, len(s.stubs), ", ".join(sorted(s.stubs))] for s in stubs], numeric={1}))
 
+    unrun = [(s.stage, who, why) for s in report.stages.values() for who, why in sorted(s.could_not_run.items())]
+    if unrun:
+        parts.append("<h3 id=not-run>Modules that could not be run</h3>")
+        parts.append("<p class=small>Every check of the stage failed before the student's code ran: the stage's "
+                     "score is 0 whatever the rest of the module holds.</p>")
+        parts.append(_table(["stage", "student", "why"], [[stage, who, why[:300]] for stage, who, why in unrun]))
+
     parts.append("<h2 id=limits>Students who hit limits</h2>")
     if images.get("limits"):
         parts.append(f"<img src='{_e(images['limits'])}' alt='students per stage who hit a limit'>")
     if report.limits:
-        parts.append(_table(["student", "stage", "limit", "test", "message"],
-                            [[x.student, x.stage, x.kind, x.test, x.message[:200]] for x in
-                             sorted(report.limits, key=lambda x: (x.student, x.stage, x.test))]))
+        parts.append(f"<p class=small>{_e(report.limit_summary())}. One hit per student, stage and limit (the "
+                     "submission's time budget: one in all); checks: the checks failed by it, the ones not run "
+                     "after it included.</p>")
+        parts.append(_table(["student", "stage", "limit", "test", "checks", "message"],
+                            [[x.student, x.stage, x.kind, x.test, x.checks, x.message[:200]] for x in
+                             sorted(report.limits, key=lambda x: (x.student, x.stage, x.test))], numeric={4}))
     else:
         parts.append("<p>No student's code hit a time, memory, crash, exit or output limit.</p>")
 
@@ -436,9 +507,10 @@ def write_report(report: ClassReport, out_dir) -> Path:
     for old in out_dir.glob("*.png"):
         old.unlink()
     images = {}
-    for name, plot in (("scores", plot_scores), ("mistakes", plot_mistakes), ("limits", plot_limits)):
-        if plot(report, out_dir / f"{name}.png"):
-            images[name] = f"{name}.png"
+    with plain_text():
+        for name, plot in (("scores", plot_scores), ("mistakes", plot_mistakes), ("limits", plot_limits)):
+            if plot(report, out_dir / f"{name}.png"):
+                images[name] = f"{name}.png"
     index = out_dir / "index.html"
     index.write_text(render_html(report, images), encoding="utf-8")
     return index

@@ -29,11 +29,14 @@ a crash (signal), an exit (``sys.exit``/``os._exit`` in learner code), or the ca
 on captured output (the output was truncated; the verdict stands on its own).
 
 Beside the per-student files: ``grades.csv`` (one row per student: total and
-points per stage) and ``grades.json`` (``{"schema": 1, "assignment", "max_total",
+points per stage; a cell a spreadsheet would run as a formula starts with ``'``) and
+``grades.json`` (``{"schema": 1, "assignment", "max_total",
 "stages": {marker: max_points}, "students": [{"student", "total", "points":
 {marker: points}, "limits": [markers of stages that hit a limit], "fingerprint",
 "graded_at"}]}``). Every file is written atomically (a temporary file renamed
-over the old one), so a run killed at any moment leaves each file whole.
+over the old one), so a run killed at any moment leaves each file whole. A student id names a file
+here, so it must be one that can (``student_problem``): a folder named ``grades`` or ``<b>`` is
+refused before it is graded, never written.
 """
 from __future__ import annotations
 
@@ -48,9 +51,11 @@ from pathlib import Path
 from .kit import marker
 from .scoring import limit_of, mistakes, stage_score
 from .submission import seed_of
+from .untrusted import csv_cell, id_problem
 
 SCHEMA = 1
 GRADES_DIR = "attnkit-grades"  # in an nbgrader course: GRADES_DIR/<assignment>/<student>.json
+SUMMARY_FILES = ("grades.csv", "grades.json")  # the run's own files, beside the records
 
 
 def results_dir(course_root, assignment: str) -> Path:
@@ -123,7 +128,21 @@ def with_suppressed(func, *args):
         pass
 
 
+def _own_file(student: str) -> str | None:
+    """The run's own file that ``student``'s record would be (on any file system, case-insensitive ones too)."""
+    return next((name for name in SUMMARY_FILES if name.casefold() == f"{student}.json".casefold()), None)
+
+
+def student_problem(student: str) -> str | None:
+    """Why ``student`` cannot have a record (None: it can): not a safe student id (``grader.untrusted``), or
+    one whose record would be one of the run's own files (``grades`` -> grades.json). Refused before grading."""
+    own = _own_file(student)
+    return id_problem(student) or (own and f"its record {student}.json would be the run's own {own}")
+
+
 def record_path(out: Path, student: str) -> Path:
+    if Path(student).name != student or student in ("", ".", "..") or _own_file(student):
+        raise ValueError(f"{student!r} cannot name a record in {out}: it would be another file")
     return Path(out) / f"{student}.json"
 
 
@@ -148,7 +167,7 @@ def read_records(out: Path, students=None) -> dict[str, dict]:
     """student -> record for the records in ``out`` (only ``students`` if given)."""
     found = {}
     for path in sorted(Path(out).glob("*.json")):
-        if path.name == "grades.json" or (students is not None and path.stem not in students):
+        if path.name in SUMMARY_FILES or (students is not None and path.stem not in students):
             continue
         record = read_record(path)
         if record is not None and record.get("student") == path.stem:
@@ -172,11 +191,13 @@ def write_summary(out: Path, assignment: str, records: list[dict]) -> tuple[Path
     summary = {"schema": SCHEMA, "assignment": assignment,
                "max_total": round(sum(stages.values()), 2), "stages": stages, "students": rows}
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    # Every text cell quoted (OWASP: a tab, CR or quote in a student id stays inside its cell), numbers as they are.
+    writer = csv.writer(buffer, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
     writer.writerow(["student", "total", "max_total", *stages, "limits", "graded_at"])
     for row in rows:
-        writer.writerow([row["student"], row["total"], summary["max_total"],
-                         *(row["points"].get(m, "") for m in stages), " ".join(row["limits"]), row["graded_at"]])
+        writer.writerow([csv_cell(cell) for cell in (
+            row["student"], row["total"], summary["max_total"], *(row["points"].get(m, "") for m in stages),
+            " ".join(row["limits"]), row["graded_at"])])
     csv_path, json_path = Path(out) / "grades.csv", Path(out) / "grades.json"
     write_atomic(csv_path, buffer.getvalue())
     write_atomic(json_path, json.dumps(summary, indent=1) + "\n")

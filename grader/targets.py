@@ -1,9 +1,12 @@
 """What ``attnkit grade`` grades, and where the grades go: an nbgrader course, or a plain folder."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from shlex import quote
+
+from stage_names import assignment_of, module_files
 
 from . import results as R
 from .gradebook import GradebookSync
@@ -30,6 +33,7 @@ class Target:
     where: str = "the target"  # where the submissions were looked for, and how they get there (said if none)
     allow_plain: bool = False  # grade where no confinement holds (learner code unconfined: the instructor's choice)
     submissions_root: Path | None = None  # (a plain folder of submissions) that folder
+    chosen: str = ""  # how the assignment was chosen when none was named and there was a choice (said at the start)
 
     @property
     def private(self) -> list[Path]:
@@ -58,30 +62,68 @@ def assignments(course) -> list[str]:
     return sorted(names)
 
 
-def course_assignment(course, asked: str | None, command: str) -> str:
-    """``asked`` (default: the course's own assignment), if the course has it; else a TargetError naming
-    those it has, with the ``attnkit COMMAND`` line that uses one."""
-    if asked is None:
-        return course.assignment
+def course_assignment(course, asked: str | None, command: str) -> tuple[str, str]:
+    """(``asked``, "") if the course has it, else a TargetError naming those it has, with the ``attnkit COMMAND``
+    line that uses one. None asked: the course's assignment that ``command`` has work for (submissions to grade,
+    records to report on), and a sentence saying it was chosen so (see ``chosen_assignment``)."""
     known = assignments(course)
+    if asked is None:
+        if command == "grade":
+            found = {name: len(submitted(course, name)) for name in known}
+            what = f"submissions in {quote(str(course.root / 'submitted'))}"
+        else:
+            found = {name: len(R.read_records(R.results_dir(course.root, name))) for name in known}
+            what = f"grades in {quote(str(course.root / R.GRADES_DIR))}"
+        name, chosen = chosen_assignment(found, what, command)
+        return name or course.assignment, chosen
     if asked not in known:
         raise TargetError(f"the course in {quote(str(course.root))} has no assignment {asked!r}; its assignments: "
                           f"{', '.join(known)} (e.g. `attnkit {command} {quote(known[0])}`)")
-    return asked
+    return asked, ""
+
+
+def chosen_assignment(found: dict[str, int], what: str, command: str) -> tuple[str | None, str]:
+    """When no assignment was named: the one of ``found`` (assignment -> how many of ``what`` it has) with any,
+    and, if there was a choice, a sentence saying why it was chosen; (None, "") when none has any. Several
+    have some: a TargetError that asks which, since grading one as the other gives wrong grades."""
+    have = {name: n for name, n in found.items() if n}
+    if len(have) > 1:
+        listed = ", ".join(f"{name} ({n})" for name, n in have.items())
+        raise TargetError(f"there are {what} of {len(have)} assignments: {listed}; name the one to {command}, e.g. "
+                          f"`attnkit {command} {quote(next(iter(have)))}`")
+    if not have:
+        return None, ""
+    (name,) = have
+    chosen = "" if len(found) == 1 else (
+        f"{name}: the only assignment with {what} (of {', '.join(found)}); name one to choose: "
+        f"`attnkit {command} ASSIGNMENT`")
+    return name, chosen
+
+
+def submitted(course, assignment: str) -> dict[str, Path]:
+    """nbgrader's layout: student -> COURSE/submitted/<student>/<assignment>/."""
+    folder = course.root / "submitted"
+    if not folder.is_dir():
+        return {}
+    return {p.name: p / assignment for p in sorted(folder.iterdir())
+            if p.is_dir() and not p.name.startswith(".") and (p / assignment).is_dir()}
+
+
+def modules_by_assignment(folders) -> dict[str, int]:
+    """assignment -> how many of the submission ``folders`` hold stage modules of it."""
+    found = Counter()
+    for folder in folders:
+        found.update({assignment_of(path.stem) for path in module_files(folder)})
+    return dict(found)
 
 
 def course_target(course_dir, assignment: str | None) -> Target:
     """nbgrader's layout: COURSE/submitted/<student>/<assignment>/."""
     course = load_course(course_dir)
-    assignment = course_assignment(course, assignment, "grade")
+    assignment, chosen = course_assignment(course, assignment, "grade")
     if assignment in course.assignments:
         course = course.of(assignment)
-    submitted = course.root / "submitted"
-    found = {}
-    if submitted.is_dir():
-        for student in sorted(p for p in submitted.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if (student / assignment).is_dir():
-                found[student.name] = student / assignment
+    found = submitted(course, assignment)
     timestamps = {}
     for student, folder in found.items():
         stamp = folder / "timestamp.txt"
@@ -92,15 +134,17 @@ def course_target(course_dir, assignment: str | None) -> Target:
                   timestamps=timestamps,
                   gradebook=GradebookSync(course.gradebook_url, assignment, course.notebook, dict(course.points),
                                           course.course_id),
-                  course_root=course.root, allow_plain=course.allow_plain,
-                  where=f"nothing in {quote(str(submitted))}/<student>/{assignment}/; collect the submissions first "
-                        f"(in the course folder: `nbgrader collect {assignment}`, or `nbgrader zip_collect "
-                        f"{assignment}` for an LMS download)")
+                  course_root=course.root, chosen=chosen, allow_plain=course.allow_plain,
+                  where=f"nothing in {quote(str(course.root / 'submitted'))}/<student>/{assignment}/; collect the "
+                        f"submissions first (in the course folder: `nbgrader collect {assignment}`, or "
+                        f"`nbgrader zip_collect {assignment}` for an LMS download)")
 
 
 def folder_target(submissions_dir, out, assignment: str | None = None, points=None,
-                  test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None) -> Target:
-    """A folder of submission folders, one per student (named after the student)."""
+                  test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None, course=None) -> Target:
+    """A folder of submission folders, one per student (named after the student), graded on ``points`` (default:
+    ``course``'s points of the assignment, or the kit's). No ``assignment`` (nor ``points``): the one (of the
+    course's, or the kit's) whose stage modules the submissions hold (see ``chosen_assignment``)."""
     from .course import ASSIGNMENT, plan_points
 
     root = Path(submissions_dir).resolve()
@@ -113,12 +157,21 @@ def folder_target(submissions_dir, out, assignment: str | None = None, points=No
         raise TargetError(f"--out {quote(str(out))} is inside --submissions {quote(str(root))}: "
                           "put the grades somewhere else")
     found = {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and not p.name.startswith(".")}
+    chosen = ""
+    if assignment is None and points is None:
+        held = modules_by_assignment(found.values())
+        assignment, chosen = chosen_assignment({name: held.get(name, 0) for name in
+                                                (assignments(course) if course else ASSIGNMENTS)},
+                                               f"stage modules in {quote(str(root))}", "grade")
+    if course is not None and points is None:
+        assignment, _ = course_assignment(course, assignment or course.assignment, "grade")
+        points = load_course(course.root, assignment).points
     assignment = assignment or ASSIGNMENT
     if points is None and assignment not in ASSIGNMENTS:
         raise TargetError(f"the kit has no assignment {assignment!r}: its assignments are {', '.join(ASSIGNMENTS)} "
                           "(or give --course, whose assignment's points are used)")
     return Target(submissions=found, assignment=assignment, out=out,
                   points=dict(points or plan_points(assignment=assignment)), test_timeout=test_timeout,
-                  time_budget=time_budget, submissions_root=root,
+                  time_budget=time_budget, submissions_root=root, chosen=chosen,
                   where=f"{quote(str(root))} holds no submission folder (it should hold one folder per student, "
                         "named after the student, with the student's stage modules, sNN_*.py or mNN_*.py)")

@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from servers import free_port
 
 from grader import results as R
 from grader import scoring
@@ -30,6 +32,7 @@ from grader.kit import SOLUTIONS, stages
 from grader.samples import by_student, write_submission
 from grader.sandbox import Limits
 from grader.targets import folder_target
+from grader.untrusted import ID_RULE, printable
 from load import cpu_hogs
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -88,6 +91,46 @@ def test_a_folder_or_link_named_like_a_module_neither_crashes_nor_counts(tmp_pat
     assert b"submitted as a symbolic link" in graded["s06_causal_mask.py"]
     assert {k: v for k, v in graded.items() if k != "s06_causal_mask.py"} == \
         {k: v for k, v in S.sources(clean).items() if k != "s06_causal_mask.py"}
+
+
+def test_text_a_student_controls_reaches_the_terminal_inert():
+    """Control and format characters (ESC sequences, a bell, U+202E, undecodable bytes) are shown as escapes."""
+    assert printable("Zoë Ng, alice@uni.edu: 'x' (y)") == "Zoë Ng, alice@uni.edu: 'x' (y)"
+    assert printable("a\x1b[2Jb\x07\u202ec\udcff\td\n") == "a\\x1b[2Jb\\x07\\u202ec\\udcff\\td\\n"
+    assert printable("one\ntwo\r", newlines=True) == "one\ntwo\\r"
+
+
+def test_student_ids_that_cannot_be_safe_file_names_are_refused():
+    """A student id names a file (<student>.json), a gradebook row and, raw, parts of nbgrader's formgrader pages:
+    it must be a safe file name of letters, digits and . _ - @ + (spaces inside), and not the run's own file."""
+    for good in ("ada", "Zoë Ng", "alice@uni.edu", "bob.smith+cs101", "_x", "42", "Ωμέγα-3"):
+        assert R.student_problem(good) is None, good
+    for bad, why in {"grades": "the run's own grades.json", "GRADES": "grades.json", "": "empty",
+                     "=HYPERLINK(\"http://evil.example\",\"x\")": "holds", "-rf": "starts with '-'",
+                     "+1": "starts with", "@x": "starts with", ".hidden": "starts with", "a/b": "'/'",
+                     "<img src=x onerror=alert(1)>": "'<'", "evil\x1b]0;owned\x07": "control",
+                     "a\u202eb": "invisible", "\udcff": "UTF-8", "x" * 129: "too long", "é" * 101: "too long",
+                     "trailing ": "ends with a space", "two  spaces": "two in a row", "o'brien": "\"'\""}.items():
+        problem = R.student_problem(bad)
+        assert problem is not None and why in problem, (bad, problem)
+    with pytest.raises(ValueError):  # nor can a record be written over the run's own files
+        R.record_path(Path("/out"), "grades")
+
+
+def test_csv_cells_a_spreadsheet_would_run_are_text(tmp_path):
+    """OWASP's rule for CSV injection: a cell that starts with = + - @, a tab or a carriage return is written with
+    a leading apostrophe, so that a spreadsheet shows it instead of running it (here: a record of an id an older
+    kit accepted, or a record written elsewhere); grades.json keeps the ids as they are."""
+    ids = ["=HYPERLINK(\"http://evil.example\",\"x\")", "+1+2", "-2+3", "@SUM(A1:A9)", "\tcmd", "\rcmd", "a=b", "ada"]
+    tests = [{"nodeid": "tests/test_s01_attention_scores.py::test_a", "stage": "s01_attention_scores",
+              "marker": "attention_scores", "label": "a", "outcome": "passed", "message": ""}]
+    records = [R.build(student=student, assignment="a1", submission=SOLUTIONS, fingerprint="0" * 64, tests=tests,
+                       points={"s01_attention_scores": 4.0}, seconds=0.5) for student in ids]
+    csv_path, json_path = R.write_summary(tmp_path, "a1", records)
+    with csv_path.open(newline="") as handle:
+        cells = [row["student"] for row in csv.DictReader(handle)]
+    assert sorted(cells) == sorted(f"'{s}" if s[0] in "=+-@\t\r" else s for s in ids)
+    assert sorted(row["student"] for row in json.loads(json_path.read_text())["students"]) == sorted(ids)
 
 
 def test_records_are_written_whole_and_summarised(tmp_path):
@@ -401,15 +444,17 @@ attention_scores_matmul = _slowly(attention_scores_matmul)
 
 
 @pytest.mark.slow
-def test_dask_gives_the_local_pools_grades(submissions, local_grades, tmp_path):
+def test_dask_gives_the_local_pools_grades(submissions, local_grades, tmp_path, capsys):
     import distributed
 
     out = tmp_path / "dask"
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster:
         outcome = grade(folder_target(submissions, out), executor="dask",
-                        scheduler=cluster.scheduler_address, quiet=True)
+                        scheduler=cluster.scheduler_address, quiet=False)
     assert not outcome.errors and len(outcome.graded) == CLASS
+    # Said before grading, as on this machine: how the Dask workers keep submissions apart.
+    assert f"sandbox: {PROMISED}" in capsys.readouterr().err and outcome.confinement.endswith("(on 2 Dask workers)")
     local, remote = records(local_grades[0]), records(out)
     assert sorted(local) == sorted(remote)
     for student in local:
@@ -526,3 +571,126 @@ def test_other_bad_input_gets_an_error_that_says_what_to_do(spaced_course, tmp_p
         "--test-timeout", "5", "--time-budget", "2")
     assert "no gradebook in" in attnkit_refuses("report", "--course", str(root))  # never generated
     assert not (tmp_path / "grades").exists() and not (folders / "grades").exists()
+
+
+# ---------------------------------------------------------------- what a student controls, and quiet choices
+
+@pytest.mark.slow
+def test_hostile_student_ids_are_refused_and_the_others_graded(tmp_path):
+    """Folders whose names cannot be safe student ids (a collision with grades.json, a formula, markup, control
+    characters, an option, bytes that are not UTF-8) are refused one by one, saying why and what to do; the
+    others are graded, what was graded before stays, and the terminal shows every name inert."""
+    submissions, out = tmp_path / "submissions", tmp_path / "grades"
+    for student in ("ada", "Zoë Ng"):  # one stage module each: quick to grade
+        (submissions / student).mkdir(parents=True)
+        shutil.copy(SOLUTIONS / "s01_attention_scores.py", submissions / student)
+    args = ["grade", "attention", "--submissions", str(submissions), "--out", str(out), "--workers", "1"]
+    attnkit(*args)
+    before = snapshot(out)
+    hostile = {"grades": "its record grades.json would be the run's own grades.json",
+               '=HYPERLINK("evil.example","x")': "the name holds", "<img src=x onerror=alert(1)>": "the name holds",
+               "evil\x1b]0;owned\x07": "control or invisible character", "-rf": "starts with '-'"}
+    for student in hostile:
+        by_student("reference").write(submissions / student)
+    os.mkdir(os.fsencode(submissions) + b"/latin1-\xe9")  # not UTF-8
+    by_student("reference").write(Path(os.fsdecode(os.fsencode(submissions) + b"/latin1-\xe9")))
+    run = subprocess.run([*ATTNKIT, *args], capture_output=True, text=True, errors="surrogateescape")
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "graded 0, already graded 2, errors 0, refused 6" in run.stdout
+    refused = [line for line in run.stdout.splitlines() if line.startswith("  refused: ")]
+    assert len(refused) == 6 and all(f"{ID_RULE}: rename the folder and run again" in line for line in refused)
+    for student, why in hostile.items():
+        assert any(printable(student) in line and why in line for line in refused), student
+    assert any("latin1-\\udce9" in line and "not valid UTF-8" in line for line in refused)
+    assert not any(c in run.stdout + run.stderr for c in "\x1b\x07\udce9")
+    assert "grading attention" not in run.stderr  # nothing to grade: no progress bar
+    assert {k: v for k, v in snapshot(out).items() if k not in ("grades.csv", "grades.json")} == \
+        {k: v for k, v in before.items() if k not in ("grades.csv", "grades.json")}
+    assert sorted(r["student"] for r in json.loads((out / "grades.json").read_text())["students"]) == ["Zoë Ng", "ada"]
+
+
+def test_an_unreachable_dask_scheduler_is_one_plain_line(tmp_path):
+    """Nothing listens at the address: said at once, in one line (exit 2), before anything is written."""
+    submissions, out = tmp_path / "submissions", tmp_path / "grades"
+    by_student("reference").write(submissions / "ada")
+    address = f"tcp://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    said = attnkit_refuses("grade", "attention", "--submissions", str(submissions), "--out", str(out), "--quiet",
+                           "--executor", "dask", "--scheduler", address)
+    assert time.monotonic() - start < 15  # distributed alone retried for 30 s, then printed 58 lines
+    assert said.strip() == (f"attnkit grade: error: no Dask scheduler answers at {address} (Connection refused): "
+                            "start one (`dask scheduler` prints its address) or give --scheduler the address of a "
+                            "running one; nothing was graded or changed")
+    assert not out.exists()
+
+
+def test_with_no_assignment_named_the_one_submitted_is_graded_and_said(tmp_path):
+    """A course with two assignments: the one its submitted/ folders hold is graded, saying so; both held: the
+    command asks which. The same for a folder of submissions (by their modules) and for the report (by the grades
+    there)."""
+    root = tmp_path / "course"
+    build(root)
+    by_student("reference", "modern-attention").write(root / "submitted" / "ada" / "modern-attention")
+    said = attnkit_refuses("grade", "--course", str(root), "--quiet")  # not generated yet: stops before grading
+    assert ("attnkit grade: modern-attention: the only assignment with submissions in "
+            f"{shlex.quote(str(root / 'submitted'))} (of attention, modern-attention)") in said
+    assert "nbgrader generate_assignment modern-attention" in said
+    by_student("reference").write(root / "submitted" / "bob" / "attention")
+    said = attnkit_refuses("grade", "--course", str(root), "--quiet")
+    assert "of 2 assignments: attention (1), modern-attention (1); name the one to grade, e.g. " \
+           "`attnkit grade attention`" in said
+    folders = tmp_path / "folders"
+    by_student("reference", "modern-attention").write(folders / "ada")
+    said = attnkit_refuses("grade", "--submissions", str(folders), "--out", str(tmp_path / "grades"),
+                           "--test-timeout", "5", "--time-budget", "2")  # refused after the choice, before grading
+    assert "modern-attention: the only assignment with stage modules in" in said
+    (root / R.GRADES_DIR / "modern-attention").mkdir(parents=True)
+    R.write_record(root / R.GRADES_DIR / "modern-attention", R.build(
+        student="ada", assignment="modern-attention", submission=folders / "ada", fingerprint="0" * 64, tests=[],
+        points={"m01_pytorch_attention": 10.0}, seconds=1.0))
+    said = attnkit_refuses("report", "--course", str(root))
+    assert "attnkit report: modern-attention: the only assignment with grades in" in said
+
+
+def test_the_progress_bar_lasts_from_the_workers_start_to_their_stop(tmp_path, monkeypatch):
+    """The bar's time and rate include starting and stopping the grading workers, and the gradebook's writes
+    (they once left out 38 s of a 69 s run)."""
+    from grader import grade as G
+
+    events = []
+
+    class Workers:  # the workers of LocalResults, without grading: every job comes back with an error
+        def __init__(self, jobs, limits, count):
+            self.jobs = jobs
+            events.append("workers start")
+
+        def __iter__(self):
+            for job in self.jobs:
+                events.append("result")
+                yield job, {"error": "not graded here", "tests": [], "output_capped": [], "confinement": None,
+                            "seconds": 0.0}
+
+        def close(self):
+            events.append("workers stop")
+
+    class Gradebook:
+        def __getattr__(self, name):  # check, open, write, close
+            return lambda *args, **kwargs: events.append(f"gradebook {name}")
+
+    real = G._bar
+
+    def bar(quiet, **kwargs):
+        shown = real(True, **kwargs)
+        events.append("bar opens")
+        shown.close = lambda close=shown.close: (events.append("bar closes"), close())
+        return shown
+
+    monkeypatch.setattr(G, "LocalResults", Workers)
+    monkeypatch.setattr(G, "_bar", bar)
+    by_student("reference").write(tmp_path / "submissions" / "ada")
+    target = folder_target(tmp_path / "submissions", tmp_path / "grades", "attention")
+    target.gradebook = Gradebook()
+    outcome = grade(target, quiet=True)
+    assert outcome.errors == {"ada": "not graded here"}
+    assert events[events.index("bar opens"):] == ["bar opens", "gradebook check", "gradebook open", "result",
+                                                   "workers stop", "bar closes", "gradebook close"]

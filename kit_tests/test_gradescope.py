@@ -2,8 +2,9 @@
 grades a submission laid out as in Gradescope's container into a results.json of Gradescope's format.
 
 The container is a folder (``ATTNKIT_GRADESCOPE_ROOT``): source/ (the unzipped autograder),
-submission/, results/. setup.sh is not run: the kit's virtualenv has what it installs, and its python3
-comes first on PATH.
+submission/, results/. setup.sh is not run: the kit's virtualenv has what it installs (at the versions it
+pins), and its python3 comes first on PATH; one run sees nothing else (``image_only/sitecustomize.py``
+hides every other installed distribution), to show that what setup.sh installs is enough to grade.
 """
 import json
 import os
@@ -11,24 +12,31 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
 
 from grader.cells import grade_folder
 from grader.course import plan_points
-from grader.gradescope import ROOT_ENV
-from grader.kit import marker, stages
+from grader.gradescope import GRADING_NEEDS, ROOT_ENV, check_worth
+from grader.kit import SOLUTIONS, marker, stages
 from grader.samples import by_student
 from grader.sandbox import Limits
 from grader.scoring import stage_score
 
 pytestmark = pytest.mark.slow
 
-ROOT_KEYS = {"score", "output", "visibility", "stdout_visibility", "tests"}
+ROOT_KEYS = {"score", "output", "visibility", "stdout_visibility", "tests", "output_format", "test_output_format",
+             "test_name_format"}
 TEST_KEYS = {"name", "score", "max_score", "output", "visibility", "status"}
 VISIBILITIES = {"visible", "hidden", "after_due_date", "after_published"}
-TOLERANCE = 1e-6  # scores are whole hundredths; sums of them in floating point differ by less
+IMAGE_ONLY = Path(__file__).parent / "image_only"
+TOLERANCE = 1e-6  # sums of hundredths (stage totals) in floating point differ by less
+# A check is worth points / counted to four decimals (grader.gradescope.check_worth): n of them add up to the
+# stage's points within n / 20000, and a stage's passed checks to its score (a hundredth) within that and a half.
+def worth_tolerance(n: int) -> float:
+    return 0.005 + n / 20000 + TOLERANCE
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +67,9 @@ def unzip(archive: Path, dest: Path):
                 path.chmod(mode)
 
 
-def run_autograder(root: Path, sample=None, python: Path | None = None) -> dict:
+def run_autograder(root: Path, sample=None, python: Path | None = None, **env) -> dict:
     """Put ``sample``'s modules (None: nothing) in root/submission/, run the autograder with ``python``'s
-    folder first on PATH (default: this interpreter's), read its results."""
+    folder first on PATH (default: this interpreter's) and ``env`` in its environment, read its results."""
     for name in ("submission", "results"):
         shutil.rmtree(root / name, ignore_errors=True)
         (root / name).mkdir()
@@ -69,9 +77,8 @@ def run_autograder(root: Path, sample=None, python: Path | None = None) -> dict:
         sample.write(root / "submission")
     script = root / "source" / "run_autograder"
     assert os.access(script, os.X_OK), "run_autograder must be executable in the zip"
-    env = dict(os.environ, **{ROOT_ENV: str(root)},
-               PATH=f"{Path(python or sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    env.pop("PYTHONPATH", None)
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **env, ROOT_ENV: str(root),
+           "PATH": f"{Path(python or sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     done = subprocess.run([str(script)], env=env, cwd=root, capture_output=True, text=True, timeout=600)
     path = root / "results" / "results.json"
     assert path.is_file(), f"no results.json; stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
@@ -86,6 +93,8 @@ def validate(found: dict, assignment: str):
     """results.json has Gradescope's shape, and its scores add up: per check, per stage, in all."""
     assert set(found) <= ROOT_KEYS and {"score", "tests"} <= set(found), sorted(found)
     assert isinstance(found["score"], (int, float)) and isinstance(found["tests"], list)
+    # Plain text everywhere: the top-level output is in columns, and no learner's text is read as markup.
+    assert found["output_format"] == found["test_output_format"] == found["test_name_format"] == "text"
     for t in found["tests"]:
         assert set(t) <= TEST_KEYS and isinstance(t["name"], str) and t["name"], t
         assert t.get("visibility", "visible") in VISIBILITIES, t
@@ -94,16 +103,41 @@ def validate(found: dict, assignment: str):
             assert isinstance(t["score"], (int, float)) and isinstance(t["max_score"], (int, float)), t
             assert 0 <= t["score"] <= t["max_score"] + TOLERANCE, t
     points = plan_points(100, None, assignment)
-    assert abs(sum(t["max_score"] for t in checks(found)) - 100) < TOLERANCE
-    assert abs(sum(t["score"] for t in checks(found)) - found["score"]) < TOLERANCE
+    assert abs(sum(t["max_score"] for t in checks(found)) - 100) < len(checks(found)) / 20000 + TOLERANCE
+    stage_totals = []
     for stage, max_points in points.items():
         title = f": {marker(stage)} "
         mine = [t for t in checks(found) if title in t["name"]]
         assert mine, f"no checks of {stage} in results.json"
-        assert abs(sum(t["max_score"] for t in mine) - max_points) < TOLERANCE, stage
+        assert abs(sum(t["max_score"] for t in mine) - max_points) < len(mine) / 20000 + TOLERANCE, stage
+        assert len({t["max_score"] for t in mine if t["max_score"]}) == 1, stage  # every check worth the same
         totals = [t for t in found["tests"] if title in t["name"] and "total:" in t["name"]]
         assert len(totals) == 1 and "score" not in totals[0], totals  # unscored: no point counted twice
-        assert f"{round(sum(t['score'] for t in mine), 2):g} of {max_points:g} points" in totals[0]["name"]
+        score = float(totals[0]["name"].split(" total: ")[1].split(" of ")[0])
+        assert abs(sum(t["score"] for t in mine) - score) < worth_tolerance(len(mine)), stage
+        assert totals[0]["status"] == ("failed" if any(t.get("status") == "failed" for t in mine) else "passed"), stage
+        stage_totals.append(score)
+    assert abs(sum(stage_totals) - found["score"]) < TOLERANCE  # the score is the stages' totals
+
+
+def image(root: Path) -> dict:
+    """The environment of a run that sees only what setup.sh installs (``image_only/sitecustomize.py``)."""
+    pinned = [line.split("==")[0] for line in (root / "source" / "requirements.txt").read_text().splitlines()]
+    return {"PYTHONPATH": str(IMAGE_ONLY), "ATTNKIT_ONLY_INSTALLED": ",".join(["torch", "attention-kit", *pinned])}
+
+
+@pytest.fixture(scope="module")
+def autograded(container):
+    """(assignment, student) -> the results of that sample, graded once by the autograder with nothing installed
+    but what setup.sh installs."""
+    done = {}
+
+    def grade(assignment, student):
+        if (assignment, student) not in done:
+            root = container(assignment)
+            done[assignment, student] = run_autograder(root, by_student(student, assignment), **image(root))
+        return done[assignment, student]
+    return grade
 
 
 def lost(found: dict) -> set[str]:
@@ -111,17 +145,17 @@ def lost(found: dict) -> set[str]:
     return {t["name"].split(": ")[1].split(" / ")[0] for t in checks(found) if t["score"] < t["max_score"]}
 
 
-def test_reference_gets_full_marks(container):
-    found = run_autograder(container("attention"), by_student("reference"))
+def test_reference_gets_full_marks(autograded):
+    found = autograded("attention", "reference")
     validate(found, "attention")
     assert found["score"] == 100
     assert all(t["status"] == "passed" and t["score"] == t["max_score"] for t in checks(found))
     assert {t["visibility"] for t in checks(found)} == {"visible", "after_published"}  # public and hidden checks
 
 
-def test_a_mistake_costs_its_stage_only(container):
+def test_a_mistake_costs_its_stage_only(container, autograded):
     sample = by_student("tril-for-triu")
-    found = run_autograder(container("attention"), sample)
+    found = autograded("attention", "tril-for-triu")
     validate(found, "attention")
     assert lost(found) == set(sample.breaks) == {"causal_mask"}
     assert found["score"] < 100
@@ -136,6 +170,7 @@ def test_a_mistake_costs_its_stage_only(container):
     passed = [t for t in checks(found) if t.get("status") == "passed"]
     assert all(t["score"] == t["max_score"] > 0 for t in passed)
     # The same grades as the kit's own grading (attnkit grade, the autograder cells) gives this submission.
+    sample.write(container("attention") / "submission")
     graded = grade_folder(container("attention") / "submission", Limits(), stages("attention"))
     points = plan_points(100, None, "attention")
     expected = {stage: stage_score([t for t in graded["tests"] if t["stage"] == stage], points[stage])
@@ -143,6 +178,18 @@ def test_a_mistake_costs_its_stage_only(container):
     assert found["score"] == round(sum(expected.values()), 2)
     for stage, score in expected.items():
         assert f"{marker(stage)} total: {score:g} of" in "\n".join(t["name"] for t in found["tests"])
+
+
+def test_a_check_is_worth_the_same_in_every_submission(autograded):
+    """What a check is worth does not depend on what passed: Gradescope shows each check's max, and a student
+    comparing two submissions must see the same (it once split a stage's hundredths 0.62 / 0.61 by outcome)."""
+    worth = [{t["name"]: t["max_score"] for t in checks(autograded("attention", student))}
+             for student in ("reference", "tril-for-triu")]
+    assert worth[0] == worth[1]
+    points = plan_points(100, None, "attention")
+    for stage, max_points in points.items():
+        mine = [v for name, v in worth[0].items() if f": {marker(stage)} " in name and v]
+        assert set(mine) == {check_worth(max_points, len(mine))}, stage
 
 
 def test_modern_attention(container):
@@ -153,17 +200,101 @@ def test_modern_attention(container):
     assert 0 < found["score"] < 100
 
 
-def test_the_scripts_parse_and_install_a_cpu_torch(container):
+def test_setup_installs_what_grading_needs_at_the_versions_tested(container, autograded):
+    """setup.sh installs a CPU torch and what grading imports, each at the version this machine has (where the
+    kit's tests run), and nothing of the instructor's side (it took 281 s with JupyterLab, nbgrader, Dask and
+    matplotlib, and an unpinned torch). The samples above were graded with nothing else to be found."""
     source = container("attention") / "source"
     for script in ("setup.sh", "run_autograder"):
         subprocess.run(["bash", "-n", str(source / script)], check=True)  # setup.sh is not run here
-    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in (source / "setup.sh").read_text()
+    setup = (source / "setup.sh").read_text()
+    torch = distribution("torch").version.split("+")[0]
+    assert f"pip install --no-deps torch=={torch} --index-url https://download.pytorch.org/whl/cpu" in setup
+    assert "pip install -r requirements.txt" in setup and "pip install --no-deps -e kit/" in setup
+    pins = dict(line.split("==") for line in (source / "requirements.txt").read_text().splitlines())
+    assert {"numpy", "pytest"} | set(GRADING_NEEDS) - {"torch"} <= set(pins)
+    for name, version in pins.items():
+        assert distribution(name).version.split("+")[0] == version, name
+    assert not set(pins) & {"nbgrader", "jupyterlab", "notebook", "distributed", "dask", "matplotlib", "tqdm"}
+    assert autograded("attention", "reference")["score"] == 100  # with only these
+
+
+def test_an_upload_of_one_folder_or_zip_is_graded_as_its_modules(container, tmp_path):
+    """Students drop a folder or a zip on Gradescope: the modules one folder down (or in the zip, at its top or
+    one folder down) are graded as if uploaded alone."""
+    root = container("attention")
+    partial = {stage: (SOLUTIONS / f"{stage}.py").read_text() for stage in ("s01_attention_scores",
+                                                                           "s02_normalization")}
+
+    class InAFolder:
+        def write(self, dest):
+            (Path(dest) / "my work").mkdir()
+            for name, text in partial.items():
+                (Path(dest) / "my work" / f"{name}.py").write_text(text)
+            (Path(dest) / "notes.txt").write_text("a file beside the folder")
+
+    class Zipped:
+        def write(self, dest):
+            with zipfile.ZipFile(Path(dest) / "attention.zip", "w") as zf:
+                for name, text in partial.items():
+                    zf.writestr(f"attention/{name}.py", text)
+                    zf.writestr(f"__MACOSX/attention/._{name}.py", "resource fork")
+
+    points = plan_points(100, None, "attention")
+    for upload in (InAFolder(), Zipped()):
+        found = run_autograder(root, upload)
+        validate(found, "attention")
+        assert found["score"] == round(points["s01_attention_scores"] + points["s02_normalization"], 2), \
+            found["output"]
+        assert lost(found) == {marker(stage) for stage in points} - {"attention_scores", "normalization"}
+
+
+def test_an_upload_without_the_modules_is_told_what_to_upload(container):
+    """Score 0 and what to upload, never "tell your instructor": the student can put it right."""
+    root = container("attention")
+    solutions = root / "source" / "kit" / "solutions"
+    reference = {stage: (SOLUTIONS / f"{stage}.py").read_text() for stage in stages("attention")}
+
+    def uploaded(**files):
+        class Upload:
+            def write(self, dest):
+                for name, what in files.items():
+                    path = Path(dest) / name.replace("__", "/")
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    if isinstance(what, Path):
+                        path.symlink_to(what, target_is_directory=what.is_dir())
+                    else:
+                        path.write_text(what)
+        found = run_autograder(root, Upload())
+        assert found["score"] == 0 and found["tests"] == [], found["output"]
+        assert found["output"].startswith("Nothing was graded: ") and "instructor" not in found["output"]
+        assert "upload the modules themselves (s01_attention_scores.py, s02_normalization.py" in found["output"]
+        return found["output"]
+
+    assert "(the upload was empty)" in uploaded()
+    said = uploaded(**{"notes.txt": "x", "m01_pytorch_attention.py": "x"})
+    assert "m01_pytorch_attention.py belongs to the modern-attention assignment" in said
+    assert "(uploaded: m01_pytorch_attention.py, notes.txt)" in said
+    assert "no stage module" in uploaded(solutions=solutions)  # a link to the solutions is not followed
+    said = uploaded(**{"a__s01_attention_scores.py": reference["s01_attention_scores"],
+                       "b__s01_attention_scores.py": reference["s01_attention_scores"]})
+    assert "the stage modules are in 2 places (a/, b/): upload one set" in said
+    assert "no stage module" in uploaded(**{"broken.zip": "PK not really a zip",
+                                            "two__deep__s01_attention_scores.py": "two folders down"})
 
 
 def test_an_ungradable_submission_still_gets_results(container):
-    found = run_autograder(container("attention"))  # nothing uploaded
+    """A broken image (here: its settings) is the instructor's to mend: score 0, and the student is told so."""
+    root = container("attention")
+    settings = root / "source" / "attnkit-gradescope.json"
+    kept = settings.read_text()
+    try:
+        settings.write_text("{ cut short")
+        found = run_autograder(root, by_student("reference"))
+    finally:
+        settings.write_text(kept)
     assert found["score"] == 0 and found["tests"] == []
-    assert "could not be graded" in found["output"]
+    assert "could not be graded" in found["output"] and "tell your instructor" in found["output"]
 
 
 def test_a_broken_image_still_gets_results(container, tmp_path):

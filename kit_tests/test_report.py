@@ -22,8 +22,8 @@ from collections import Counter
 import pytest
 
 from grader import results
-from grader.kit import marker
-from grader.report import build_report, load_results, summarize
+from grader.kit import marker, stages
+from grader.report import build_report, first_line, load_results, summarize
 from grader.scoring import label, stage_report
 
 # grader.course (nbformat) and nbgrader are imported inside the fixtures: importing them here would
@@ -152,21 +152,27 @@ def test_numbers_match_the_gradebook_and_the_results(graded_class):
     assert report.stages["s10_multihead_attention"].stubs == {"student07", "student21"}
     assert report.stages["s01_attention_scores"].stubs == {"student07"}
 
-    # limits: every (student, stage, kind, test) and nothing else
-    expected = sorted((r["student"], s["stage"], t["limit"], t["label"]) for r in records for s in r["stages"]
-                      for t in s["tests"] if t["limit"])
-    assert expected, "the synthetic class should hit some limits"
-    assert sorted((x.student, x.stage, x.kind, x.test) for x in report.limits) == expected
+    # limits: one hit per (student, stage, kind), named by its first check, with the checks it failed
+    hits = {}
+    for r in records:
+        for s in r["stages"]:
+            for t in s["tests"]:
+                if t["limit"]:
+                    hits.setdefault((r["student"], s["stage"], t["limit"]), []).append(t["label"])
+    expected = sorted((*key, labels[0], len(labels)) for key, labels in hits.items())
+    assert expected and any(len(labels) > 1 for labels in hits.values()), "the class should hit limits, some twice"
+    assert sorted((x.student, x.stage, x.kind, x.test, x.checks) for x in report.limits) == expected
 
     # the page shows the same numbers; students, not failed tests, in the counts
     page = index.read_text()
     for stage, s in report.stages.items():
         assert f"<td>{stage}</td><td class=num>{s.max_points:g}</td><td class=num>{s.mean:.2f}</td>" in page
         assert (f"<td class=num>{s.full_marks}</td><td class=num>{s.zero}</td>"
-                f"<td class=num>{len(s.students_with_mistakes)}</td><td class=num>{len(s.stubs)}</td></tr>") in page
+                f"<td class=num>{len(s.students_with_mistakes)}</td><td class=num>{len(s.stubs)}</td>"
+                f"<td class=num>{len(s.could_not_run)}</td></tr>") in page
     assert "<td>s10_multihead_attention</td><td class=num>2</td><td>student07, student21</td>" in page
-    for student, stage, kind, name in expected:
-        assert f"<td>{student}</td><td>{stage}</td><td>{kind}</td><td>{name}</td>" in page
+    for student, stage, kind, name, checks in expected:
+        assert f"<td>{student}</td><td>{stage}</td><td>{kind}</td><td>{name}</td><td class=num>{checks}</td>" in page
     assert "The gradebook and the result files disagree" in page
 
 
@@ -323,3 +329,115 @@ def test_a_long_message_is_cut_in_feedback_but_keeps_the_mistakes_it_names():
     text = stage_report("tiled_attention", 16, [{"nodeid": nodeid, "label": label(nodeid), "outcome": "failed",
                                                  "message": f"{shown}\n{message}"}])
     assert text.count(shown) == 1 and text.count("running max is not carried") == 1
+
+
+def record_of(student: str, tests: list[tuple], points=None) -> dict:
+    """A record as ``attnkit grade`` writes it (grader.results), from (stage, check, outcome, message) tuples."""
+    points = points or {"s02_normalization": 8.0, "s03_context_vectors": 5.0, "s05_self_attention": 10.0}
+    verdicts = [{"nodeid": f"tests/test_{stage}.py::test_{name}", "stage": stage, "marker": marker(stage),
+                 "label": name, "outcome": outcome, "message": message} for stage, name, outcome, message in tests]
+    return results.build(student=student, assignment=ASSIGNMENT, submission=".", fingerprint="0" * 64,
+                         tests=verdicts, points=points, seconds=1.0)
+
+
+def test_a_limit_hit_is_counted_once_with_the_checks_it_failed(tmp_path, capsys):
+    """An endless loop stops one check at the time limit, and the rest of its stage is not run: one hit, five
+    checks. A submission's budget that runs out fails every check after it, across stages: one hit too."""
+    from grader.cli import main
+
+    loop = "s03_context_vectors: time limit of 10 s of CPU time for one check exceeded — an infinite loop?"
+    skipped = "not run: an earlier check of this stage hit the time limit"
+    budget = "s02_normalization: the time budget of this submission ran out (120 s of CPU time, ...)"
+    out = tmp_path / "grades"
+    for record in (
+        record_of("loops", [("s03_context_vectors", "one", "failed", loop)]
+                  + [("s03_context_vectors", f"n{i}", "failed", skipped) for i in range(4)]),
+        record_of("slow", [("s02_normalization", "one", "passed", ""), ("s02_normalization", "two", "failed", budget),
+                           ("s03_context_vectors", "one", "failed", budget.replace("s02_normalization", "s03"))]),
+    ):
+        results.write_record(out, record)
+    assert main(["report", "--results", str(out)]) == 0
+    assert "2 students, 3 stages, 2 limit hits (7 checks failed by them)" in capsys.readouterr().out
+    report = summarize(load_results(out))
+    assert sorted((x.student, x.stage, x.kind, x.test, x.checks) for x in report.limits) == [
+        ("loops", "s03_context_vectors", "time", "one", 5), ("slow", "s02_normalization", "budget", "two", 2)]
+    page = (out / "report" / "index.html").read_text()
+    assert "<td>loops</td><td>s03_context_vectors</td><td>time</td><td>one</td><td class=num>5</td>" in page
+
+
+def test_a_module_that_could_not_run_is_in_the_report(tmp_path):
+    """A syntax error names no mistake and hits no limit; the report says which students' modules never ran."""
+    syntax = ("s05_self_attention.py has a syntax error on line 34: '(' was never closed\n"
+              "    attn_scores = queries @ keys.transpose(-2, -1\nFix it (python -m py_compile FILE ...)")
+    out = tmp_path / "grades"
+    results.write_record(out, record_of("typo", [("s05_self_attention", "v1", "failed", syntax),
+                                                 ("s05_self_attention", "v2", "failed", syntax),
+                                                 ("s02_normalization", "rows", "passed", "")]))
+    results.write_record(out, record_of("ok", [("s05_self_attention", "v1", "passed", "")]))
+    index, report = build_report(results=out)
+    assert report.stages["s05_self_attention"].could_not_run == {
+        "typo": "s05_self_attention.py has a syntax error on line 34: '(' was never closed"}
+    assert not report.stages["s05_self_attention"].mistakes and not report.limits
+    page = index.read_text()
+    assert ("<td>s05_self_attention</td><td>typo</td><td>s05_self_attention.py has a syntax error on line 34: "
+            "&#x27;(&#x27; was never closed</td>") in page
+
+
+HOSTILE = ["$\\kitbroken{$", "$x^2$ and \\frac{1}{0}", "<script>alert('mistake')</script>", "\x1b[2J\x1b]0;owned\x07",
+           "=HYPERLINK(\"http://evil.example\",\"click\")", "a\u202eb"]
+
+
+def test_student_text_is_inert_in_the_report(tmp_path, capsys):
+    """Mistakes and ids a student controls: drawn as plain text (mathtext once aborted the whole report), escaped
+    in the page, never a control character on the terminal."""
+    from grader.cli import main
+
+    out = tmp_path / "grades"
+    out.mkdir()
+    for number, text in enumerate(HOSTILE):
+        record = record_of(f"student{number}", [
+            ("s02_normalization", "rows", "failed", f"differ\nLikely mistake: {text}"),
+            ("s03_context_vectors", "loop", "failed", f"{text}: time limit hit")])
+        record["student"] = f"<b>{number}</b>{text}"  # a record's id as another tool might have written it
+        (out / f"student{number}.json").write_text(json.dumps(record))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Glyph")  # no glyph of a control character is looked for
+        assert main(["report", "--results", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert not any(c in printed.out + printed.err for c in "\x1b\x07\u202e")
+    page = (out / "report" / "index.html").read_text()
+    assert "<script>" not in page and "<b>" not in page and "\x1b" not in page
+    assert "&lt;script&gt;alert(&#x27;mistake&#x27;)&lt;/script&gt;" in page and "$\\kitbroken{$" in page
+    report = summarize(load_results(out))
+    assert set(report.stages["s02_normalization"].mistakes) == {first_line(text) for text in HOSTILE}
+    from PIL import Image
+
+    for name in ("scores", "mistakes", "limits"):
+        with Image.open(out / "report" / f"{name}.png") as img:
+            img.verify()
+
+
+def test_each_score_panel_says_what_its_axis_counts():
+    """The stages' panels count % of the stage's points, the totals' panel % of the total points; each panel with
+    nothing below it says so, whatever the number of stages."""
+    import matplotlib.pyplot as plt
+
+    from grader.report import scores_figure
+
+    rng = random.Random(3)
+    for count in (2, 5, 7, 11):
+        points = {stage: 5.0 for stage in stages(ASSIGNMENT)[:count]}
+        report = summarize([synthetic_record(f"s{i}", points, rng) for i in range(3)])
+        fig = scores_figure(report)
+        panels = [ax for ax in fig.axes if ax.axison]
+        assert len(panels) == count + 1
+        labelled = {ax.get_title().split("\n")[0]: ax.get_xlabel() for ax in panels if ax.get_xlabel()}
+        assert labelled.pop("total") == "% of the total points", count
+        assert labelled and set(labelled.values()) == {"% of the stage's points"}, count
+        columns = {}  # every column's lowest panel is labelled
+        for ax in panels:
+            box = ax.get_subplotspec()
+            columns[box.colspan.start] = max(columns.get(box.colspan.start, (-1, None)), (box.rowspan.start, ax),
+                                             key=lambda pair: pair[0])
+        assert all(ax.get_xlabel() for _, ax in columns.values()), count
+        plt.close(fig)
