@@ -1,11 +1,11 @@
 """The CUDA cases, proven without a GPU (issue 26).
 
-The graded suite's `gpu` cases run only where there is CUDA, which CI and the development machines lack. Here:
-benchmarks/gpu_check.sh runs end to end on the CPU, where the CUDA cases take their dry run (`--gpu-cases-on
-cpu`: the CUDA case's code at a small size) on the reference and on the stubs, as on a machine that has only
-torch, numpy, pytest and pytest-timeout; the dry run covers every `gpu` case; its peak-memory read catches a full score
-matrix; and the references keep every tensor on their input's device (on torch's meta device, where a tensor
-left on the CPU is an error, as it is beside CUDA tensors).
+The graded suite's `gpu` cases run only where there is CUDA, which CI and the development machines lack.
+Here benchmarks/gpu_check.sh runs end to end on the CPU, as on a machine that has only torch, numpy, pytest
+and pytest-timeout: the CUDA cases take their dry run (`--gpu-cases-on cpu`: the CUDA case's code at a
+small size) on the reference and on the stubs. The dry run covers every `gpu` case; its peak-memory read
+catches a full score matrix; and the references keep every tensor on their input's device (on torch's meta
+device, where a tensor left on the CPU is an error, as it is beside CUDA tensors).
 """
 import importlib.metadata
 import json
@@ -129,8 +129,7 @@ def test_the_dry_run_covers_every_cuda_case(cpu_check, tmp_path):
         skipped[f"{case.get('classname').replace('.', '/')}.py::{case.get('name')}"] = (
             reason.get("message") if reason is not None else "ran")
     assert len(skipped) >= 59, f"only {len(skipped)} gpu cases: did some lose the device fixture?"  # 59 when written
-    assert set(skipped.values()) == {"CUDA case: no CUDA device on this machine (its CPU twin ran; run on a GPU to "
-                                     "check this one)"}
+    assert all(reason.startswith("CUDA case: no CUDA device on this machine") for reason in skipped.values())
     cases = cpu_check["summary"]["cases"]
     assert set(cases) == set(skipped)
     assert all(case["reference"]["outcome"] == "passed" for case in cases.values())
