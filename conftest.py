@@ -1,5 +1,5 @@
-"""The graded suite's command-line options: which implementation to test, and the seed of the
-randomized cases.
+"""The graded suite's command-line options: which implementation to test, the seed of the
+randomized cases, and where the CUDA cases run.
 
 They live in this root conftest so that pytest knows them before it reads the arguments:
 ``pytest --impl PATH`` must not take PATH for a test path. The fixtures and the rest
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent
+GPU_CASES_ON = ("cuda", "cpu", "cpu-full-size")  # tests/conftest.py: the device fixture
 
 
 def pytest_addoption(parser):
@@ -21,6 +22,11 @@ def pytest_addoption(parser):
     parser.addoption(
         "--seed", type=int, default=None,
         help="seed of the randomized cases (default: a fresh one per run, shown in the header)",
+    )
+    parser.addoption(
+        "--gpu-cases-on", choices=GPU_CASES_ON, default="cuda",
+        help="where the CUDA cases (marked gpu) run: cuda (default; skipped without a CUDA device), cpu (a dry "
+             "run: their code path at a small size, seconds) or cpu-full-size (their CUDA sizes, minutes)",
     )
     parser.addini("impl", default=".", help="default for --impl, relative to this folder")
 

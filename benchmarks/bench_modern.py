@@ -2,6 +2,7 @@
 
     python benchmarks/bench_modern.py                      # CUDA when there is one, else the CPU
     python benchmarks/bench_modern.py --device cpu --quick # small sizes, to check the logic
+    python benchmarks/bench_modern.py --device cuda --llama # a Llama layer's sizes (benchmarks/gpu_check.sh)
     python benchmarks/bench_modern.py --impl PATH          # a learner's folder instead of solutions/
 
 (a) Generating --new tokens one at a time after a --prompt: m03_kv_cache's MultiHeadAttentionWithCache
@@ -10,7 +11,8 @@
     the module's own attention and through F.scaled_dot_product_attention (the same weights). The
     tokens are drawn in advance: the attention layer alone has no vocabulary to sample from.
 (b) m07_tiled_attention's tiled_attention against F.scaled_dot_product_attention and against naive
-    attention (the whole score matrix, softmax, values), causal, at a few sequence lengths.
+    attention (the whole score matrix, softmax, values), causal, at a few sequence lengths: the time, the
+    largest tensor each way creates, and the most memory it holds at once beyond its inputs (its peak).
 
 Every way is checked to give the reference way's output before it is timed. The ways of one table
 take turns (one run of each, --repeat rounds after --warmup untimed ones), so that a machine busy
@@ -27,13 +29,20 @@ from functools import partial
 from pathlib import Path
 
 KIT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(KIT / "tests"))  # adapters: load_stage_module, Allocations
+sys.path.insert(0, str(KIT / "tests"))  # adapters: load_stage_module, Allocations, peak_memory
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}  # max |difference| relative to the output's max |value|
 DECODING = {"batch": 1, "d_model": 512, "heads": 8, "prompt": 128, "new": 128}
 LENGTHS = (256, 1024, 2048)
 HEADS = {"batch": 1, "heads": 8, "head_dim": 64}
-QUICK = {"decoding": dict(DECODING, prompt=16, new=16), "lengths": (64, 128)}
+SIZES = {
+    "default": {"decoding": DECODING, "lengths": LENGTHS, "heads": HEADS},
+    "quick": {"decoding": dict(DECODING, prompt=16, new=16), "lengths": (64, 128), "heads": HEADS},
+    # A Llama layer (d_model 4096, 32 heads of 128) decoding after a 4096-token prompt, and its attention at
+    # T 4096 and 16384. Naive attention at 16384 holds three 16 GiB score matrices at once in bfloat16.
+    "llama": {"decoding": dict(batch=1, d_model=4096, heads=32, prompt=4096, new=128), "lengths": (4096, 16384),
+              "heads": {"batch": 1, "heads": 32, "head_dim": 128}},
+}
 
 
 def load(folder, stage):
@@ -146,13 +155,24 @@ def naive_attention(q, k, v):
     return torch.softmax(scores.masked_fill(future, -torch.inf), dim=-1) @ v
 
 
-def largest_tensor(fn):
-    """Elements of the largest tensor any torch function returns during fn() (adapters.Allocations)."""
-    from adapters import Allocations
+def measure(fn, device):
+    """What fn() allocates: the elements of the largest tensor a torch function returns (adapters.Allocations)
+    and the most bytes held at once on ``device`` beyond what was held before (adapters.peak_memory)."""
+    from adapters import Allocations, peak_memory
 
-    with Allocations() as watch:
+    with Allocations() as watch, peak_memory(device) as held:
         fn()
-    return watch.largest
+    return watch.largest, held["bytes"]
+
+
+def naive_fits(n, size, dtype, device):
+    """Whether naive attention's three score matrices (scores, masked, softmaxed) fit in the device's free memory."""
+    import torch
+
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return 3 * size["batch"] * size["heads"] * n * n * dtype.itemsize < 0.9 * free
 
 
 def bench_tiles(folder, lengths, size, device, dtype_name, block_size, warmup, repeat):
@@ -169,13 +189,17 @@ def bench_tiles(folder, lengths, size, device, dtype_name, block_size, warmup, r
         torch.manual_seed(n)
         q, k, v = (torch.randn(size["batch"], size["heads"], n, size["head_dim"], device=device, dtype=dtype)
                    for _ in range(3))
-        calls = {name: partial(way, q, k, v) for name, way in ways.items()}
+        calls = {name: partial(way, q, k, v) for name, way in ways.items()
+                 if name != "naive" or naive_fits(n, size, dtype, device)}
         with torch.inference_mode():
             expected = ways["SDPA"](q, k, v)
-            for name, way in ways.items():
-                check_same(f"{name} attention at T={n}", way(q, k, v), expected, dtype_name)
-            largest = {name: largest_tensor(call) for name, call in calls.items()}
-            rows.append({"T": n, "ms": median_ms(calls, device, warmup, repeat), "largest": largest})
+            for name, call in calls.items():
+                check_same(f"{name} attention at T={n}", call(), expected, dtype_name)
+            del expected
+            measured = {name: measure(call, device) for name, call in calls.items()}
+            times = median_ms(calls, device, warmup, repeat)
+        rows += [{"T": n, "way": name, "ms": times.get(name), "largest": measured.get(name, (None, None))[0],
+                  "peak_bytes": measured.get(name, (None, None))[1]} for name in ways]
     return rows
 
 
@@ -194,7 +218,9 @@ def run(argv=None) -> int:
                         help="default: bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--impl", default=str(KIT / "solutions"),
                         help="the folder of stage modules to time (default: the reference, solutions/)")
-    parser.add_argument("--quick", action="store_true", help=f"small sizes ({QUICK}), to check the logic")
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument("--quick", action="store_true", help=f"small sizes ({SIZES['quick']}), to check the logic")
+    scale.add_argument("--llama", action="store_true", help=f"a Llama layer's sizes ({SIZES['llama']}), for a GPU")
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     parser.add_argument("--warmup", type=int, default=1)
@@ -210,8 +236,8 @@ def run(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
-    decoding = QUICK["decoding"] if args.quick else DECODING
-    lengths = QUICK["lengths"] if args.quick else LENGTHS
+    sizes = SIZES["quick" if args.quick else "llama" if args.llama else "default"]
+    decoding, lengths, heads = sizes["decoding"], sizes["lengths"], sizes["heads"]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"{where}, torch {torch.__version__}, {dtype_name}; implementation {args.impl}; "
           f"median of {args.repeat} after {args.warmup} warm-up runs")
@@ -223,17 +249,20 @@ def run(argv=None) -> int:
     for name, ms in times.items():
         print(f"{name:<18}{ms:>10.1f}{ms / decoding['new']:>10.2f}{times['recompute'] / ms:>17.2f}x")
 
-    rows = bench_tiles(args.impl, lengths, HEADS, device, dtype_name, args.block_size, args.warmup, args.repeat)
-    print(f"\n(b) causal attention, b={HEADS['batch']}, {HEADS['heads']} heads of {HEADS['head_dim']}, "
-          f"tiles of {args.block_size}: ms (largest tensor created, elements)")
-    print(f"{'T':>6}{'tiled':>22}{'SDPA':>12}{'naive':>22}{'tiled / SDPA':>14}{'naive / SDPA':>14}")
+    rows = bench_tiles(args.impl, lengths, heads, device, dtype_name, args.block_size, args.warmup, args.repeat)
+    print(f"\n(b) causal attention, b={heads['batch']}, {heads['heads']} heads of {heads['head_dim']}, "
+          f"tiles of {args.block_size}")
+    print(f"{'T':>6}  {'way':<6}{'ms':>11}{'/ SDPA':>9}{'largest tensor':>16}{'peak MiB':>11}")
+    sdpa = {row["T"]: row["ms"] for row in rows if row["way"] == "SDPA"}
     for row in rows:
-        ms, big = row["ms"], row["largest"]
-        print(f"{row['T']:>6}{ms['tiled']:>10.2f} ({big['tiled']:>9}){ms['SDPA']:>12.2f}"
-              f"{ms['naive']:>10.2f} ({big['naive']:>9}){ms['tiled'] / ms['SDPA']:>13.2f}x"
-              f"{ms['naive'] / ms['SDPA']:>13.2f}x")
-    print("\nratios: how many times longer than the way in the denominator (SDPA's largest tensor is its output:"
-          " its work happens inside one call, out of the watch's sight)")
+        if row["ms"] is None:
+            print(f"{row['T']:>6}  {row['way']:<6}  not run: its score matrices would not fit in the free memory")
+            continue
+        print(f"{row['T']:>6}  {row['way']:<6}{row['ms']:>11.2f}{row['ms'] / sdpa[row['T']]:>8.2f}x"
+              f"{row['largest']:>16}{row['peak_bytes'] / 2**20:>11.1f}")
+    print("\n/ SDPA: how many times longer than F.scaled_dot_product_attention; largest tensor: elements of the "
+          "largest a torch function returned (SDPA's is its output: its work happens inside one call, out of the "
+          "watch's sight); peak: the most memory held at once beyond q, k and v (torch's allocator)")
     return 0
 
 

@@ -300,6 +300,50 @@ class Allocations(torch.overrides.TorchFunctionMode):
         return result
 
 
+@contextlib.contextmanager
+def peak_memory(device):
+    """The most bytes torch held allocated on ``device`` at once inside the block, beyond what it held at the
+    block's start: yields a dict whose "bytes" is set when the block ends. On CUDA, the caching allocator's
+    own count (``torch.cuda.max_memory_allocated``); on the CPU, every allocation and release of torch's CPU
+    allocator, as its profiler records them while active (slow to start, once per process: CPU checks only)."""
+    held = {"bytes": None}
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        yield held
+        held["bytes"] = torch.cuda.max_memory_allocated(device) - start
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorded:
+        yield held
+    held["bytes"] = cpu_peak_bytes(recorded)
+
+
+def cpu_peak_bytes(recorded) -> int:
+    """The largest total of CPU memory allocated and not yet released during a profile (``torch.profiler``
+    with ``profile_memory=True``): its allocation events in time order, releases of memory allocated
+    before it began left out."""
+    from torch._C._profiler import _EventType  # (what torch's own memory profiler reads too)
+
+    events, nodes = [], list(reversed(recorded.profiler.kineto_results.experimental_event_tree()))
+    while nodes:  # in the tree's order, which the sort by time below keeps among events of the same time
+        node = nodes.pop()
+        nodes.extend(reversed(node.children))
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            events.append((node.start_time_ns, node.extra_fields))
+    sizes, held, peak = {}, 0, 0
+    for _, event in sorted(events, key=lambda e: e[0]):
+        if event.alloc_size > 0:
+            sizes[event.ptr] = event.alloc_size
+            held += event.alloc_size
+            peak = max(peak, held)
+        elif event.ptr in sizes:
+            held -= sizes.pop(event.ptr)
+    return peak
+
+
 def op_session(module, cls=None, init=None, weights=None, steps=(), train=False, seed=None, device="cpu",
                dtype="float32"):
     """Build ``cls(**init)`` (if given), inject ``weights``, then run ``steps`` in order, returning one
@@ -311,7 +355,8 @@ def op_session(module, cls=None, init=None, weights=None, steps=(), train=False,
     * ``{"get": name}``: the model's attribute ``name`` (a tensor, a number or None);
     * ``"measure": True`` in a method or function step: the result becomes ``{"result": ...,
       "largest": numel of the largest tensor a torch function returned, "functions": [names called],
-      "cuda_peak_bytes": peak CUDA memory during the step, or None on the CPU}``.
+      "peak_bytes": the most memory the step held on ``device`` beyond what was held at its start
+      (``peak_memory``), or None unless the step also has ``"peak_memory": True``}``.
 
     Arrays go to ``device`` and, if floating point, to ``dtype``. Each step's result is converted as
     soon as it is made (a method may return a tensor it later changes in place)."""
@@ -354,17 +399,14 @@ def op_session(module, cls=None, init=None, weights=None, steps=(), train=False,
             func, what = lookup(module, step["function"]), f"{step['function']}()"
             if step.get("model"):
                 args = [model, *args]
-        watch = Allocations() if step.get("measure") else None
-        cuda = step.get("measure") and str(device).startswith("cuda")
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        with torch.no_grad(), watch if watch is not None else contextlib.nullcontext():
+        watch = Allocations() if step.get("measure") else contextlib.nullcontext()
+        peak = peak_memory(device) if step.get("peak_memory") else contextlib.nullcontext({"bytes": None})
+        with torch.no_grad(), watch, peak as held:
             result = func(*args, **kwargs)
-        result = to_plain(result, what)
-        if watch is not None:
+        result = to_plain(result, what)  # (after the peak's read: a bfloat16 result is copied to float32 here)
+        if step.get("measure"):
             result = {"result": result, "largest": watch.largest, "functions": sorted(watch.functions),
-                      "cuda_peak_bytes": torch.cuda.max_memory_allocated() if cuda else None}
+                      "peak_bytes": held["bytes"]}
         results.append(result)
     return results
 

@@ -244,14 +244,16 @@ def test_dropout_acts_in_training_mode_only(stage, function, num_heads):
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs a Llama-sized attention (d_model 4096, 32 heads)
     "cpu": dict(b=2, t=32, d=64, num_heads=4),
     "cuda": dict(b=1, t=4096, d=4096, num_heads=32),
+    # the dry run (--gpu-cases-on cpu): the CUDA case, small, on the CPU
+    "dry run": dict(b=1, t=64, d=256, num_heads=32),
 }
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("function", [SDPA, TORCH_MHA])
-def test_llama_sized(stage, reference, device, dtype, function):
+def test_llama_sized(stage, reference, target, dtype, function):
     """bfloat16 is compared with the float32 reference (its SDPA path) at bf16 tolerance."""
-    size = SIZES[device]
+    size, device = SIZES[target.size], target.device
     r = np.random.default_rng(14)
     init = dict(d_in=size["d"], d_out=size["d"], context_length=size["t"], dropout=0.0,
                 num_heads=size["num_heads"], qkv_bias=True)

@@ -304,13 +304,15 @@ def test_dropout_acts_on_the_weights_in_training_mode_only(stage):
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case has Llama's width (4096, 32 heads) and T 4096
     "cpu": dict(b=2, n_q=24, n_kv=40, d_in=64, d_context=48, num_heads=4),
     "cuda": dict(b=1, n_q=4096, n_kv=4096, d_in=4096, d_context=2048, num_heads=32),
+    # the dry run (--gpu-cases-on cpu): the CUDA case, small, on the CPU
+    "dry run": dict(b=1, n_q=64, n_kv=64, d_in=256, d_context=128, num_heads=32),
 }
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_llama_sized(stage, reference, device, dtype):
+def test_llama_sized(stage, reference, target, dtype):
     """Cross-attention with padding at scale; bfloat16 against the float32 reference at bf16 tolerance."""
-    size = SIZES[device]
+    size, device = SIZES[target.size], target.device
     r = np.random.default_rng(21)
     init = dict(d_in=size["d_in"], d_out=size["d_in"], num_heads=size["num_heads"], d_context=size["d_context"],
                 qkv_bias=True)
@@ -322,4 +324,4 @@ def test_llama_sized(stage, reference, device, dtype):
     assert_close(f"{call(init, inputs)} ({device}, {dtype})",
                  attend(stage, init, weights, x, device=device, dtype=dtype, **inputs), expected, **TOLERANCE[dtype],
                  # (the mistakes are computed in NumPy: at the CPU twin's size only)
-                 mistakes=lambda: cross_mistakes(x, weights, init["num_heads"], **inputs) if device == "cpu" else {})
+                 mistakes=lambda: {} if target.cuda else cross_mistakes(x, weights, init["num_heads"], **inputs))

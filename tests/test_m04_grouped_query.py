@@ -298,13 +298,15 @@ def sdpa_forward(x, weights, num_heads, num_kv_groups, device):
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case is a Llama-sized layer (Llama 3 8B's attention)
     "cpu": dict(b=2, num_tokens=40, d_model=64, num_heads=8, num_kv_groups=2, dtypes=("float32", "bfloat16")),
     "cuda": dict(b=1, num_tokens=4096, d_model=4096, num_heads=32, num_kv_groups=8, dtypes=("bfloat16",)),
+    # the dry run (--gpu-cases-on cpu): the CUDA case, small, on the CPU
+    "dry run": dict(b=1, num_tokens=64, d_model=256, num_heads=32, num_kv_groups=8, dtypes=("bfloat16",)),
 }
 
 
-def test_long_prompt_then_tokens(stage, device):
-    """A long prompt in one chunk, then 3 tokens one by one, in bfloat16 (and float32 on the CPU), against
+def test_long_prompt_then_tokens(stage, target):
+    """A long prompt in one chunk, then 3 tokens one by one, in bfloat16 (and float32 in the CPU twin), against
     F.scaled_dot_product_attention(enable_gqa=True) in float32 at the dtype's tolerance."""
-    size = SIZES[device]
+    size, device = SIZES[target.size], target.device
     b, n, d = size["b"], size["num_tokens"], size["d_model"]
     num_heads, num_kv_groups = size["num_heads"], size["num_kv_groups"]
     r = np.random.default_rng(41)

@@ -393,6 +393,8 @@ def test_random_cases(stage, rng, device):
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs Llama 3 8B's attention size
     "cpu": dict(b=2, t=40, d_model=64, num_heads=4, num_kv_groups=2),
     "cuda": dict(b=1, t=4096, d_model=4096, num_heads=32, num_kv_groups=8),
+    # the dry run (--gpu-cases-on cpu): the CUDA case, small, on the CPU
+    "dry run": dict(b=1, t=64, d_model=256, num_heads=32, num_kv_groups=8),
 }
 
 
@@ -421,10 +423,10 @@ def torch_rope_attention(x, weights, num_heads, num_kv_groups, theta_base, devic
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_llama_sized(stage, device, dtype):
+def test_llama_sized(stage, target, dtype):
     """Grouped-query RoPE attention at Llama sizes on CUDA (its CPU twin is small), against
     F.scaled_dot_product_attention in float32; bfloat16 at bf16 tolerance."""
-    size = SIZES[device]
+    size, device = SIZES[target.size], target.device
     r = np.random.default_rng(5)
     d, kv = size["d_model"], size["d_model"] // size["num_heads"] * size["num_kv_groups"]
     init = dict(d_in=d, d_out=d, context_length=size["t"], num_heads=size["num_heads"],
@@ -439,5 +441,5 @@ def test_llama_sized(stage, device, dtype):
     expected = torch_rope_attention(x, weights, size["num_heads"], size["num_kv_groups"], 500_000.0, device)
     out = stage.forward(CLS, init, x, weights, device=device, dtype=dtype)
     assert_close(f"RoPEAttention output ({device}, {dtype})", out, expected, **TOLERANCE[dtype],
-                 mistakes=lambda: rope_mistakes(x, weights, init["num_heads"], init["num_kv_groups"], 500_000.0)
-                 if device == "cpu" else {})  # (the NumPy mistakes would take minutes at the CUDA case's size)
+                 mistakes=lambda: {} if target.cuda else  # (the NumPy mistakes take minutes at the CUDA size)
+                 rope_mistakes(x, weights, init["num_heads"], init["num_kv_groups"], 500_000.0))

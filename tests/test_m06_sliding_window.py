@@ -250,6 +250,8 @@ def test_random_cases(stage, reference, rng, device):
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs Llama 2 7B's attention size with a window
     "cpu": dict(b=2, t=40, d_model=64, num_heads=4, window=9),
     "cuda": dict(b=1, t=4096, d_model=4096, num_heads=32, window=1024),
+    # the dry run (--gpu-cases-on cpu): the CUDA case, small, on the CPU
+    "dry run": dict(b=1, t=64, d_model=256, num_heads=32, window=16),
 }
 
 
@@ -269,10 +271,10 @@ def torch_window_attention(x, weights, num_heads, window, device):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_llama_sized(stage, device, dtype):
+def test_llama_sized(stage, target, dtype):
     """Sliding-window attention at Llama sizes on CUDA (its CPU twin is small), against
     F.scaled_dot_product_attention with the band as attn_mask in float32; bfloat16 at bf16 tolerance."""
-    size = SIZES[device]
+    size, device = SIZES[target.size], target.device
     r = np.random.default_rng(6)
     d = size["d_model"]
     init = dict(d_in=d, d_out=d, context_length=size["t"], num_heads=size["num_heads"], window=size["window"])
@@ -285,5 +287,5 @@ def test_llama_sized(stage, device, dtype):
     expected = torch_window_attention(x, weights, size["num_heads"], size["window"], device)
     out = stage.forward(CLS, init, x, weights, device=device, dtype=dtype)
     assert_close(f"{CLS} output ({device}, {dtype})", out, expected, **TOLERANCE[dtype],
-                 mistakes=lambda: attention_mistakes(x, weights, size["num_heads"], size["window"])
-                 if device == "cpu" else {})  # (the NumPy mistakes would take minutes at the CUDA case's size)
+                 mistakes=lambda: {} if target.cuda else  # (the NumPy mistakes take minutes at the CUDA size)
+                 attention_mistakes(x, weights, size["num_heads"], size["window"]))

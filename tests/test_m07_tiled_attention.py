@@ -120,10 +120,11 @@ def check_against_attention(stage, q, k, v, is_causal, block_size, what, toleran
                  hint=NAN_HINT if np.isnan(out).any() else None)
 
 
-def measured(stage, q, k, v, device="cpu", dtype="float32", **kwargs):
-    """tiled_attention run under the adapters' watch: {"result", "largest", "functions", "cuda_peak_bytes"}."""
-    [run] = stage.session(None, steps=[{"function": FUNCTION, "args": [q, k, v], "kwargs": kwargs, "measure": True}],
-                          device=device, dtype=dtype)
+def measured(stage, q, k, v, device="cpu", dtype="float32", peak_memory=False, **kwargs):
+    """tiled_attention run under the adapters' watch: {"result", "largest", "functions", "peak_bytes"} (the
+    bytes it held at once on ``device`` beyond its inputs, read when peak_memory is true; else None)."""
+    step = {"function": FUNCTION, "args": [q, k, v], "kwargs": kwargs, "measure": True, "peak_memory": peak_memory}
+    [run] = stage.session(None, steps=[step], device=device, dtype=dtype)
     return run
 
 
@@ -257,29 +258,44 @@ def test_never_holds_the_score_matrix(stage, rng, is_causal):
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs a Llama layer's attention: 32 heads of 128
     "cpu": dict(b=1, h=4, t=256, d=32, dtype="float32"),
     "cuda": dict(b=1, h=32, t=4096, d=128, dtype="bfloat16"),
+    # the dry run (--gpu-cases-on cpu): the CUDA case, small, on the CPU
+    "dry run": dict(b=1, h=4, t=512, d=16, dtype="bfloat16"),
 }
-# A bfloat16 score matrix at the CUDA size takes b*h*t*t*2 bytes = 1 GiB; q, k, v and the output 4 x 32 MiB.
-# Tiles of 64 need a few MiB more. 512 MiB leaves room for float32 copies of q, k and v and a float32 output
-# beside the bfloat16 ones (384 MiB together), not for the matrix.
-CUDA_PEAK_BYTES = 512 * 2**20
 
 
-def test_llama_sized_heads(stage, device):
-    """Causal attention compared with F.scaled_dot_product_attention (float32, on the same rounded inputs)."""
+def peak_bound(b, h, t, d, itemsize):
+    """The most memory the CUDA case lets tiled_attention hold beyond its inputs: four times the bytes of q, k,
+    v and the output together (512 MiB at the CUDA size). That leaves room for float32 copies of all four beside
+    the output (half the bound) and tiles of scores, not for one score matrix, b*h*t*t*itemsize, which is
+    larger whenever t > 16 d (1 GiB at the CUDA size, 2 MiB at the dry run's)."""
+    return 4 * 4 * b * h * t * d * itemsize
+
+
+def test_llama_sized_heads(stage, target):
+    """Causal attention compared with F.scaled_dot_product_attention (float32, on the same rounded inputs); the
+    CUDA case also bounds the memory tiled_attention holds at once (its peak on the device, read by the adapters)."""
     import torch
     import torch.nn.functional as F
 
-    size = SIZES[device]
+    size, device = SIZES[target.size], target.device
     rng = np.random.default_rng(4096)
     q, k, v = qkv(rng, size["b"], size["h"], size["t"], size["t"], size["d"])
-    run = measured(stage, q, k, v, device=device, dtype=size["dtype"], is_causal=True, block_size=64)
-    rounded = [torch.from_numpy(a).to(device=device, dtype=getattr(torch, size["dtype"])).float() for a in (q, k, v)]
+    run = measured(stage, q, k, v, device=device, dtype=size["dtype"], peak_memory=target.cuda, is_causal=True,
+                   block_size=64)
+    dtype = getattr(torch, size["dtype"])
+    rounded = [torch.from_numpy(a).to(device=device, dtype=dtype).float() for a in (q, k, v)]
     expected = F.scaled_dot_product_attention(*rounded, is_causal=True).cpu().numpy()
     assert_close(f"tiled_attention ({device}, {size['dtype']}, T={size['t']}, {size['h']} heads)", run["result"],
                  expected, **(BFLOAT16 if size["dtype"] == "bfloat16" else FLOAT32))
-    if run["cuda_peak_bytes"] is not None:
-        assert run["cuda_peak_bytes"] <= CUDA_PEAK_BYTES, (
-            f"tiled_attention's CUDA memory peaked at {run['cuda_peak_bytes'] / 2**20:.0f} MiB, expected at most "
-            f"{CUDA_PEAK_BYTES / 2**20:.0f} MiB (inputs and output 128 MiB; one bfloat16 score matrix alone is "
-            "1 GiB): the full score matrix was materialised"
+    if target.cuda:
+        b, h, t, d, itemsize = size["b"], size["h"], size["t"], size["d"], dtype.itemsize
+        bound, matrix = peak_bound(b, h, t, d, itemsize), b * h * t * t * itemsize
+        assert run["peak_bytes"] <= bound, (
+            f"tiled_attention held up to {mib(run['peak_bytes'])} on {device} beyond its inputs, expected at most "
+            f"{mib(bound)} (four times q, k, v and the output; one {size['dtype']} score matrix alone is "
+            f"{mib(matrix)}): the full score matrix was materialised"
         )
+
+
+def mib(n):
+    return f"{n / 2**20:.1f} MiB"

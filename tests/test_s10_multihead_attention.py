@@ -76,14 +76,17 @@ def test_other_sizes(stage, hidden_fx, case, device):
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs GPT-2 small's attention size
     "cpu": dict(b=2, t=32, d_in=48, d_out=48, context_length=40, num_heads=4),
     "cuda": dict(b=8, t=1024, d_in=768, d_out=768, context_length=1024, num_heads=12),
+    # the dry run (--gpu-cases-on cpu): the CUDA case, small, on the CPU
+    "dry run": dict(b=2, t=64, d_in=96, d_out=96, context_length=64, num_heads=12),
 }
 TOLERANCE = {"float32": dict(rtol=1e-4, atol=1e-5), "bfloat16": BFLOAT16}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_gpt2_sized_heads(stage, reference, device, dtype):
+def test_gpt2_sized_heads(stage, reference, target, dtype):
     """Many heads, long sequences; bfloat16 is compared with the float32 reference at bf16 tolerance."""
-    init, x, weights = mha_case(7, qkv_bias=True, **SIZES[device])
+    init, x, weights = mha_case(7, qkv_bias=True, **SIZES[target.size])
+    device = target.device
     expected = reference.stage(STAGE).forward(CLS, init, x, weights, device=device)
     out = stage.forward(CLS, init, x, weights, device=device, dtype=dtype)
     assert_close(f"context_vecs ({device}, {dtype})", out, expected, **TOLERANCE[dtype])
