@@ -134,7 +134,8 @@ def build_zip(out, assignment: str = "attention", points: dict[str, float] | Non
         for name in SHIPPED:
             path = KIT / name
             for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
-                if file.is_file() and not file.is_symlink() and not set(file.parts) & set(SKIPPED_NAMES):
+                if (file.is_file() and not file.is_symlink() and not set(file.parts) & set(SKIPPED_NAMES)
+                        and not any(part.endswith(".egg-info") for part in file.parts)):  # (a build's leftovers)
                     zf.write(file, f"{KIT_FOLDER}/{file.relative_to(KIT)}")
     return out
 
@@ -261,14 +262,14 @@ def results(graded: dict, points: dict[str, float]) -> dict:
 
 
 def sandbox_entry(confinement: dict) -> dict:
-    """An unscored entry for instructors only (Gradescope's "hidden"): how this submission's code was kept apart,
+    """An entry without points, for instructors only (Gradescope's "hidden"): how this submission's code was kept apart,
     and, when it was not (plain, which the instructor allowed), that the grade rests on trusting it."""
     mode = confinement.get("mode", "unknown")
     lacking = ", ".join(confinement.get("missing", [])) or "nothing"
     warning = ("UNCONFINED: learner code ran as root beside the grader and could have read the solutions and "
                "hidden tests or changed its own grade; grades are only as good as the submissions are honest. "
                if mode == "plain" else "")
-    return {"name": f"Sandbox: {mode}" + (" (UNCONFINED)" if mode == "plain" else ""), "score": 0, "max_score": 0,
+    return {"name": f"Sandbox: {mode}" + (" (UNCONFINED)" if mode == "plain" else ""),
             "status": "passed" if mode != "plain" else "failed", "visibility": "hidden",
             "output": f"{warning}Confinement: {mode}; it lacks: {lacking} (see the kit's README, Trusting the grades)."}
 

@@ -16,17 +16,35 @@ refuses to grade where it can): each private path, and a file inside each folder
 """
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
 import stat
 import sys
+import urllib.parse
 from pathlib import Path
 
 from .kit import FIXTURES, KIT, SOLUTIONS, SUITE
 
 # The kit's own files a learner must not reach: the reference, the hidden tests and fixtures, the grader.
-KIT_PRIVATE = (SOLUTIONS, SUITE, FIXTURES, KIT / "grader", KIT / "kit_tests")
+KIT_FOLDERS = tuple(path.relative_to(KIT) for path in (SOLUTIONS, SUITE, FIXTURES, KIT / "grader", KIT / "kit_tests"))
 SYSTEM = ("/", "/usr", "/usr/local", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/dev", "/proc",
           "/sys", "/tmp", "/var", "/run", "/home", "/root", "/opt", "/srv", "/mnt", "/media")  # never made private
+
+
+def kit_private() -> list[Path]:
+    """The kit's files a learner must not reach, in every copy of the kit this Python installation knows: the
+    one running, and the one an editable install of it points to (Gradescope's copy of the kit runs from
+    /autograder/source/kit while an instructor's checkout may sit elsewhere on the same machine)."""
+    roots = {KIT}
+    for distribution in importlib.metadata.distributions(name="attention-kit"):  # (each place on sys.path that has one)
+        try:
+            url = json.loads(distribution.read_text("direct_url.json") or "{}").get("url", "")
+        except (ValueError, AttributeError):
+            continue
+        if url.startswith("file://"):
+            roots.add(Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)))
+    return [root / folder for root in sorted(roots) for folder in KIT_FOLDERS]
 
 
 def needed() -> list[Path]:

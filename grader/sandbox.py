@@ -593,7 +593,7 @@ class Sandbox:
         if mode != "container":
             return ()
         keep = [*lockdown.needed(), self._folder.path]
-        return tuple(map(str, lockdown.make_private([*lockdown.KIT_PRIVATE, *self.private], keep)))
+        return tuple(map(str, lockdown.make_private([*lockdown.kit_private(), *self.private], keep)))
 
     def _prove(self):
         """Before any learner code: a probe box must fail to read what is private (a hidden fixture, a
@@ -602,7 +602,7 @@ class Sandbox:
         process, its parent or the template. Anything it reached stops the sandbox: SandboxUnavailable."""
         if self.confinement.mode == "plain":
             return
-        private = [*lockdown.KIT_PRIVATE, *self.private]
+        private = [*lockdown.kit_private(), *self.private]
         request = {"cmd": "probe", "token": secrets.token_hex(8), "read": lockdown.witnesses(private),
                    "write": [str(p) for p in private if Path(p).exists()], "need": lockdown.python_witnesses()}
         if self.confinement.mode == "container":  # (elsewhere these pids are not in the box's world)

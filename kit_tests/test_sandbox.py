@@ -80,7 +80,7 @@ def same(actual, expected, where="result"):
 def sandbox():
     """One template for the module, as a grading worker keeps one for all its submissions (the container
     confinement makes the kit's secrets private to root: given back after)."""
-    with kept_modes(lockdown.KIT_PRIVATE), Sandbox() as sandbox:
+    with kept_modes(lockdown.kit_private()), Sandbox() as sandbox:
         sandbox.start()
         yield sandbox
 
@@ -204,8 +204,8 @@ def test_the_machine_confines_as_the_readme_promises(sandbox):
     assert probe().mode == PROMISED
     assert probe().missing == missing
     if sandbox.mode == "container":
-        assert set(map(str, lockdown.KIT_PRIVATE)) <= set(sandbox.confinement.private)
-        assert all(not path.stat().st_mode & 0o077 for path in lockdown.KIT_PRIVATE if path.exists())
+        assert set(map(str, lockdown.kit_private())) <= set(sandbox.confinement.private)
+        assert all(not path.stat().st_mode & 0o077 for path in lockdown.kit_private() if path.exists())
 
 
 def test_a_machine_without_cgroup_limits_says_so():

@@ -81,7 +81,7 @@ def graded_in_a_container(tmp_path_factory, unavailable):
     # The boxes are other users there: TMPDIR must let them through (pytest's own folders do not).
     tmpdir = Path(tempfile.mkdtemp(prefix="tamper-container-", dir="/tmp"))
     tmpdir.chmod(0o711)
-    modes = {path: path.stat().st_mode for path in lockdown.KIT_PRIVATE if path.exists()}
+    modes = {path: path.stat().st_mode for path in lockdown.kit_private() if path.exists()}
     try:
         yield grade_the_corpus(tmp_path_factory, tmpdir, container=True)
     finally:
