@@ -79,6 +79,16 @@ def test_mistake_costs_points_on_its_stage_only_and_is_named(graded, bug):
         )
 
 
+@pytest.mark.parametrize("bug", [b for b in BUGS if b.not_said], ids=lambda b: b.name)
+def test_no_feedback_sends_a_mistake_to_a_wrong_fix(graded, bug):
+    """A hint once shown for this mistake pointed to a fix its code already had (or to another mistake): a
+    reading is shown only when the submission's own numbers bear it out, so these words appear nowhere."""
+    failures = [message for _, messages in graded[bug.name].values() for message in messages]
+    said = {words: [m for m in failures if words in m][:1] for words in bug.not_said
+            if any(words in m for m in failures)}
+    assert not said, f"{bug.name} ({bug.why}) was told what does not apply to it: {said}"
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_correct_variant_gets_full_marks(graded, variant):
     lost = {s: (score, failures[:1]) for s, (score, failures) in graded[variant.name].items() if score < 1}
