@@ -465,8 +465,8 @@ def mask_not_cut(match, call):
             continue
         if length and sizes == {num_tokens, length}:
             return (f"the causal mask is context_length x context_length ({length} x {length}) and met the scores of "
-                    f"num_tokens = {num_tokens} tokens: cut it to the sequence, "
-                    "self.mask.bool()[:num_tokens, :num_tokens]")
+                    f"num_tokens = {num_tokens} tokens: cut it to the sequence, self.mask.bool()[:num_tokens, "
+                    ":num_tokens] with num_tokens = x.shape[1] (never hard-code the sequence length)")
         if sizes == {num_tokens, BOOK_LENGTH} and BOOK_LENGTH not in call.sizes():
             return (f"something sized for {BOOK_LENGTH} tokens (the book's example; no size of this check is "
                     f"{BOOK_LENGTH}) met the scores of num_tokens = {num_tokens} tokens: never hard-code the sequence "
@@ -485,8 +485,8 @@ def view_sizes(match, call):
     for b, num_tokens, _ in call.forwards():
         if size == b * num_tokens * width and lead != [b, num_tokens]:
             which = "the batch size b" if shape[0] != b else "num_tokens"
-            return (f"the view's leading sizes are {shape[0]}, {shape[1]} where x holds (b, num_tokens) = "
-                    f"({b}, {num_tokens}): {which} must be taken from x.shape instead of hard-coding them")
+            return (f"a view to sizes ({shape[0]}, {shape[1]}, ...) where x holds (b, num_tokens) = "
+                    f"({b}, {num_tokens}): take {which} from x.shape instead of hard-coding it")
         if lead != [b, num_tokens] or not (d_in and d_out) or d_in == d_out:
             continue
         if size == b * num_tokens * d_out and width == d_in:
@@ -496,9 +496,9 @@ def view_sizes(match, call):
             return (f"a tensor of x's width d_in = {d_in} was viewed as d_out = {d_out} wide: the heads split the "
                     "projections' outputs W_query(x), W_key(x), W_value(x) (width d_out), not x itself")
         if size == b * num_tokens * d_out and len(shape) == 4 and num_heads and shape[2] != num_heads:
-            return (f"the heads were split as {shape[2]} heads of {shape[3]}, not num_heads = {num_heads} heads of "
-                    f"head_dim = d_out // num_heads = {d_out // num_heads}: take both from the constructor's "
-                    "arguments (num_heads, d_out), never from a global or the book's example")
+            return (f"the heads were split as {shape[2]} x {shape[3]} where the constructor's arguments give num_heads "
+                    f"= {num_heads}, head_dim = d_out // num_heads = {d_out // num_heads}: take both from the "
+                    "constructor's arguments (num_heads, d_out), never from a global or the book's example")
     return None
 
 
@@ -519,6 +519,19 @@ def matmul_sizes(match, call):
     return None
 
 
+def parameter_sizes(match, call):
+    """A layer whose input width (the last size of a weight) is not the documented d_in the constructor was given:
+    the module took it from somewhere else."""
+    name = match[1]
+    given, built = ([int(s) for s in re.findall(r"\d+", group)] for group in (match[2], match[3]))
+    d_in = call.init.get("d_in")
+    if not (d_in and len(given) == len(built) == 2 and given[-1] == d_in != built[-1] and given != built[::-1]):
+        return None
+    return (f"{name} has shape {tuple(built)}: a layer built for inputs of width {built[-1]}, but the constructor's "
+            f"d_in is {d_in}: build it as nn.Linear(d_in, ...) from the constructor's arguments, never from globals "
+            "or the book's example")
+
+
 def attribute_never_set(match, call):
     """An attribute of the module under test read before anything was assigned to it."""
     if match[1] != call.cls:
@@ -533,6 +546,8 @@ ERROR_READINGS = [
                  "first, or use .reshape()"),
     ErrorReading(r"shape '\[([-\d, ]+)\]' is invalid for input of size (\d+)", view_sizes),
     ErrorReading(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", matmul_sizes),
+    ErrorReading(r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) from "
+                 r"checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)", parameter_sizes),
     ErrorReading(r"'(\w+)' object has no attribute '(\w+)'", attribute_never_set),
     ErrorReading(r"Expected all tensors to be on the same device",
                  "tensors on two devices met: create every new tensor on x.device, and keep constant tensors such as "
