@@ -463,7 +463,7 @@ def mask_not_cut(match, call):
     for _, num_tokens, num_keys in call.forwards():
         if num_keys != num_tokens:
             continue
-        if length and sizes == {num_tokens, length}:
+        if length and length > num_tokens and sizes == {num_tokens, length}:
             return (f"the causal mask is context_length x context_length ({length} x {length}) and met the scores of "
                     f"num_tokens = {num_tokens} tokens: cut it to the sequence, self.mask.bool()[:num_tokens, "
                     ":num_tokens] with num_tokens = x.shape[1] (never hard-code the sequence length)")
@@ -509,13 +509,13 @@ def matmul_sizes(match, call):
     transposed = n == inner  # (the second operand transposed would fit)
     others = {call.init.get("d_out"), call.init.get("head_dim")}
     wrong_layer = bool(d_in) and inner == d_in and other != d_in and d_in not in others
-    if wrong_layer and not transposed:
-        return (f"a layer built for inputs of width {other} got x, whose width is d_in = {d_in}: build every layer "
-                "from the constructor's arguments (nn.Linear(d_in, ...)), never from globals")
-    if transposed and not wrong_layer:
+    if transposed:  # (nn.Linear(d_out, d_in), its arguments swapped, shows the same sizes)
         return (f"({m}x{inner}) @ ({other}x{n}): the inner sizes differ but the second matrix transposed, "
                 f"({n}x{other}), would fit: is a transpose missing or extra? x @ W takes W of shape (d_in, d_out); "
-                "nn.Linear's weight has shape (d_out, d_in) and is applied as x @ weight.T")
+                "nn.Linear(d_in, d_out)'s weight has shape (d_out, d_in) and is applied as x @ weight.T")
+    if wrong_layer:
+        return (f"a layer built for inputs of width {other} got x, whose width is d_in = {d_in}: build every layer "
+                "from the constructor's arguments (nn.Linear(d_in, ...)), never from globals")
     return None
 
 
