@@ -69,6 +69,7 @@ class Witness:
         self.failed = None  # (the exception, checks.Call)
 
     def run(self, op, module, **kwargs):
+        __tracebackhide__ = True  # (a student's traceback goes from the test to their code)
         try:
             return self.backend.run(op, module, **kwargs)
         except Exception as exc:
