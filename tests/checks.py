@@ -383,13 +383,13 @@ class Call:
         """(b, num_new, num_keys) of each forward the operation ran, in order: a batch of num_new queries
         attending over num_keys keys (a cached step's keys: every token fed since the cache was emptied)."""
         if self.op in ("forward", "heads_forward"):
-            b, n = np.shape(self.kwargs.get("x"))[:2]
-            return [(b, n, n)]
+            shape = np.shape(self.kwargs.get("x"))
+            return [(shape[0], shape[1], shape[1])] if len(shape) >= 2 else []
         runs, cached = [], 0
         for step in (self.kwargs.get("steps") or ()) if self.op == "session" else ():
             if step.get("method") == "reset_cache":
                 cached = 0
-            if step.get("method") != "forward" or not step.get("args"):
+            if step.get("method") != "forward" or not step.get("args") or len(np.shape(step["args"][0])) < 2:
                 continue
             b, n = np.shape(step["args"][0])[:2]
             options = step.get("kwargs") or {}
@@ -577,7 +577,10 @@ def explain_error(text, call=None, readings=None):
     per reading that holds (empty if none). readings: a stage's own (its test module's ERROR_READINGS)."""
     found = []
     for reading in ERROR_READINGS if readings is None else readings:
-        meaning = reading.read(text, call)
+        try:
+            meaning = reading.read(text, call)
+        except Exception:  # evidence it cannot read (sizes of an unexpected form): it says nothing
+            meaning = None
         if meaning and meaning not in found:
             found.append(meaning)
     return found

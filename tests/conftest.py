@@ -289,7 +289,8 @@ def pytest_runtest_makereport(item, call):
         return report
     if report.failed and call.excinfo is not None and not call.excinfo.errisinstance(AssertionError):
         hints = explain_error(error_text(call.excinfo.typename, str(call.excinfo.value)),
-                              _call_that_raised(item, call.excinfo.value), getattr(item.module, "ERROR_READINGS", None))
+                              _call_that_raised(item, call.excinfo.value),
+                              getattr(getattr(item, "module", None), "ERROR_READINGS", None))
         if hints and hasattr(report.longrepr, "addsection"):
             text = "\n".join(hints)
             report.longrepr.addsection("Likely mistake", text)  # for the terminal
