@@ -4,8 +4,11 @@ Each entry is a small edit of one reference module. ``BUGS`` must lose points on
 their stage and nowhere else (a stage that imports another is graded with the
 reference version of it), and their feedback should name the mistake
 (``diagnosis``: words the feedback must contain; None where no test can tell the
-cause). ``VARIANTS`` are correct and must get full marks. Several bugs were
-found in published notes on chapter 3 of the book; ``source`` says where.
+cause) and never send its author to a wrong fix (``not_said``: words of a hint
+that was once shown for it and was wrong). ``VARIANTS`` are correct and must get
+full marks. Many bugs were found in published code (notes on chapter 3 of the
+book, KV caches, sliding windows and tiled kernels that repositories shipped and
+later fixed); ``source`` says where.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ class Submission:
     why: str
     diagnosis: str | None = None
     source: str = "typical learner mistake"
+    not_said: tuple = ()  # words no feedback of this submission may contain (a hint pointing to a wrong fix)
 
     def modules(self) -> dict[str, str]:
         """The edited module (stage module -> source); the others are the reference's."""
@@ -160,7 +164,8 @@ BUGS = [
                  "context_vec.view(b, num_tokens, self.d_out)"),),
                "view after transpose without contiguous()", "contiguous"),
     Submission("values_are_inputs", S10, (("values = self.W_value(x)", "values = x"),),
-               "the values are the raw inputs", "the values were the inputs"),
+               "the values are the raw inputs", "the values were the inputs",
+               not_said=("instead of hard-coding",)),
     Submission("num_heads_never_stored", S10, (("        self.num_heads = num_heads\n", ""),),
                "self.num_heads is used but never set", "self.num_heads is used but never set",
                source="published notes on section 3.6.2 (a copy of MultiHeadAttention)"),
@@ -175,7 +180,8 @@ BUGS = [
                (("import torch.nn as nn\n", "import torch.nn as nn\n\nC = 3  # the embedding size of the example\n"),
                 ("nn.Linear(d_in, head_dim, bias=qkv_bias)", "nn.Linear(C, head_dim, bias=qkv_bias)")),
                "Head takes its input size from a global instead of d_in", "never from globals",
-               source="published notes on per-head attention modules (Head)"),
+               source="published notes on per-head attention modules (Head)",
+               not_said=("the output has width d_out",)),
     # The same mistakes, in every later stage where they can be made again.
     Submission("context_softmax_again", S03,
                (("return attn_weights @ inputs", "return torch.softmax(attn_weights, dim=-1) @ inputs"),),
@@ -198,6 +204,11 @@ BUGS = [
     Submission("efficient_mask_times_sqrt_d_k", S06,
                (("torch.softmax(masked / d_k**0.5, dim=-1)", "torch.softmax(masked * d_k**0.5, dim=-1)"),),
                "the efficient mask multiplies the scores by sqrt(d_k)", "multiplied by sqrt(d_k)"),
+    Submission("softmax_dim_1_times_sqrt_d_k", S06,
+               (("torch.softmax(masked / d_k**0.5, dim=-1)", "torch.softmax(masked * d_k**0.5, dim=1)"),),
+               "softmax over dim=1 (the query axis of a batch) of scores multiplied by sqrt(d_k)",
+               "two mistakes at once",
+               source="published notes on section 3.5.1 (the efficient causal mask)"),
     Submission("simple_mask_renormalised_with_softmax", S06,
                (("return masked_simple / masked_simple.sum(dim=-1, keepdim=True)",
                  "return torch.softmax(masked_simple, dim=-1)"),),
@@ -253,7 +264,8 @@ BUGS = [
                (("import torch.nn as nn\n", "import torch.nn as nn\n\nNUM_HEADS = 2  # the book's example\n"),
                 ("        self.num_heads = num_heads\n        self.head_dim = d_out // num_heads\n",
                  "        self.num_heads = NUM_HEADS\n        self.head_dim = d_out // NUM_HEADS\n")),
-               "the heads are split by a global head count", "constructor's arguments"),
+               "the heads are split by a global head count", "constructor's arguments",
+               not_said=("instead of hard-coding",)),
     Submission("forms_scores_times_sqrt_d_k", S11,
                (("torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)",
                  "torch.softmax(attn_scores * keys.shape[-1] ** 0.5, dim=-1)"),),
@@ -275,7 +287,8 @@ BUGS = [
                (("context_vec = context_vec.contiguous().view(b, num_tokens, self.d_out)",
                  "context_vec = context_vec.contiguous().view(b, num_tokens, d_in)"),),
                "the fused form takes its output width from x (nanoGPT's C, where d_in == d_out)",
-               "never from x's last size", source="nanoGPT's CausalSelfAttention, where d_in == d_out"),
+               "never from x's last size", source="nanoGPT's CausalSelfAttention, where d_in == d_out",
+               not_said=("instead of hard-coding",)),
     Submission("combined_dropout_skipped", S11,
                (("        attn_weights = self.dropout(attn_weights)\n\n        context_vec",
                  "\n        context_vec"),),
@@ -284,6 +297,16 @@ BUGS = [
                (("        attn_weights = self.dropout(attn_weights)\n        return attn_weights @ values",
                  "        return attn_weights @ values"),),
                "Head never applies its dropout", "dropped nothing"),
+    Submission("fused_form_with_resid_dropout", S11,
+               (("        self.dropout = nn.Dropout(dropout)\n        mask = torch.triu",
+                 "        self.dropout = nn.Dropout(dropout)\n        self.resid_dropout = nn.Dropout(dropout)\n"
+                 "        mask = torch.triu"),
+                ("        return self.out_proj(context_vec)\n",
+                 "        return self.resid_dropout(self.out_proj(context_vec))\n")),
+               "nanoGPT's CausalSelfAttention kept whole: its resid_dropout after the output projection drops a "
+               "second time in training mode", "dropout was applied twice",
+               source="nanoGPT's CausalSelfAttention (attn_dropout and resid_dropout)",
+               not_said=("probability of DROPPING",)),
     Submission("forms_dropout_in_eval_mode", S11,
                (("attn_weights = self.dropout(attn_weights)",
                  "attn_weights = torch.nn.functional.dropout(attn_weights, self.dropout.p)"),),
@@ -418,7 +441,8 @@ BUGS += [
                "key_padding_mask is inverted"),
     Submission("padding_mask_on_query_axis", M02,
                (("key_padding_mask.bool()[:, None, None, :]", "key_padding_mask.bool()[:, None, :, None]"),),
-               "the padding mask hides query rows instead of key columns", "applied on the query axis"),
+               "the padding mask hides query rows instead of key columns", "applied on the query axis",
+               not_said=("cut it to the sequence",)),
     Submission("large_negative_fill_keeps_empty_rows", M02,
                (("attn_scores.masked_fill(~allowed, -torch.inf)", "attn_scores.masked_fill(~allowed, -1e9)"),
                 ("    attn_weights = attn_weights.masked_fill(nothing_to_attend, 0.0)\n", "")),
@@ -429,11 +453,34 @@ BUGS += [
                (("start = num_keys - num_new  # the position of the first new token",
                  "start = num_keys - num_new + 1  # the position of the first new token"),),
                "the new tokens' positions are counted one too far: each new query also sees the next token",
-               "one position late"),
+               "one position late",
+               not_said=("cut it to the sequence",)),
     Submission("cache_mask_not_offset", M03,
                (("future = self.mask[start:start + num_new, :num_keys]", "future = self.mask[:num_new, :num_keys]"),),
                "the mask's rows start at 0 at every step: a single new token sees only the first key",
                "not offset by the cache length"),
+    Submission("cache_mask_cut_to_new_tokens", M03,
+               (("future = self.mask[start:start + num_new, :num_keys]", "future = self.mask[:num_new, :num_new]"),),
+               "the mask is cut for the new tokens alone, as a nanoGPT-style forward cuts its buffer to x's length: "
+               "right for single tokens (a 1 x 1 mask broadcasts), an error for a chunk after cached tokens",
+               "cut for the new tokens alone", source="KV caches added to nanoGPT-style modules (bias[:, :, :T, :T])",
+               not_said=("cut it to the sequence",)),
+    Submission("cache_sdpa_causal_for_chunks", M03,
+               (("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.nn.functional as F\n"),
+                ("""        attn_scores = queries @ keys.transpose(2, 3)  # (b, num_heads, num_new, num_keys)
+        future = self.mask[start:start + num_new, :num_keys]  # (num_new, num_keys), True = a later position
+        attn_scores = attn_scores.masked_fill(future, -torch.inf)
+        attn_weights = torch.softmax(attn_scores / self.head_dim**0.5, dim=-1)
+        attn_weights = self.dropout(attn_weights)
+        context_vec = attn_weights @ values  # (b, num_heads, num_new, head_dim)
+""", """        # A prompt needs the causal mask; a single new token may see every key.
+        context_vec = F.scaled_dot_product_attention(queries, keys, values, is_causal=num_new > 1,
+                                                     dropout_p=self.dropout.p if self.training else 0.0)
+""")),
+               "F.scaled_dot_product_attention with is_causal for prompts and off for single tokens: its diagonal is "
+               "aligned top-left, wrong for a chunk of several tokens after cached ones",
+               "aligns the diagonal top-left",
+               source="text-generation-inference's causal prefill / non-causal decode; pytorch/pytorch#144858"),
     Submission("reset_cache_does_nothing", M03,
                (("        self.cache_k, self.cache_v = None, None\n", "        pass\n"),),
                "reset_cache leaves the cache full: the next sequence attends to the previous one's tokens",
@@ -508,6 +555,21 @@ BUGS += [
     Submission("window_cache_keeps_oldest", M06,
                (("[:, :, -self.window:]", "[:, :, :self.window]"),),
                "the cache keeps the first window positions instead of the last", "kept the OLDEST window positions"),
+    Submission("window_cache_cut_before_attending", M06,
+               (("""            self.cache_k, self.cache_v = keys[:, :, -self.window:], values[:, :, -self.window:]
+            allowed = self.band[num_cached:num_cached + num_new, :num_cached + num_new]  # (num_new, num_keys)
+""", """            # No query reaches further back than the window: keep (and attend to) its last positions only.
+            keys, values = keys[:, :, -self.window:], values[:, :, -self.window:]
+            self.cache_k, self.cache_v = keys, values
+            num_keys = keys.shape[2]
+            # The kept keys end with the new tokens: each new query sees the kept keys up to its own.
+            allowed = torch.ones(num_new, num_keys, dtype=torch.bool, device=x.device).tril(num_keys - num_new)
+"""),),
+               "the cache is cut to the window before the new queries attend: a chunk's earlier queries lose keys "
+               "they must see (a chunk longer than the window leaves some with none)", "cut to the last",
+               source="Hugging Face transformers' sliding-window cache returning the cut states at prefill "
+                      "(huggingface/transformers#30642)",
+               not_said=("the window is off by one",)),
     Submission("window_rows_not_offset", M06,
                (("allowed = self.band[num_cached:num_cached + num_new, :num_cached + num_new]",
                  "allowed = self.band[:num_new, :num_cached + num_new]"),),
@@ -537,13 +599,34 @@ BUGS += [
                (("    out = torch.empty_like(q)\n",
                  "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)\n"),),
                "right output, from the fused kernel the stage explains", "called F.scaled_dot_product_attention"),
+    Submission("tiled_mask_at_full_tile_size", M07,
+               (("    out = torch.empty_like(q)\n",
+                 "    out = torch.empty_like(q)\n"
+                 "    # The mask of a tile on the diagonal, built once: key column c is after query row r when c > r.\n"
+                 "    diagonal = torch.ones(block_size, block_size, dtype=torch.bool, device=q.device).triu(1)\n"),
+                ("""                cols = torch.arange(k_start, k_end, device=q.device)  # key positions, (bk,)
+                s = s.masked_fill(cols > rows, -torch.inf)  # a key after its query takes no part
+""", """                if k_start == q_start:  # tiles left of the diagonal need no mask
+                    s = s.masked_fill(diagonal, -torch.inf)
+""")),
+               "the diagonal tile's mask is built once at block_size x block_size: it does not fit the shorter last "
+               "tile", "full tile size",
+               source="pure-PyTorch FlashAttention ports that precompute one block-sized causal mask",
+               not_said=("cut it to the sequence",)),
+    Submission("tiled_mask_bottom_right_tiles_top_left", M07,
+               (("s = s.masked_fill(cols > rows, -torch.inf)",
+                 "s = s.masked_fill(cols > rows + (n_kv - n_q), -torch.inf)  # the last query sees every key"),),
+               "the mask aligned bottom-right (FlashAttention 2.1's convention when n_q != n_kv) while the tiles "
+               "are skipped top-left: right when n_q == n_kv, otherwise neither alignment", "causal mask is misaligned",
+               source="FlashAttention 2.1's change to bottom-right causal alignment (Dao-AILab/flash-attention)"),
     Submission("tiled_nan_from_masked_rows", M07,
                (("kv_end = min(n_kv, q_end) if is_causal else n_kv", "kv_end = n_kv"),
                 ("for k_start in range(0, kv_end, block_size):",
                  "for k_start in reversed(range(0, kv_end, block_size)):"),
                 ("shift = torch.where(new_max == -torch.inf, 0.0, new_max)", "shift = new_max")),
                "every key tile, last to first, masked tiles included: a row with all scores masked so far "
-               "computes exp(-inf - (-inf)) = NaN", "subtract 0 there"),
+               "computes exp(-inf - (-inf)) = NaN", "subtract 0 there",
+               not_said=("causal mask is misaligned",)),
 ]
 
 VARIANTS += [

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from adapters import Implementation, LocalBackend
-from checks import STUB, explain_error
+from checks import Call, error_text, explain_error
 from stage_names import builds_on, stage_command, stage_of, teaching_order
 
 ROOT = Path(__file__).resolve().parent.parent  # the kit, or a student's release folder
@@ -55,10 +55,32 @@ def impl(pytestconfig):
     root = Path(pytestconfig.getoption("impl"))
     backend = pytestconfig.hook.pytest_attnkit_backend(config=pytestconfig, root=root)
     if backend is None:
-        yield Implementation(LocalBackend(root))
+        yield Implementation(Witness(LocalBackend(root)))
         return
     with backend:
-        yield Implementation(backend)
+        yield Implementation(Witness(backend))
+
+
+class Witness:
+    """The implementation's backend, remembering the last operation that raised and its exception: the
+    evidence that a reading of the error is checked against before a failure report shows it."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.failed = None  # (the exception, checks.Call)
+
+    def run(self, op, module, **kwargs):
+        __tracebackhide__ = True  # (a student's traceback goes from the test to their code)
+        try:
+            return self.backend.run(op, module, **kwargs)
+        except Exception as exc:
+            self.failed = (exc, Call(op, kwargs))
+            raise
+
+    def call_that_raised(self, exc):
+        """The operation that raised ``exc``, or None when ``exc`` came from elsewhere (forgotten once asked)."""
+        failed, self.failed = self.failed, None
+        return failed[1] if failed is not None and failed[0] is exc else None
 
 
 class _MemoBackend:
@@ -301,10 +323,9 @@ def pytest_runtest_makereport(item, call):
     if report.failed and note_book_failure(item, call, report):  # see "book tests" below
         return report
     if report.failed and call.excinfo is not None and not call.excinfo.errisinstance(AssertionError):
-        hints = explain_error(str(report.longrepr))
-        marker = item.get_closest_marker("hint")
-        if marker and STUB not in hints:  # (a stub has nothing else to hint at)
-            hints.append(marker.args[0])
+        hints = explain_error(error_text(call.excinfo.typename, str(call.excinfo.value)),
+                              _call_that_raised(item, call.excinfo.value),
+                              getattr(getattr(item, "module", None), "ERROR_READINGS", None))
         if hints and hasattr(report.longrepr, "addsection"):
             text = "\n".join(hints)
             report.longrepr.addsection("Likely mistake", text)  # for the terminal
@@ -312,6 +333,13 @@ def pytest_runtest_makereport(item, call):
             if crash is not None:  # for one-line reports (grading feedback, -rf summaries)
                 crash.message += f"\nLikely mistake: {text}"
     return report
+
+
+def _call_that_raised(item, exc):
+    """The operation on the implementation under test that raised ``exc`` (checks.Call), or None."""
+    impl = item.funcargs.get("impl") if hasattr(item, "funcargs") else None
+    witness = getattr(impl, "backend", None)
+    return witness.call_that_raised(exc) if isinstance(witness, Witness) else None
 
 
 # ---------------------------------------------------------------- time limits

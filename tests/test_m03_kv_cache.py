@@ -15,12 +15,15 @@ import pytest
 from cases import cached_steps, draw_weights, exposing_case, mha_shapes, normal, random_weights, spans
 from checks import (
     BFLOAT16,
+    BROADCAST,
     assert_close,
+    broadcast_sizes,
     check_module_dropout,
     check_sizes_from_arguments,
     linear,
     multihead,
     multihead_mistakes,
+    readings_with,
     softmax,
     split_heads,
 )
@@ -61,13 +64,44 @@ def decode(x, weights, num_heads, chunks, *, visible="causal", cached=True, past
 OFF_BY_ONE = ("each new query also sees the token after it: the mask rows are one position late. The new tokens "
               "sit at positions start .. start + num_new - 1, start = the number of tokens cached before this step")
 NOT_OFFSET = ("the causal mask was not offset by the cache length: the new tokens were masked as if they sat at "
-              "positions 0, 1, ... (a single new token saw only the first key); take the mask's rows start .. "
-              "start + num_new - 1, start = the number of tokens cached before this step")
+              "positions 0, 1, ... (a single new token saw only the first key), which is also what "
+              "F.scaled_dot_product_attention(is_causal=True) does with fewer queries than keys (it aligns the "
+              "diagonal top-left); take the mask's rows start .. start + num_new - 1, start = the number of tokens "
+              "cached before this step (for SDPA: attn_mask=~self.mask[start:start + num_new, :num_keys], not "
+              "is_causal)")
 UNMASKED = "the cached steps were not masked: a chunk's tokens saw the later tokens of the same chunk"
 NO_CACHE = ("each step attended to its own new tokens only: the cached keys and values were not used (append "
             "the new ones to the cache with torch.cat on the token axis, then attend to the whole cache)")
 NOT_RESET = ("the cache was not reset: the second sequence attended to the first one's keys and values "
              "(reset_cache() must set cache_k and cache_v back to None)")
+
+
+# ---------------------------------------------------------------- errors
+
+MASK_ROWS = ("take the mask's rows start .. start + num_new - 1 and its first num_keys columns, "
+             "self.mask[start:start + num_new, :num_keys], start = num_keys - num_new (the tokens cached before this "
+             "step; 0 without the cache)")
+
+
+def cache_mask_sizes(match, call):
+    """A mask that does not fit a step's scores (b, num_heads, num_new, num_keys): kept whole (context_length on
+    a side), or cut for the new tokens alone (num_new x num_new: the columns of the cached keys missing). Each
+    is read only when the sizes and the axis in the error are those it predicts for a step the check ran."""
+    sizes, dim = broadcast_sizes(match)
+    length = call.init.get("context_length")
+    for _, num_new, num_keys in call.forwards():
+        uncut = {length, num_keys} if num_keys != length else {length, num_new}
+        if length and sizes == uncut and dim == (3 if num_keys != length else 2):
+            return (f"the causal mask is context_length x context_length ({length} x {length}) and met the scores "
+                    f"of {num_new} new tokens over {num_keys} keys: {MASK_ROWS}")
+        if num_new < num_keys and sizes == {num_new, num_keys} and dim == 3:
+            return (f"a cached step's scores are num_new x num_keys = {num_new} x {num_keys} (the new queries attend "
+                    f"to every cached key), but the mask was cut for the new tokens alone ({num_new} x {num_new}): "
+                    + MASK_ROWS)
+    return None
+
+
+ERROR_READINGS = readings_with(BROADCAST, cache_mask_sizes)  # (conftest reads a stage's readings here)
 
 
 def decoding_mistakes(x, weights, num_heads, chunks):

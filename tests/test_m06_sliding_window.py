@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from cases import draw_weights, normal
-from checks import BFLOAT16, assert_close, linear, softmax, split_heads
+from checks import BFLOAT16, assert_close, diagnose, linear, softmax, split_heads
 
 pytestmark = pytest.mark.sliding_window
 STAGE = "m06_sliding_window"
@@ -32,6 +32,15 @@ OLDEST = ("the cache kept the OLDEST window positions: keep the most recent ones
           "new token can only reach the last window positions")
 ROWS = ("the new queries took the band's first rows: in a cached step they are the last num_new of num_keys "
         "positions, rows num_cached .. num_cached + num_new - 1 of the band")
+NO_KEY_NAN = " (a query left with no key got NaN)"
+
+
+def cut_before(kept):
+    return (f"the cache was cut to the last {kept} positions before the new queries attended, so some of them lost "
+            "keys they must see (the query at position p attends to keys p - window + 1 .. p); attend over the cached "
+            "and the new keys first, then keep the last window positions for the next step")
+
+
 UNBOUNDED = ("the cache is not bounded: it grows with the sequence, but no query reaches further back than "
              "window positions; keep only the last window positions (keys[:, :, -window:])")
 
@@ -79,10 +88,12 @@ def np_window_attention(x, weights, num_heads, window, rule="right"):
     return np_attend(q, k, v, np_band(x.shape[1], x.shape[1], window, rule=rule), weights)
 
 
-def np_window_decode(x, weights, num_heads, window, chunks, keep="last", rows="offset"):
+def np_window_decode(x, weights, num_heads, window, chunks, keep="last", rows="offset", cut_before=0, nan=False):
     """Cached decoding in chunks, as a module does it: the cached keys/values before the new ones, the
     band's rows for the new queries, then the cache cut to ``window`` positions. keep: "last" (right),
-    "first" or "all"; rows: "offset" (right: rows num_cached..) or "first" (rows 0..num_new-1).
+    "first" or "all"; rows: "offset" (right: rows num_cached..) or "first" (rows 0..num_new-1);
+    cut_before: the cache cut to its last cut_before positions BEFORE the new queries attend, so that they see
+    only those keys (0: after, right), a query left with no key giving weights 0 or, with nan, NaN.
     returns: the outputs of every step, concatenated over tokens."""
     x = np.asarray(x, dtype=np.float64)
     q, k, v = (split_heads(linear(x, weights, n), num_heads) for n in ("W_query", "W_key", "W_value"))
@@ -92,8 +103,14 @@ def np_window_decode(x, weights, num_heads, window, chunks, keep="last", rows="o
         keys, values = np.concatenate([cache_k, k[:, :, new]], 2), np.concatenate([cache_v, v[:, :, new]], 2)
         num_cached = cache_k.shape[2]
         allowed = np_band(size, keys.shape[2], window, first_query=num_cached if rows == "offset" else 0)
-        outputs.append(np_attend(q[:, :, new], keys, values, allowed, weights))
         cut = {"last": slice(-window, None), "first": slice(None, window), "all": slice(None)}[keep]
+        if cut_before:
+            cut = slice(-cut_before, None)
+            allowed[:, :max(0, keys.shape[2] - cut_before)] = False  # dropped before the queries got to them
+        out = np_attend(q[:, :, new], keys, values, allowed, weights)
+        if nan:
+            out[:, ~allowed.any(axis=-1)] = np.nan
+        outputs.append(out)
         cache_k, cache_v, start = keys[:, :, cut], values[:, :, cut], start + size
     return np.concatenate(outputs, axis=1)
 
@@ -104,10 +121,24 @@ def attention_mistakes(x, weights, num_heads, window, rows=slice(None)):
             NO_WINDOW: run(rule="causal")[:, rows]}
 
 
-def decoding_mistakes(x, weights, num_heads, window, chunks, rows):
+def decoding_mistakes(stage, init, x, weights, chunks, rows):
+    """The cache's mistakes, and those of the band that the module's forward without the cache shows too: a
+    band mistake makes that forward wrong in its own way (with a right band, a cache that holds too little can
+    give the same numbers in a cached step)."""
+    num_heads, window = init["num_heads"], init["window"]
     run = partial(np_window_decode, x, weights, num_heads, window, chunks)
-    return {OLDEST: run(keep="first")[:, rows], ROWS: run(rows="first")[:, rows],
-            **attention_mistakes(x, weights, num_heads, window, rows)}
+    found = {OLDEST: run(keep="first")[:, rows], ROWS: run(rows="first")[:, rows]}
+    for kept in sorted({window, max(window - 1, 1)}):  # (a cache of window - 1 positions is enough after attending)
+        found[cut_before(kept)] = run(cut_before=kept)[:, rows]
+        with_nan = run(cut_before=kept, nan=True)[:, rows]
+        if np.isnan(with_nan).any():
+            found[cut_before(kept) + NO_KEY_NAN] = with_nan
+    band = attention_mistakes(x, weights, num_heads, window)
+    try:
+        shown = diagnose(stage.forward(CLS, init, x, weights), band, **FLOAT32)
+    except Exception:  # (that forward's own check says what is wrong with it)
+        shown = []
+    return found | {why: c[:, rows] for why, c in band.items() if why in shown}
 
 
 def window_case(rng, reference, t, window=None, b=None, num_heads=None):
@@ -150,7 +181,7 @@ def check_decoding(stage, init, x, weights, chunks, expected, what):
             "positions)")
         assert_close(f"{what}: output of cached step {step} (tokens {rows.start}..{rows.stop - 1})", out,
                      expected[:, rows], **FLOAT32,
-                     mistakes=partial(decoding_mistakes, x, weights, init["num_heads"], window, chunks, rows))
+                     mistakes=partial(decoding_mistakes, stage, init, x, weights, chunks, rows))
 
 
 # ---------------------------------------------------------------- public: the small examples
@@ -224,7 +255,8 @@ def test_cached_decoding_after_reset(stage, reference, rng):
     results = stage.session(CLS, init, weights, steps=steps)
     assert results[2] is None, f"after reset_cache(), cache_k should be None (empty); it holds {np.shape(results[2])}"
     assert_close("a new sequence decoded token by token after reset_cache()", np.concatenate(results[3:], axis=1),
-                 np_window_attention(other, weights, init["num_heads"], 2), **FLOAT32)
+                 np_window_attention(other, weights, init["num_heads"], 2), **FLOAT32,
+                 mistakes=partial(decoding_mistakes, stage, init, other, weights, [1] * 5, slice(None)))
 
 
 def test_parameters_and_mask_buffer(stage):

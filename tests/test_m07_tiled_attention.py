@@ -8,11 +8,13 @@ accumulator, and never materialises an n_q x n_kv matrix nor calls F.scaled_dot_
 Expected values come from standard attention in NumPy float64 (the public example's: from the reference,
 stored in its fixture).
 """
+from functools import cache
+
 import numpy as np
 import pytest
 
 from cases import normal
-from checks import BFLOAT16, assert_close
+from checks import BFLOAT16, BROADCAST, ErrorReading, assert_close, broadcast_sizes, readings_with
 
 pytestmark = pytest.mark.tiled_attention
 STAGE = "m07_tiled_attention"
@@ -108,16 +110,123 @@ def mistakes(q, k, v, is_causal, block_size):
     return candidates
 
 
-NAN_HINT = ("NaN where standard attention has none: a row whose scores are all masked so far has running max "
-            "-inf, and exp(-inf - (-inf)) is NaN (subtract 0 there instead); inf / inf is NaN too, after an exp "
-            "overflowed.")
+def spans_of(keys):
+    """Key positions (a boolean row) in words: "keys 0..3, 7..9", "no key"."""
+    found = np.flatnonzero(keys)
+    if found.size == 0:
+        return "no key"
+    runs = np.split(found, np.flatnonzero(np.diff(found) > 1) + 1)
+    return "keys " + ", ".join(f"{r[0]}..{r[-1]}" if r.size > 1 else f"{r[0]}" for r in runs)
+
+
+def keys_seen(stage, n_q, n_kv, block_size):
+    """Which keys each query attends to in the learner's causal tiled_attention, (n_q, n_kv) booleans, read from
+    its own output on inputs of ours: the values are the one-hot keys (v = identity), so the output IS the
+    attention weights, and small random queries and keys give every key that takes part a weight of about
+    1 / (keys taken). A row with NaN cannot be read (a row with no key, or a kernel's own NaN): it is left out,
+    (readable rows, their keys). None when the run fails or the shape is off."""
+    if max(n_q, n_kv) > 256:
+        return None
+    rng = np.random.default_rng(0)
+    q, k = normal(rng, 1, 1, n_q, n_kv, scale=0.1), normal(rng, 1, 1, n_kv, n_kv, scale=0.1)
+    v = np.eye(n_kv, dtype=np.float32)[None, None]
+    try:
+        weights = np.asarray(stage.tiled_attention(q, k, v, is_causal=True, block_size=block_size))
+    except Exception:  # (the checks of these sizes say what went wrong)
+        return None
+    if weights.shape != (1, 1, n_q, n_kv):
+        return None
+    weights = weights[0, 0]
+    readable = ~np.isnan(weights).any(axis=-1)
+    return readable, np.abs(weights) > 1e-6
+
+
+TOP_LEFT = ("with is_causal key j takes part for query i exactly when j <= i, both counted from 0 whatever n_q and "
+            "n_kv are (top-left, as F.scaled_dot_product_attention(is_causal=True) aligns it): in every tile compare "
+            "the global positions, q_start + row against k_start + column")
+NAN = ("NaN where standard attention has none, though the queries that give numbers take the right keys: a row "
+       "whose scores are all masked so far has running max -inf, and exp(-inf - (-inf)) is NaN (subtract 0 there "
+       "instead); inf / inf is NaN too, after an exp overflowed")
+OVERFLOW = "NaN where standard attention has none: an exp overflowed (inf / inf is NaN): subtract the running max first"
+
+
+def probes(stage, n_q, n_kv, is_causal, block_size):
+    """The mistakes of this stage that no single array stands for, each named only when the learner's own
+    numbers bear it out (assert_close's probes): a causal diagonal in the wrong place, read from the keys each
+    query takes (keys_seen), and NaN that is the kernel's, not the mask's."""
+    right = causal_keep(n_q, n_kv)
+
+    @cache
+    def wrong_rows():
+        """The readable rows whose keys are not is_causal's (empty: the mask is right where it can be read);
+        None when nothing can be read."""
+        seen = keys_seen(stage, n_q, n_kv, block_size)
+        if seen is None or not seen[0].any():
+            return None
+        readable, taken = seen
+        return [i for i in np.flatnonzero(readable) if not np.array_equal(taken[i], right[i])], readable, taken
+
+    def misaligned(actual):
+        if not (wrong_rows() and wrong_rows()[0]):
+            return None
+        rows, readable, taken = wrong_rows()
+        said = "; ".join(f"query {i} took {spans_of(taken[i])}, not {spans_of(right[i])}" for i in rows[:2])
+        shift = next((s for s in range(-n_q, n_kv) if s and all(np.array_equal(taken[i], causal_keep(n_q, n_kv, s)[i])
+                                                                    for i in np.flatnonzero(readable))), None)
+        if shift is not None:  # one diagonal, in another place
+            said = f"query i took the keys j <= i {'+' if shift > 0 else '-'} {abs(shift)} ({said})"
+        return (f"the causal mask is misaligned ({n_q} queries, {n_kv} keys, tiles of {block_size}): {said}. "
+                + TOP_LEFT)
+
+    def nan(actual):
+        if not np.isnan(actual).any():
+            return None
+        if not is_causal:
+            return OVERFLOW
+        return NAN if wrong_rows() and not wrong_rows()[0] else None
+
+    return [misaligned, nan] if is_causal else [nan]
 
 
 def check_against_attention(stage, q, k, v, is_causal, block_size, what, tolerance=FLOAT32):
     out = stage.tiled_attention(q, k, v, is_causal=is_causal, block_size=block_size)
     assert_close(f"tiled_attention({what}, is_causal={is_causal}, block_size={block_size})", out,
                  attention(q, k, v, is_causal), **tolerance, mistakes=mistakes(q, k, v, is_causal, block_size),
-                 hint=NAN_HINT if np.isnan(out).any() else None)
+                 probes=probes(stage, q.shape[-2], k.shape[-2], is_causal, block_size))
+
+
+def tile_sizes(n_q, n_kv, block_size):
+    """Every tile length a tiling of n_q queries and n_kv keys can have: query tiles, and key tiles up to n_kv or,
+    with is_causal, up to the end of a query tile."""
+    ends = {n_kv} | {min(n_kv, q_end) for q_end in range(block_size, n_q + block_size, block_size)}
+    return ({min(block_size, n_q - s) for s in range(0, n_q, block_size)}
+            | {min(block_size, end - s) for end in ends for s in range(0, end, block_size)})
+
+
+def full_tile(sizes, call):
+    """Something sized for a full tile (block_size) meeting a shorter tile, both ``sizes`` of the error being
+    those of a tiled_attention call the check made."""
+    for args, kwargs in call.function_calls(FUNCTION):
+        if len(args) < 2 or len(np.shape(args[0])) < 2 or len(np.shape(args[1])) < 2:
+            continue
+        block_size = int(kwargs.get("block_size", 64))
+        for size in tile_sizes(np.shape(args[0])[-2], np.shape(args[1])[-2], block_size) - {block_size}:
+            if sizes == {block_size, size}:
+                return (f"something built at the full tile size, block_size = {block_size} (a mask of block_size x "
+                        f"block_size, a buffer of block_size rows), met a shorter tile of {size}: the last tile of "
+                        "queries or keys is shorter when n_q or n_kv is not a multiple of block_size; size every "
+                        "per-tile tensor from the tile itself (q_end - q_start rows, k_end - k_start columns), e.g. "
+                        "a causal mask from the tile's own positions")
+    return None
+
+
+# A product of a (bq, block_size) tile of weights with a shorter tile of values: its inner sizes, 2nd and 4th.
+BATCHED_PRODUCT = (r"Expected size for first two dimensions of batch2 tensor to be: \[(\d+), (\d+)\] "
+                   r"but got: \[(\d+), (\d+)\]")
+ERROR_READINGS = [  # (conftest reads a stage's readings here)
+    *readings_with(BROADCAST, lambda match, call: full_tile(broadcast_sizes(match)[0], call)),
+    ErrorReading(BATCHED_PRODUCT, lambda match, call: full_tile({int(match[2]), int(match[4])}, call)),
+]
 
 
 def measured(stage, q, k, v, device="cpu", dtype="float32", peak_memory=False, **kwargs):
@@ -170,7 +279,8 @@ def test_small_example(stage, public_fx, is_causal):
     out = stage.tiled_attention(q, k, v, is_causal=is_causal, block_size=block_size)
     assert_close(f"tiled_attention(q, k, v, is_causal={is_causal}, block_size={block_size})", out,
                  public_fx["output_causal" if is_causal else "output"], **FLOAT32,
-                 mistakes=mistakes(q, k, v, is_causal, block_size), hint=NAN_HINT if np.isnan(out).any() else None)
+                 mistakes=mistakes(q, k, v, is_causal, block_size),
+                 probes=probes(stage, q.shape[-2], k.shape[-2], is_causal, block_size))
 
 
 @pytest.mark.public

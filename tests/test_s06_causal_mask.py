@@ -21,6 +21,9 @@ def mask_mistakes(scores, d_k):
     t = scores.shape[-1]
     scaled = scores / np.sqrt(d_k)
     lower = np.tril(np.ones((t, t), np.float32))
+    wrong_dim = "softmax over the wrong dimension (dim=1 of a batch is the query axis; use dim=-1)"
+    wrong_scale = {"the scores were not scaled by 1 / sqrt(d_k) before the softmax": scores,
+                   "the scores were multiplied by sqrt(d_k); divide by it": scores * np.sqrt(d_k)}
     return {
         "the mask hides the past instead of the future (tril and triu swapped)":
             softmax(np.where(np.tril(np.ones((t, t), bool), -1), -np.inf, scaled)),
@@ -28,10 +31,11 @@ def mask_mistakes(scores, d_k):
             softmax(causal(scaled, fill=0.0)),
         "masked after the softmax without renormalising: rows no longer sum to 1":
             softmax(scaled) * lower,
-        "softmax over the wrong dimension (dim=1 of a batch is the query axis; use dim=-1)":
-            softmax(causal(scaled), axis=-2),
-        "the scores were not scaled by 1 / sqrt(d_k) before the softmax": softmax(causal(scores)),
-        "the scores were multiplied by sqrt(d_k); divide by it": softmax(causal(scores * np.sqrt(d_k))),
+        wrong_dim: softmax(causal(scaled), axis=-2),
+        **{why: softmax(causal(s)) for why, s in wrong_scale.items()},
+        # Published code makes both in one line: each named, or the student fixes one and is told nothing more.
+        **{f"two mistakes at once: {wrong_dim}; and {why}": softmax(causal(s), axis=-2)
+           for why, s in wrong_scale.items()},
     }
 
 

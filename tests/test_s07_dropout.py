@@ -38,7 +38,9 @@ def test_dropout_by_hand_drops_a_fraction_p_and_rescales(stage, p):
 def test_p_zero_keeps_everything(stage):
     x = np.random.default_rng(2).uniform(size=(5, 5)).astype(np.float32)
     assert_close("attention_dropout(x, 0.0)", stage.attention_dropout(x, 0.0, training=True), x)
-    assert_close("dropout_by_hand(x, 0.0)", stage.dropout_by_hand(x, 0.0), x)
+    assert_close("dropout_by_hand(x, 0.0)", stage.dropout_by_hand(x, 0.0), x,
+                 mistakes={"p was used as the probability of keeping a value: with p = 0 everything was dropped; p is "
+                           "the probability of DROPPING an element (keep where torch.rand_like(x) >= p)": 0 * x})
 
 
 def test_dropout_by_hand_keeps_the_expected_value(stage):
