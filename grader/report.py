@@ -160,6 +160,7 @@ class ClassReport:
     students: dict  # student -> {"total", "max_total", "seconds"}
     limits: list  # [Limit]
     mismatches: list = field(default_factory=list)  # gradebook vs JSON disagreements, as text
+    unconfined: list = field(default_factory=list)  # students graded unconfined (plain: the instructor allowed it)
 
     def limit_summary(self) -> str:
         """The limit hits in words: "2 limit hits (6 checks failed by them)"."""
@@ -245,8 +246,9 @@ def summarize(results: list[dict], gradebook: dict | None = None, assignment: st
         for student in sorted(set(gradebook) - set(students)):
             mismatches.append(f"{student}: in the gradebook but has no result file")
     order = sorted(stages, key=teaching_order)
+    unconfined = sorted(r["student"] for r in results if (r.get("confinement") or {}).get("mode") == "plain")
     return ClassReport(assignment or (results[0].get("assignment") if results else ""), source,
-                       {k: stages[k] for k in order}, students, limits, mismatches)
+                       {k: stages[k] for k in order}, students, limits, mismatches, unconfined)
 
 
 # ---------------------------------------------------------------- plots
@@ -421,6 +423,11 @@ def render_html(report: ClassReport, images: dict) -> str:
         f"<p>{n} students. Points from {_e(report.source)}. "
         f"Written {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by <code>attnkit report</code>.</p>",
     ]
+    if report.unconfined:
+        parts.append(f"<div class=warn><b>Graded UNCONFINED:</b> the code of {len(report.unconfined)} of {n} "
+                     "students ran without confinement (plain, as the instructor allowed with --allow-plain): it "
+                     "could read the solutions and hidden tests and reach the grader, so their grades are only as "
+                     "good as their code is honest: " + _e(", ".join(report.unconfined)) + "</div>")
     if report.mismatches:
         parts.append("<div class=warn><b>The gradebook and the result files disagree:</b><ul>"
                      + "".join(f"<li>{_e(m)}</li>" for m in report.mismatches) + "</ul></div>")

@@ -15,8 +15,10 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from grader.gradescope import ROOT_ENV
 from grader.kit import KIT, SOLUTIONS, marker, stages
 from grader.lockdown import kit_private
 from grader.redaction import solution_regions
-from grader.samples import write_modules
+from grader.samples import by_student, write_modules
 from tamper import Context, corpus, reading_solutions
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -179,3 +181,41 @@ def test_plain_is_refused_unless_allowed(monkeypatch):
     plain = gradescope.sandbox_entry({"mode": "plain", "missing": ["files", "uid"]})
     assert plain["visibility"] == "hidden" and "UNCONFINED" in plain["name"] and plain["status"] == "failed"
     assert stages(ASSIGNMENT)  # (the assignment exists)
+
+
+# ---------------------------------------------------------------- nbgrader
+
+def test_nbgrader_autogrades_in_a_container(tmp_path):
+    """nbgrader's own autograde, as root in a container: each autograder cell grades its submission with the
+    container confinement (the course private to root first), the reference gets full marks and an attack on
+    the grader its honest grade."""
+    from test_tamper_nbgrader import expected_scores, scores
+
+    from grader.course import build
+    from grader.samples import write_submission
+
+    root = tmp_path / "course"
+    course = build(root, assignments=[ASSIGNMENT])
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    release = root / "release" / ASSIGNMENT
+    attack = next(entry for entry in corpus() if entry.name == "reach-the-grader")
+    write_submission(by_student("reference"), release, root / "submitted" / "reference" / ASSIGNMENT)
+    folder = root / "submitted" / attack.name / ASSIGNMENT
+    write_submission(by_student("reference"), release, folder)
+    write_modules(folder, replaced=attack.modules(Context(course=root, assignment=ASSIGNMENT, bystanders=())),
+                  assignment=ASSIGNMENT)
+    tmpdir = Path(tempfile.mkdtemp(prefix="nbgrader-container-", dir="/tmp"))  # (boxes must pass through TMPDIR)
+    tmpdir.chmod(0o711)
+    try:
+        run = in_container([sys.executable, "-m", "nbgrader", "autograde", ASSIGNMENT], cwd=root, timeout=900,
+                           env={"TMPDIR": str(tmpdir)})
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = scores(course.of(ASSIGNMENT), root / "gradebook.db", ["reference", attack.name])
+    assert sum(got["reference"].values()) == pytest.approx(course.of(ASSIGNMENT).total)
+    assert got[attack.name] == pytest.approx(expected_scores(course.of(ASSIGNMENT), attack), abs=1e-6)
+    record = json.loads((root / "autograded" / attack.name / ASSIGNMENT / "attnkit-grading.json").read_text())
+    assert record["confinement"]["mode"] == "container"

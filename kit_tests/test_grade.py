@@ -660,7 +660,7 @@ def test_the_progress_bar_lasts_from_the_workers_start_to_their_stop(tmp_path, m
     events = []
 
     class Workers:  # the workers of LocalResults, without grading: every job comes back with an error
-        def __init__(self, jobs, limits, count):
+        def __init__(self, jobs, limits, count, **confinement):
             self.jobs = jobs
             events.append("workers start")
 

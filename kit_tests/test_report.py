@@ -441,3 +441,16 @@ def test_each_score_panel_says_what_its_axis_counts():
                                              key=lambda pair: pair[0])
         assert all(ax.get_xlabel() for _, ax in columns.values()), count
         plt.close(fig)
+
+
+def test_students_graded_unconfined_are_named_at_the_top(tmp_path):
+    """Plain confinement (the instructor's explicit choice) is said where the instructor reads the grades."""
+    rng = random.Random(2)
+    points = {"s01_attention_scores": 5.0}
+    for i, mode in enumerate(("namespaces", "plain")):
+        record = synthetic_record(f"s{i}", points, rng)
+        record["confinement"] = {"mode": mode, "missing": []}
+        (tmp_path / f"s{i}.json").write_text(json.dumps(record))
+    index, report = build_report(results=tmp_path)
+    assert report.unconfined == ["s1"]
+    assert "Graded UNCONFINED" in index.read_text() and "1 of 2 students" in index.read_text()
