@@ -58,12 +58,13 @@ from stage_names import assignment_of, module_files, stage_test_file
 
 # Everything this process will use is imported before any learner code runs (no lazy imports).
 from .cells import grade_folder
-from .course import plan_points, public_tests
+from .course import plan_points
 from .kit import KIT, SUITE, marker
 from .results import write_atomic
 from .sandbox import TEST_TIMEOUT, Limits, budget_problem
 from .scoring import needs_cuda, stage_report, stage_score
 from .submission import MAX_MODULE_BYTES, linked_modules
+from .suite import public_tests
 from .untrusted import printable
 
 ROOT_ENV = "ATTNKIT_GRADESCOPE_ROOT"  # Gradescope's container root, /autograder unless set (the kit's test sets it)

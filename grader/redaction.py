@@ -29,6 +29,7 @@ from stage_names import assignment_of, module_files, stage_of
 
 from .kit import EXERCISES, FIXTURES, SOLUTIONS, SUITE
 from .stubs import BEGIN, END
+from .suite import public_tests
 
 WINDOW = 40  # characters (whitespace left out) that make a quote
 STEP = 8  # the material's windows kept: one in STEP
@@ -114,8 +115,6 @@ def fixture_texts(path: Path) -> list[str]:
 def kit_redactor(assignment: str) -> Redactor:
     """The redactor of the kit's hidden material for a student of ``assignment``, who has its release (built
     once per process and assignment: about a second). Hidden: every assignment's, whatever the student has."""
-    from .course import public_tests
-
     hidden, known = [], []
     for path in module_files(SOLUTIONS):
         hidden += solution_regions(path.read_text())

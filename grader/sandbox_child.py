@@ -231,6 +231,8 @@ SYSCALLS = {
         "fchown": 93, "lchown": 94, "ptrace": 101, "utime": 132, "mknod": 133, "pivot_root": 155, "chroot": 161,
         "acct": 163, "mount": 165, "umount2": 166, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190,
         "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199, "semtimedop": 220, "utimes": 235,
+        "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
+        "ioprio_set": 251, "prlimit64": 302, "sched_setattr": 314,
         "mq_open": 240, "mq_unlink": 241, "add_key": 248, "request_key": 249, "keyctl": 250, "inotify_init": 253,
         "inotify_add_watch": 254, "openat": 257, "mkdirat": 258, "mknodat": 259, "fchownat": 260,
         "futimesat": 261, "unlinkat": 263, "renameat": 264, "linkat": 265, "symlinkat": 266, "fchmodat": 268,
@@ -245,7 +247,9 @@ SYSCALLS = {
     },
     "aarch64": {  # the generic table (no open, creat, fork, mkdir ...: only their *at forms)
         "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15, "fremovexattr": 16,
-        "inotify_init1": 26, "inotify_add_watch": 27, "ioctl": 29, "mknodat": 33, "mkdirat": 34, "unlinkat": 35,
+        "inotify_init1": 26, "inotify_add_watch": 27, "ioctl": 29, "ioprio_set": 30, "mknodat": 33, "mkdirat": 34,
+        "unlinkat": 35, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122, "setpriority": 140,
+        "prlimit64": 261, "sched_setattr": 274,
         "symlinkat": 36, "linkat": 37, "renameat": 38, "umount2": 39, "mount": 40, "pivot_root": 41,
         "truncate": 45, "chroot": 51, "fchmod": 52, "fchmodat": 53, "fchownat": 54, "fchown": 55, "openat": 56,
         "utimensat": 88, "acct": 89, "unshare": 97, "ptrace": 117, "mq_open": 180, "mq_unlink": 181,
@@ -861,6 +865,11 @@ def learner_checks():
         ("openat", flags_clear(2, OPEN_WRITES)),
         # a pair of connected Unix sockets (Python's multiprocessing helpers), nothing that reaches out
         ("socketpair", [(BPF_LOAD, 0, 0, _argument(0)), (BPF_JEQ, 0, 1, AF_UNIX), allow, deny]),
+        # limits, priorities and CPUs of this process only: not the box's first process, whose next workers would
+        # inherit them (the pid or "who" argument 0 means the caller)
+        *[(name, [(BPF_LOAD, 0, 0, _argument(index)), (BPF_JEQ, 0, 1, 0), allow, deny]) for name, index in (
+            ("prlimit64", 0), ("sched_setparam", 0), ("sched_setscheduler", 0), ("sched_setaffinity", 0),
+            ("sched_setattr", 0), ("setpriority", 1), ("ioprio_set", 1))],
         # no typing into a terminal the grader's processes read
         ("ioctl", [(BPF_LOAD, 0, 0, _argument(1)), *[(BPF_JEQ, 2 - i, 0, request)
                                                      for i, request in enumerate(TERMINAL_INJECTION)], allow, deny]),
