@@ -44,10 +44,15 @@ def params(nodeid: str) -> list[str]:
     return inside[:-1].split("-") if inside.endswith("]") else []
 
 
+POSSESSIVE = re.compile(r"(?<=[a-z0-9])_s(?=_|$)")  # how a test's name writes 's: test_with_the_book_s_weights
+
+
 def label(nodeid: str) -> str:
     """A check's name as students read it: tests/test_s10_x.py::test_other_sizes[cuda-case0] -> 'other sizes
-    (case 1, CUDA)'. Code names in the parameters (attention_scores_loop, SelfAttention_v1) stay as they are."""
-    names = [re.sub(r"^test_?", "", p).replace("_", " ") for p in nodeid.partition("[")[0].split("::")[1:]]
+    (case 1, CUDA)', test_with_the_book_s_weights -> "with the book's weights". Code names in the parameters
+    (attention_scores_loop, SelfAttention_v1) stay as they are."""
+    names = [POSSESSIVE.sub("'s", re.sub(r"^test_?", "", p)).replace("_", " ")
+             for p in nodeid.partition("[")[0].split("::")[1:]]
     found = params(nodeid)
     cases = [f"case {int(CASE.fullmatch(p)[1]) + 1}" for p in found if CASE.fullmatch(p)]
     devices = [DEVICES[p] for p in found if p in DEVICES]

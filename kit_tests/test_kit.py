@@ -121,3 +121,20 @@ def test_the_grader_s_modules_import_each_other_one_way():
         graph.prepare()
     except CycleError as exc:
         pytest.fail(f"grader's modules import each other in a circle: {exc.args[1]}")
+
+
+def test_check_labels_read_as_english():
+    """A check's label is its test's name in words: a possessive is written ``_s_`` in the name and shown with
+    its apostrophe, never as a lone "s" or a plural ("the books weights")."""
+    from grader.scoring import label
+
+    names = [f"{path.name}::{node.name}" for path in SUITE.glob("test_*.py")
+             for node in ast.parse(path.read_text()).body
+             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+    assert len(names) > 100
+    wrong = [(name, label(name)) for name in names if re.search(r"(^| )s( |$)|\bbooks\b", label(name))]
+    assert not wrong, wrong
+    assert label("test_s04_trainable_projections.py::test_journey_with_the_book_s_weights[check_scores]") == \
+        "journey with the book's weights (check_scores)"
+    assert label("test_m01_pytorch_attention.py::test_use_mask_follows_the_module_s_mask") == \
+        "use mask follows the module's mask"
