@@ -27,7 +27,7 @@ from grader.cells import grade_folder
 from grader.course import build
 from grader.grade import grade
 from grader.kit import SOLUTIONS, stages
-from grader.samples import by_student, write_submission
+from grader.samples import by_student
 from grader.sandbox import Limits
 from grader.targets import folder_target
 from load import cpu_hogs
@@ -123,15 +123,39 @@ def course(tmp_path_factory):
     run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
+    # The class: the kit's samples, loaded as an instructor loads them for a trial run.
+    attnkit("samples", ASSIGNMENT, "--course", str(root), *(f"--student={student}" for student in STUDENTS))
     for student in STUDENTS:
-        folder = write_submission(by_student(student), root / "release" / ASSIGNMENT,
-                                  root / "submitted" / student / ASSIGNMENT)
-        (folder / "timestamp.txt").write_text("2026-01-15 10:00:00.000000 UTC")
+        (root / "submitted" / student / ASSIGNMENT / "timestamp.txt").write_text("2026-01-15 10:00:00.000000 UTC")
     tmpdir = tmp_path_factory.mktemp("tmpdir")  # to see what the run leaves there
     start = time.monotonic()
     with cpu_hogs():  # a loaded machine: the grades below are those of an idle one
         stdout, stderr = attnkit("grade", "--course", str(root), "--quiet", tmpdir=tmpdir, stderr=True)
     return root, stdout, time.monotonic() - start, tmpdir, stderr
+
+
+@pytest.mark.slow
+def test_attnkit_samples_loads_the_samples_as_submissions_and_never_over_a_submission(course, tmp_path):
+    root = course[0]
+    for student in STUDENTS:
+        folder = root / "submitted" / student / ASSIGNMENT
+        expected = by_student(student).write(tmp_path / student)
+        for module in expected.glob("*.py"):
+            assert (folder / module.name).read_text() == module.read_text(), (student, module.name)
+        assert (folder / f"{ASSIGNMENT}.ipynb").is_file() and (folder / "timestamp.txt").is_file()
+    before = snapshot(root / "submitted")
+    refused = subprocess.run([*ATTNKIT, "samples", ASSIGNMENT, "--course", str(root)], capture_output=True, text=True)
+    assert refused.returncode == 2 and f"already holds {ASSIGNMENT} of {STUDENTS[0]}" in refused.stderr, refused.stderr
+    assert "--force" in refused.stderr and snapshot(root / "submitted") == before, "a refused load wrote something"
+
+
+def test_attnkit_samples_needs_a_generated_assignment_and_says_so(tmp_path):
+    root = tmp_path / "course"
+    build(root, assignments=[ASSIGNMENT])
+    refused = subprocess.run([*ATTNKIT, "samples", "--course", str(root)], capture_output=True, text=True)
+    assert refused.returncode == 2, refused.stdout
+    assert f"run `nbgrader generate_assignment {ASSIGNMENT}` in {shlex.quote(str(root))} first" in refused.stderr
+    assert not (root / "submitted").exists()
 
 
 @pytest.mark.slow
