@@ -69,7 +69,7 @@ def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None =
     """The verdicts of the submission in nbgrader's autograded copy ``folder`` on ``graded_stages`` (None:
     every stage), graded by a worker of its own: {"fingerprint", "seed", "tests", "output_capped",
     "confinement", "seconds"}."""
-    sources = S.autograded_sources(folder)
+    sources = S.autograded_sources(folder, graded_stages or ())
     fingerprint = S.fingerprint(sources)
     job = {"sources": sources, "seed": S.seed_of(fingerprint), "stages": graded_stages}
     worker = WorkerProcess(limits)

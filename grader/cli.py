@@ -230,7 +230,7 @@ def cmd_grade(args):
         print(f"autograded notebooks: {len(written)} written, {len(failed)} failed"
               + (f"; next: nbgrader generate_feedback {target.assignment}" if written else ""))
         for student, why in sorted(failed.items()):
-            print(f"  no notebook for {student}: {why.splitlines()[-1]} (run again to retry)")
+            print(f"  no notebook for {student}: {why}")
     if not args.quiet:
         print(f"grades: {quote(str(target.out))} (one JSON per student, grades.csv, grades.json)"
               + ("; gradebook updated" if target.gradebook else ""))

@@ -10,7 +10,9 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +29,7 @@ from grader.cells import grade_folder
 from grader.course import build
 from grader.grade import grade
 from grader.kit import SOLUTIONS, stages
-from grader.samples import by_student
+from grader.samples import by_student, write_modules
 from grader.sandbox import Limits
 from grader.targets import folder_target
 from load import cpu_hogs
@@ -147,6 +149,54 @@ def test_attnkit_samples_loads_the_samples_as_submissions_and_never_over_a_submi
     refused = subprocess.run([*ATTNKIT, "samples", ASSIGNMENT, "--course", str(root)], capture_output=True, text=True)
     assert refused.returncode == 2 and f"already holds {ASSIGNMENT} of {STUDENTS[0]}" in refused.stderr, refused.stderr
     assert "--force" in refused.stderr and snapshot(root / "submitted") == before, "a refused load wrote something"
+
+
+@pytest.mark.slow
+def test_a_submission_of_a_zip_or_a_folder_is_told_what_to_upload(tmp_path):
+    """Modules inside an archive or a folder are not graded (0 points), and every check says what to submit
+    instead, in the student's terms: not the sandbox's paths, not the kit's exercises/."""
+    import zipfile
+
+    submissions = tmp_path / "submissions"
+    unzipped = write_modules(tmp_path / "modules", assignment=ASSIGNMENT)
+    (submissions / "zipped").mkdir(parents=True)
+    with zipfile.ZipFile(submissions / "zipped" / "attention.zip", "w") as archive:
+        for module in unzipped.glob("*.py"):
+            archive.write(module, module.name)
+    shutil.copytree(unzipped, submissions / "nested" / "my-work")
+    out = tmp_path / "grades"
+    attnkit("grade", ASSIGNMENT, "--submissions", str(submissions), "--out", str(out), "--quiet")
+    found = records(out)
+    told = {"zipped": "holds the archive 'attention.zip': submit the stage modules themselves",
+            "nested": "in the folder my-work/: submit the stage modules themselves, not a folder"}
+    for student, words in told.items():
+        assert found[student]["total"] == 0, student
+        messages = [t["message"] for s in found[student]["stages"] for t in s["tests"] if t["outcome"] == "failed"]
+        assert messages and all(words in m for m in messages), (student, messages[:2])
+        assert not any("/sandbox" in m or "exercises/" in m for m in messages), messages[:2]
+
+
+@pytest.mark.slow
+def test_a_submission_without_its_notebook_gets_its_grade_and_says_how_to_get_a_notebook(tmp_path):
+    """--notebooks: nbgrader makes the autograded notebook from the submitted one. Without it, running again
+    changes nothing: the message says what does, and doing it works."""
+    root = tmp_path / "course"
+    build(root, assignments=[ASSIGNMENT])
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    attnkit("samples", ASSIGNMENT, "--course", str(root), "--student=reference")
+    (root / "submitted" / "reference" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").unlink()
+    first = subprocess.run([*ATTNKIT, "grade", ASSIGNMENT, "--course", str(root), "--quiet", "--notebooks"],
+                           capture_output=True, text=True)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert f"no notebook for reference: their submission has no {ASSIGNMENT}.ipynb" in first.stdout, first.stdout
+    assert "run again to retry" not in first.stdout and records(R.results_dir(root, ASSIGNMENT))["reference"]
+    copy = re.search(r"copy (\S+) into (\S+)/ or have them submit it", first.stdout)
+    assert copy, first.stdout
+    shutil.copy(shlex.split(copy.group(1))[0], shlex.split(copy.group(2))[0])
+    assert "autograded notebooks: 1 written, 0 failed" in attnkit("grade", ASSIGNMENT, "--course", str(root),
+                                                                   "--quiet", "--notebooks")
 
 
 def test_attnkit_samples_needs_a_generated_assignment_and_says_so(tmp_path):
