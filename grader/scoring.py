@@ -9,10 +9,15 @@ of the sandbox a check ran into.
 from __future__ import annotations
 
 import re
+import textwrap
 
 from stage_names import marker, stage_of
 
 MESSAGE_LIMIT = 700  # characters of one failure message shown in feedback
+# Columns of a stage report's lines: longer ones are wrapped (at spaces, with a deeper indent), since the formgrader
+# and the feedback page show a cell's output in a box that cuts a line at its width (about 130 columns in a window
+# 1280 pixels wide; 100 leave room for narrower windows), and so may a terminal.
+REPORT_WIDTH = 100
 DETAILED_FAILURES = 12  # failures per stage shown with their message
 MISTAKE = re.compile(r"Likely mistake:\s*(.*?)(?=\nLikely mistake:|\Z)", re.S)
 TIME_LIMIT = re.compile(r"time limit|pytest-timeout")  # the sandbox's, the suite's and pytest-timeout's words
@@ -93,7 +98,7 @@ def stage_report(marker: str, points: float, tests: list[dict]) -> str:
                     cut = message[:MESSAGE_LIMIT]
                     named = [line for line in message.splitlines() if line.startswith("Likely mistake:")]
                     message = "\n".join([cut + " [...]"] + [line for line in named if line not in cut])
-                lines.extend("        " + m for m in message.splitlines())
+                lines.extend(line for m in message.splitlines() for line in _wrapped("        " + m))
         elif not needs_cuda(t["nodeid"]):
             lines.append(f"  skip  {t['label']} ({t['message'].strip() or 'skipped'})")
     # Checks on a CUDA device are skipped on a grader without one: the student cannot do anything about it.
@@ -102,6 +107,16 @@ def stage_report(marker: str, points: float, tests: list[dict]) -> str:
         lines.append(f"  ({on_cuda} more {'checks need' if on_cuda > 1 else 'check needs'} a CUDA GPU: "
                      f"not run here, so {'they count' if on_cuda > 1 else 'it counts'} for no points)")
     return "\n".join(lines)
+
+
+def _wrapped(line: str) -> list[str]:
+    """``line`` in lines of at most REPORT_WIDTH columns where it has spaces to break at; the continuation
+    lines are indented four columns deeper than the line."""
+    if len(line) <= REPORT_WIDTH:
+        return [line]
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    return textwrap.wrap(line, REPORT_WIDTH, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False, drop_whitespace=True) or [line]
 
 
 def mistakes(message: str) -> list[str]:

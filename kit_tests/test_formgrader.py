@@ -36,6 +36,7 @@ STUDENTS = ("reference", "tril-for-triu", "softmax-dim0")  # full marks, one sta
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 SERVER_START_SECONDS = 60  # jupyter server loads every installed extension: a few seconds here
 PAGE_SECONDS = 30  # the grading page loads its scores with JavaScript, after the HTML
+VIEWPORT_WIDTH = 1024  # pixels: a small laptop's window, where every verdict line must still fit its box
 
 
 def find_chromium() -> str | None:
@@ -177,7 +178,7 @@ def test_the_formgrader_shows_the_kit_s_scores_per_cell(chromium, graded, formgr
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True)
         try:
-            page = browser.new_page()
+            page = browser.new_page(viewport={"width": VIEWPORT_WIDTH, "height": 800})
             page.set_default_timeout(PAGE_SECONDS * 1000)
             # The assignments page: the exchange is listed there (a missing one is a banner and a warning).
             page.goto(f"{url}/formgrader/manage_assignments?token={token}")
@@ -195,6 +196,9 @@ def test_the_formgrader_shows_the_kit_s_scores_per_cell(chromium, graded, formgr
                     prompts=page.eval_on_selector_all(".code_cell .input_prompt",
                                                       "ps => ps.map(p => p.textContent.trim())"),
                     highlighted=page.locator(".hl-ipython3").count(),
+                    # output boxes whose lines are wider than the box (cut off, or a scrollbar to find)
+                    cut=page.eval_on_selector_all(".output_area pre", "ps => ps.filter(p => p.scrollWidth > "
+                                                  "p.clientWidth + 1).map(p => p.textContent.slice(0, 300))"),
                 )
         finally:
             browser.close()
@@ -209,6 +213,7 @@ def test_the_formgrader_shows_the_kit_s_scores_per_cell(chromium, graded, formgr
         assert [re.sub(r"\s+", " ", p) for p in shown["prompts"]] == [f"In [{n}]:" for n in range(1, code_cells + 1)], \
             f"{student}: {shown['prompts']}"
         assert shown["highlighted"] >= code_cells, f"{student}: {shown['highlighted']} cells highlighted as IPython"
+        assert shown["cut"] == [], f"{student}: lines wider than their box at {VIEWPORT_WIDTH} px: {shown['cut']}"
     assert sum(1 for r in graded["records"]["tril-for-triu"]["stages"] if r["points"] < r["max_points"]) == 1
     assert banner == 0, "the formgrader says the exchange directory is missing"
 

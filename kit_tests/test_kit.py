@@ -138,3 +138,18 @@ def test_check_labels_read_as_english():
         "journey with the book's weights (check_scores)"
     assert label("test_m01_pytorch_attention.py::test_use_mask_follows_the_module_s_mask") == \
         "use mask follows the module's mask"
+
+
+def test_a_stage_report_wraps_long_lines_to_fit_the_formgrader_s_box():
+    """A cell's output box in the formgrader cuts lines at its width (kit_tests/test_formgrader.py looks at it in a
+    browser): the report's lines are wrapped at spaces, and say the same."""
+    from grader.scoring import REPORT_WIDTH, label, stage_report
+
+    nodeid = "tests/test_s02_normalization.py::test_random_cases"
+    message = ("all_pairs_weights(inputs) differs from the expected values in 42 of 49 entries (largest difference "
+               "0.1699; tolerance rtol=0.0001, atol=1e-06).\n  first mismatching row [0]:\n"
+               "Likely mistake: softmax over dim 0 (each column sums to 1); each query's row must sum to 1, use dim=-1")
+    text = stage_report("normalization", 8, [{"nodeid": nodeid, "label": label(nodeid), "outcome": "failed",
+                                              "message": message}])
+    assert max(map(len, text.splitlines())) <= REPORT_WIDTH, text
+    assert " ".join(message.split()) in " ".join(text.split())

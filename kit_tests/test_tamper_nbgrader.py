@@ -82,8 +82,9 @@ def scores(c, db: Path, students) -> dict:
 
 
 def feedback_text(root: Path, student: str) -> str:
+    """The feedback page's text, its whitespace as single spaces (the stage reports wrap long lines)."""
     path = root / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html"
-    return html.unescape(re.sub(r"<[^>]+>", "", path.read_text()))
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", "", path.read_text())).split())
 
 
 @pytest.fixture(scope="module")
