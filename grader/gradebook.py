@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import sys
 import time
 import warnings
@@ -148,15 +149,21 @@ class GradebookSync:
     course notebook, so that the formgrader and ``nbgrader export`` show it."""
 
     def __init__(self, db_url: str, assignment: str, notebook: str, points: dict[str, float],
-                 course_id: str = "default_course"):
+                 course_id: str = "default_course", course_root: Path | None = None):
         self.db_url, self.assignment, self.notebook, self.points = db_url, assignment, notebook, points
         self.course_id = course_id  # (nbgrader adds a course row of this name if there is none)
+        self.course_root = course_root  # where nbgrader's commands that fix it must run
+
+    def _generate(self, force: bool = False) -> str:
+        """The command that puts the assignment into the gradebook, run in the course's folder."""
+        command = f"nbgrader generate_assignment {'--force ' * force}{self.assignment}"
+        if self.course_root is None:
+            return f"run `{command}` in the course folder"
+        return f"run `cd {shlex.quote(str(self.course_root))} && {command}`"
 
     def _missing(self) -> GradebookError:
-        return GradebookError(
-            f"assignment {self.assignment!r} is not in the gradebook ({shown(self.db_url)}): run "
-            f"`nbgrader generate_assignment {self.assignment}` in the course directory first"
-        )
+        return GradebookError(f"assignment {self.assignment!r} is not in the gradebook ({shown(self.db_url)}): "
+                              f"{self._generate()} first")
 
     def check(self):
         """Fail early, and clearly, if the assignment or its grade cells are not in the gradebook (or its
@@ -178,18 +185,16 @@ class GradebookSync:
             notebooks = {nb.name: nb for nb in assignment.notebooks}
             if self.notebook not in notebooks:
                 raise GradebookError(f"the gradebook's assignment {self.assignment!r} "
-                                     f"has no notebook {self.notebook!r}: "
-                                     f"run `nbgrader generate_assignment --force {self.assignment}`")
+                                     f"has no notebook {self.notebook!r}: {self._generate(force=True)}")
             cells = {cell.name: cell.max_score for cell in notebooks[self.notebook].grade_cells}
             missing = [s for s in self.points if f"grade_{s}" not in cells]
             if missing:
                 raise GradebookError(f"the gradebook has no grade cell for {', '.join(missing)}: "
-                                     f"the course was rebuilt after generate_assignment; "
-                                     f"run `nbgrader generate_assignment --force {self.assignment}`")
+                                     f"the course was rebuilt after generate_assignment; {self._generate(force=True)}")
             differ = [s for s, p in self.points.items() if abs(cells[f"grade_{s}"] - p) > 1e-9]
             if differ:
                 raise GradebookError(f"points in the gradebook differ from the course's for {', '.join(differ)}: "
-                                     f"run `nbgrader generate_assignment --force {self.assignment}`")
+                                     f"{self._generate(force=True)}")
 
     def open(self):
         from nbgrader.api import Gradebook

@@ -326,9 +326,12 @@ def test_an_assignment_not_generated_is_refused(tmp_path):
     root = tmp_path / "course"
     build(root)
     (root / "submitted" / "ada" / ASSIGNMENT).mkdir(parents=True)
-    run = subprocess.run([*ATTNKIT, "grade", "--course", str(root), "--quiet"], capture_output=True, text=True)
+    run = subprocess.run([*ATTNKIT, "grade", "--course", str(root), "--quiet"], capture_output=True, text=True,
+                         cwd=tmp_path)
     assert run.returncode == 2
-    assert "nbgrader generate_assignment attention" in run.stderr
+    # The command that fixes it acts on this course, from wherever attnkit was run.
+    assert f"run `cd {shlex.quote(str(root))} && nbgrader generate_assignment {ASSIGNMENT}` first" in run.stderr, \
+        run.stderr
 
 
 # ---------------------------------------------------------------- a folder of submissions
