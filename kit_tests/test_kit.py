@@ -153,3 +153,11 @@ def test_a_stage_report_wraps_long_lines_to_fit_the_formgrader_s_box():
                                               "message": message}])
     assert max(map(len, text.splitlines())) <= REPORT_WIDTH, text
     assert " ".join(message.split()) in " ".join(text.split())
+
+
+def test_the_readme_gives_the_demo_one_time():
+    """One measured figure (the Performance table, from a fresh clone), not a second estimate elsewhere."""
+    readme = (KIT / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `attnkit demo")]
+    timed = [line for line in rows if re.search(r"\b\d+(\.\d+)? ?(s|min|minutes?)\b", line)]
+    assert len(rows) == 2 and len(timed) == 1, timed
