@@ -45,7 +45,19 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 from .gradebook import GradebookError, check_database, has_password
-from .kit import ASSIGNMENTS, EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, marker, stage_test_file, stages, suite_files
+from .kit import (
+    ASSIGNMENTS,
+    EXERCISES,
+    FIXTURES,
+    KIT,
+    SOLUTIONS,
+    STUDENT_PACKAGES,
+    SUITE,
+    marker,
+    stage_test_file,
+    stages,
+    suite_files,
+)
 from .sandbox import TEST_TIMEOUT, Limits, budget_problem
 from .stubs import BEGIN, END, out_of_sync
 from .worker import READY_SECONDS
@@ -415,13 +427,9 @@ def nbgrader_config(course: Course) -> str:
     return "\n".join(lines)
 
 
-# What a student installs to work on a release (its modules, tests and notebook import torch, numpy and
-# pytest; pytest-timeout keeps each check's time limit), with the versions the kit asks for in pyproject.toml.
-STUDENT_PACKAGES = ("torch", "numpy", "pytest", "pytest-timeout")
-
-
 def student_requirements() -> dict[str, str]:
-    """STUDENT_PACKAGES -> each one's requirement as the kit's pyproject.toml states it (``pytest>=8.0,<10``)."""
+    """STUDENT_PACKAGES -> each one's requirement, with the versions the kit's pyproject.toml asks for
+    (``pytest>=8.0,<10``)."""
     from packaging.requirements import Requirement
 
     stated = {Requirement(line).name: line for line in

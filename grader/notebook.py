@@ -24,8 +24,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from stage_names import MODULE, stage_command
 
 from . import notebook_modern
-from .course import STUDENT_PACKAGES
-from .kit import marker
+from .kit import STUDENT_PACKAGES, marker
 
 INTRO = """\
 # Attention, stage by stage
