@@ -86,7 +86,7 @@ def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None =
     """The verdicts of the submission in nbgrader's autograded copy ``folder`` on ``graded_stages`` (None:
     every stage), graded by a worker of its own: {"fingerprint", "seed", "tests", "output_capped",
     "confinement", "seconds"}. ``allow_plain``, ``private``: see grader.worker.WorkerProcess."""
-    sources = S.autograded_sources(folder)
+    sources = S.autograded_sources(folder, graded_stages or ())
     fingerprint = S.fingerprint(sources)
     job = {"sources": sources, "seed": S.seed_of(fingerprint), "stages": graded_stages}
     worker = WorkerProcess(limits, allow_plain=allow_plain, private=private)

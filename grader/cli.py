@@ -4,6 +4,7 @@
     attnkit fixtures   regenerate fixtures/ from solutions/
     attnkit course build DIR   (re)create an nbgrader course from the kit
     attnkit demo [--dir DIR]   a whole nbgrader grading round on built-in sample submissions
+    attnkit samples [ASSIGNMENT] [--course DIR]   put those samples into your own course, for a trial run
     attnkit grade [ASSIGNMENT] [--course DIR] [--notebooks]   grade a whole class in parallel (resumable)
     attnkit report [ASSIGNMENT] [--course DIR]   an HTML class report (plots + tables) of the graded class
     attnkit gradescope [ASSIGNMENT] [--out autograder.zip]   the autograder zip for Gradescope
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from shlex import quote
 
 from stage_names import ASSIGNMENTS, is_stage_module
@@ -125,6 +127,39 @@ def cmd_demo(args):
     return 1 if result["fast_path_differs"] else 0
 
 
+def cmd_samples(args):
+    from .samples import SampleError, load_into, planned
+    from .targets import TargetError, course_assignment, load_course
+
+    try:
+        course = load_course(args.course)
+        if args.student and not args.assignment:
+            raise SampleError("--student needs an ASSIGNMENT (the samples differ between assignments): "
+                              f"e.g. `attnkit samples attention --student {quote(args.student[0])}`")
+        chosen = [course_assignment(course, args.assignment, "samples")] if args.assignment else [*course.assignments]
+        released = [name for name in chosen if (course.root / "release" / name).is_dir()]
+        # Every assignment asked for is checked before any sample is written: one that was asked for by name, or
+        # none at all, not generated yet is an error that says so.
+        for name in chosen if args.assignment or not released else released:
+            planned(course.root, name, args.student, args.force)
+        loaded = {name: load_into(course.root, name, args.student, args.force) for name in released}
+    except (SampleError, TargetError) as exc:
+        print(f"attnkit samples: error: {exc}", file=sys.stderr)
+        return 2
+    for name, samples in loaded.items():
+        print(f"{name}: {len(samples)} sample submission{'s' * (len(samples) > 1)} in "
+              f"{quote(str(course.root / 'submitted'))}/<student>/{name}/ (what grading should give each, and why)")
+        width, expected = max(len(s.student) for s in samples), max(len(s.expected()) for s in samples)
+        for sample in samples:
+            print(f"  {sample.student:<{width}}  {sample.expected():<{expected}}  {sample.description}")
+    for name in sorted(set(chosen) - set(released)):
+        print(f"{name}: not generated yet, no samples (`nbgrader generate_assignment {name}` first)")
+    cd = f"cd {quote(str(course.root))} && " if course.root.resolve() != Path.cwd().resolve() else ""
+    for name in loaded:
+        print(f"next: {cd}nbgrader autograde {name}   (or the fast path: {cd}attnkit grade {name})")
+    return 0
+
+
 def cmd_report(args):
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -209,7 +244,7 @@ def cmd_grade(args):
         print(f"autograded notebooks: {len(written)} written, {len(failed)} failed"
               + (f"; next: nbgrader generate_feedback {target.assignment}" if written else ""))
         for student, why in sorted(failed.items()):
-            print(f"  no notebook for {printable(student)}: {printable(why.splitlines()[-1])} (run again to retry)")
+            print(f"  no notebook for {printable(student)}: {printable(why)}")
     if not args.quiet:
         print(f"grades: {quote(str(target.out))} (one JSON per student, grades.csv, grades.json)"
               + ("; gradebook updated" if target.gradebook else ""))
@@ -260,6 +295,20 @@ def main(argv=None):
     p = sub.add_parser("demo", help="grade the built-in sample submissions with nbgrader, print a table")
     p.add_argument("--dir", default="attnkit-demo", help="course directory to (re)create (default: ./%(default)s)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "samples", help="put the demo's sample submissions into your own course, for a trial run",
+        description="Write the kit's sample submissions (the reference, the stubs, typical mistakes, a syntax error, "
+                    "an endless loop ...) into COURSE/submitted/<sample>/ASSIGNMENT/, as `nbgrader collect` leaves "
+                    "submissions, to grade them with `nbgrader autograde` or `attnkit grade` and see what each gets. "
+                    "The assignment must be generated (nbgrader generate_assignment) first.",
+    )
+    p.add_argument("assignment", nargs="?", metavar="ASSIGNMENT",
+                   help="default: every assignment of the course that is generated")
+    p.add_argument("--course", default=".", help="nbgrader course directory (default: the current one)")
+    p.add_argument("--student", action="append", metavar="SAMPLE", help="only this sample of ASSIGNMENT (repeatable)")
+    p.add_argument("--force", action="store_true", help="replace submissions already there under the samples' names")
+    p.set_defaults(func=cmd_samples)
 
     p = sub.add_parser(
         "report", help="write an HTML class report (score distributions, frequent mistakes, limits hit)",

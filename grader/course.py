@@ -12,6 +12,7 @@
         fixtures/public/          the published numbers
         pytest.ini                `pytest` there runs the public tests on the student's modules,
                                   each check limited to the course's test_timeout
+        requirements.txt          what a student installs (torch, numpy, pytest, pytest-timeout)
 
 Rebuilding rewrites the config and the ``source/<assignment>/`` folders it builds, keeps the other
 assignments the course had, and leaves the gradebook, submissions and everything nbgrader made
@@ -45,7 +46,19 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
 
 from .errors import CourseError
 from .gradebook import GradebookError, check_database, has_password
-from .kit import ASSIGNMENTS, EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, marker, stage_test_file, stages, suite_files
+from .kit import (
+    ASSIGNMENTS,
+    EXERCISES,
+    FIXTURES,
+    KIT,
+    SOLUTIONS,
+    STUDENT_PACKAGES,
+    SUITE,
+    marker,
+    stage_test_file,
+    stages,
+    suite_files,
+)
 from .sandbox import TEST_TIMEOUT, Limits, budget_problem
 from .stubs import BEGIN, END, out_of_sync
 from .suite import public_tests
@@ -300,10 +313,31 @@ def nbgrader_config(course: Course) -> str:
     return "\n".join(lines)
 
 
+def student_requirements() -> dict[str, str]:
+    """STUDENT_PACKAGES -> each one's requirement, with the versions the kit's pyproject.toml asks for
+    (``pytest>=8.0,<10``)."""
+    from packaging.requirements import Requirement
+
+    stated = {Requirement(line).name: line for line in
+              tomllib.loads((KIT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    return {name: stated[name].split(";")[0].strip() for name in STUDENT_PACKAGES}
+
+
+def requirements_txt() -> str:
+    """The release's requirements.txt: ``pip install -r requirements.txt`` sets up a student's Python."""
+    return (
+        "# What this folder needs: pip install -r requirements.txt (then `pytest` here runs the public tests).\n"
+        "# Without an NVIDIA GPU, a CPU build of torch is a much smaller download; install it first:\n"
+        "#   pip install torch --index-url https://download.pytorch.org/whl/cpu\n"
+        + "".join(f"{line}\n" for line in student_requirements().values())
+    )
+
+
 def pytest_ini(test_timeout: float = TEST_TIMEOUT, tests: Path = SUITE) -> str:
     """The release's pytest.ini. Each check gets the course's time limit (pytest-timeout, signal
     method: the check fails and the run goes on), so that an endless loop in a student's module
-    stops with a message (tests/conftest.py words it) instead of hanging `pytest` in silence. It
+    stops with a message (tests/conftest.py words it) instead of hanging `pytest` in silence; without
+    pytest-timeout, pytest refuses to run (``required_plugins``) rather than run with no limit. It
     registers the markers the files in ``tests`` use, no others: `pytest --markers` in a student's
     folder names nothing that folder lacks (``slow`` marks the kit's own tests)."""
     config = tomllib.loads((KIT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
@@ -311,7 +345,8 @@ def pytest_ini(test_timeout: float = TEST_TIMEOUT, tests: Path = SUITE) -> str:
     markers = "".join(f"\n    {m}" for m in config.get("markers", [])
                       if re.search(rf"\bmark\.{re.match('[a-z_]+', m)[0]}\b", used))
     return (
-        "# Run `pytest` here to test your own modules against the public tests.\n"
+        "# Run `pytest` here to test your own modules against the public tests\n"
+        "# (set up once with `pip install -r requirements.txt`).\n"
         "[pytest]\n"
         "testpaths = tests\n"
         "impl = .\n"
@@ -321,6 +356,8 @@ def pytest_ini(test_timeout: float = TEST_TIMEOUT, tests: Path = SUITE) -> str:
         "# seconds per check: a check still running then is stopped and fails\n"
         f"timeout = {test_timeout:g}\n"
         "timeout_method = signal\n"
+        "# no run without those limits\n"
+        f"required_plugins = {student_requirements()['pytest-timeout'].replace(' ', '')}\n"
     )
 
 
@@ -462,6 +499,7 @@ def write_release_source(course: Course):
         if npz.is_file():
             shutil.copyfile(npz, src / "fixtures" / "public" / npz.name)
     (src / "pytest.ini").write_text(pytest_ini(course.test_timeout, src / "tests"))
+    (src / "requirements.txt").write_text(requirements_txt())
     import nbformat
 
     from .notebook import build_notebook

@@ -20,7 +20,7 @@ from shlex import quote
 
 from . import course as course_mod
 from .kit import marker
-from .samples import SAMPLES, write_submission
+from .samples import SAMPLES, load_into
 
 DEMO_FILE = ".attnkit-demo"  # marks a directory the demo may wipe and rebuild
 NBGRADER_OUTPUTS = ("release", "submitted", "autograded", "feedback", "exchange", "gradebook.db", "grades.csv",
@@ -169,11 +169,7 @@ def _nbgrader_round(api, root: Path, c: course_mod.Course, step) -> tuple:
     check(api.generate_assignment(c.assignment, force=True), "generate_assignment")
     step(f"nbgrader generate_assignment {c.assignment}: {time.monotonic() - t:.1f} s")
 
-    samples = [s for s in SAMPLES if s.assignment == c.assignment]
-    release = root / "release" / c.assignment
-    for sample in samples:
-        dest = write_submission(sample, release, root / "submitted" / sample.student / c.assignment)
-        (dest / "timestamp.txt").write_text("2026-01-15 12:00:00.000000 UTC")
+    samples = load_into(root, c.assignment, force=True)
     step(f"{len(samples)} sample submissions of {c.assignment} in submitted/")
 
     timings = {}

@@ -24,6 +24,7 @@ after a real run, in a fraction of a second per student instead of a kernel star
 from __future__ import annotations
 
 from pathlib import Path
+from shlex import quote
 
 from nbconvert.exporters import HTMLExporter
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
@@ -196,9 +197,12 @@ def stale(course_root: Path, assignment: str, notebook: str, records: dict[str, 
     return found
 
 
-def write_notebooks(course_root: Path, assignment: str, students: list[str], out: Path, progress=None) -> dict:
+def write_notebooks(course_root: Path, assignment: str, students: list[str], out: Path, progress=None,
+                    notebook: str | None = None) -> dict:
     """nbgrader's autograde for ``students``, the notebook's execution replaced by their records in
-    ``out``. Returns {student: why nbgrader failed} (empty when all went through)."""
+    ``out``. Returns {student: why there is no notebook, and what to do, in one line} (empty when all
+    went through). nbgrader makes the autograded notebook from the one the student submitted
+    (``notebook``.ipynb): a submission without it is reported as such, not tried."""
     from nbgrader.apps import NbGraderAPI
     from traitlets.config.loader import PyFileConfigLoader
 
@@ -215,9 +219,19 @@ def write_notebooks(course_root: Path, assignment: str, students: list[str], out
     api.log.setLevel("ERROR")
     failed = {}
     for student in students:
+        submitted = Path(course_root) / "submitted" / student / assignment
+        if notebook and not (submitted / f"{notebook}.ipynb").is_file():
+            release = Path(course_root) / "release" / assignment / f"{notebook}.ipynb"
+            failed[student] = (f"their submission has no {notebook}.ipynb, which nbgrader makes the autograded "
+                               f"notebook and the feedback from (their grade stands): copy {quote(str(release))} into "
+                               f"{quote(str(submitted))}/ or have them submit it, then run again")
+            if progress is not None:
+                progress.update(1)
+            continue
         result = api.autograde(assignment, student, force=True, create=True)
         if not result.get("success"):
-            failed[student] = (result.get("error") or result.get("log") or "nbgrader autograde failed").strip()[-2000:]
+            why = (result.get("error") or result.get("log") or "nbgrader autograde failed").strip().splitlines()[-1]
+            failed[student] = f"{why} (nbgrader's autograde failed; run again to retry)"
         else:  # as the autograder cells do: nothing reaches the feedback through a link
             defuse_links(Path(course_root) / "autograded" / student / assignment)
         if progress is not None:

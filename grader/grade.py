@@ -86,7 +86,7 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
         if problem is not None:
             outcome.refused[student] = problem
             continue
-        sources = S.sources(folder)
+        sources = S.sources(folder, expected=target.points)
         fp = S.fingerprint(sources)
         if not force and _up_to_date(R.read_record(R.record_path(target.out, student)), fp, target.points):
             outcome.skipped.append(student)
@@ -170,15 +170,16 @@ def check_notebooks_possible(target: Target):
 def write_notebooks(target: Target, students=None, quiet=False) -> tuple[list[str], dict[str, str]]:
     """``autograded/`` notebooks for the graded students whose notebook is missing or older than their
     record (``students``: only those), through nbgrader's autograde (see ``grader.feedback``), so that
-    the formgrader shows them and ``nbgrader generate_feedback`` works. Returns (written, {student: why
-    nbgrader failed})."""
+    the formgrader shows them and ``nbgrader generate_feedback`` works. Returns (written, {student: why none
+    was written, and what to do})."""
     from . import feedback
 
     check_notebooks_possible(target)
     records = R.read_records(target.out, set(students) if students else set(target.submissions))
     todo = feedback.stale(target.course_root, target.assignment, target.gradebook.notebook, records, target.out)
     with _bar(quiet, total=len(todo), desc="autograded notebooks", unit="nb") as bar:
-        failed = feedback.write_notebooks(target.course_root, target.assignment, todo, target.out, progress=bar)
+        failed = feedback.write_notebooks(target.course_root, target.assignment, todo, target.out, progress=bar,
+                                          notebook=target.gradebook.notebook)
     return [s for s in todo if s not in failed], failed
 
 
@@ -203,7 +204,7 @@ def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, bar
             outcome.errors[student] = result["error"]
         else:
             folder = target.submissions[student]
-            if S.fingerprint(S.sources(folder)) != job["fingerprint"]:  # changed while being graded
+            if S.fingerprint(S.sources(folder, expected=target.points)) != job["fingerprint"]:  # changed
                 outcome.errors[student] = "the submission changed while it was graded; run again"
             else:
                 record = R.build(student=student, assignment=target.assignment, submission=folder,

@@ -6,7 +6,9 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -22,6 +24,7 @@ DRIVER_FIX = {
                 "(or pip install psycopg2-binary)",
 }
 CONNECT_SECONDS = 10  # a database server that does not answer by then is reported, not waited for
+FIRST_PAUSE, LONGEST_PAUSE = 0.1, 2.0  # between tries to reach it again (doubling)
 
 
 def shown(db_url: str) -> str:
@@ -108,30 +111,72 @@ def check_database(db_url: str):
                              f'ALTER DATABASE "{url.database}" OWNER TO "{url.username}";)')
 
 
+def lost_connection(exc) -> bool:
+    """Whether a database error is a connection that was lost (the server restarted, or ended the session)
+    or could not be made (refused, not started yet, shutting down), rather than an error in what was asked."""
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    # SQLAlchemy marks a connection it lost as invalidated, and wraps a failure to connect with no statement.
+    return isinstance(exc, DBAPIError) and (exc.connection_invalidated
+                                            or (isinstance(exc, OperationalError) and exc.statement is None))
+
+
+def reconnecting(attempt, before_again=None):
+    """``attempt()``, tried again while the gradebook's server cannot be reached, with pauses that double
+    from FIRST_PAUSE to LONGEST_PAUSE, until CONNECT_SECONDS after the first failure: a server restart
+    costs a pause, a server that stays away is reported (its last error raised). ``before_again()`` runs
+    before each new try (a rollback of what the lost connection left)."""
+    deadline, pause = None, FIRST_PAUSE
+    while True:
+        try:
+            return attempt()
+        except Exception as exc:
+            if not lost_connection(exc):
+                raise
+            now = time.monotonic()
+            deadline = deadline or now + CONNECT_SECONDS
+            if now >= deadline:
+                raise
+            time.sleep(min(pause, deadline - now))  # (the last try comes at the deadline)
+            pause = min(2 * pause, LONGEST_PAUSE)
+            if before_again is not None:
+                before_again()
+
+
 class GradebookSync:
     """Writes attnkit's per-stage scores into nbgrader's gradebook, through nbgrader's own API:
     each stage's score becomes the auto score of its grade cell (``grade_<stage>``) in the
     course notebook, so that the formgrader and ``nbgrader export`` show it."""
 
     def __init__(self, db_url: str, assignment: str, notebook: str, points: dict[str, float],
-                 course_id: str = "default_course"):
+                 course_id: str = "default_course", course_root: Path | None = None):
         self.db_url, self.assignment, self.notebook, self.points = db_url, assignment, notebook, points
         self.course_id = course_id  # (nbgrader adds a course row of this name if there is none)
+        self.course_root = course_root  # where nbgrader's commands that fix it must run
+
+    def _generate(self, force: bool = False) -> str:
+        """The command that puts the assignment into the gradebook, run in the course's folder."""
+        command = f"nbgrader generate_assignment {'--force ' * force}{self.assignment}"
+        if self.course_root is None:
+            return f"run `{command}` in the course folder"
+        return f"run `cd {shlex.quote(str(self.course_root))} && {command}`"
 
     def _missing(self) -> GradebookError:
-        return GradebookError(
-            f"assignment {self.assignment!r} is not in the gradebook ({shown(self.db_url)}): run "
-            f"`nbgrader generate_assignment {self.assignment}` in the course directory first"
-        )
+        return GradebookError(f"assignment {self.assignment!r} is not in the gradebook ({shown(self.db_url)}): "
+                              f"{self._generate()} first")
 
     def check(self):
-        """Fail early, and clearly, if the assignment or its grade cells are not in the gradebook."""
-        from nbgrader.api import Gradebook, MissingEntry
-
+        """Fail early, and clearly, if the assignment or its grade cells are not in the gradebook (or its
+        server cannot be reached for CONNECT_SECONDS)."""
         if self.db_url.startswith("sqlite:///") and not Path(self.db_url[len("sqlite:///"):]).is_file():
             raise self._missing()  # (opening it would create an empty gradebook)
         # nbgrader runs `alembic` when it opens a gradebook: find it next to this Python.
         os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+        reconnecting(self._check)
+
+    def _check(self):
+        from nbgrader.api import Gradebook, MissingEntry
+
         with Gradebook(connectable(self.db_url), self.course_id) as gb:
             try:
                 assignment = gb.find_assignment(self.assignment)
@@ -140,23 +185,21 @@ class GradebookSync:
             notebooks = {nb.name: nb for nb in assignment.notebooks}
             if self.notebook not in notebooks:
                 raise GradebookError(f"the gradebook's assignment {self.assignment!r} "
-                                     f"has no notebook {self.notebook!r}: "
-                                     f"run `nbgrader generate_assignment --force {self.assignment}`")
+                                     f"has no notebook {self.notebook!r}: {self._generate(force=True)}")
             cells = {cell.name: cell.max_score for cell in notebooks[self.notebook].grade_cells}
             missing = [s for s in self.points if f"grade_{s}" not in cells]
             if missing:
                 raise GradebookError(f"the gradebook has no grade cell for {', '.join(missing)}: "
-                                     f"the course was rebuilt after generate_assignment; "
-                                     f"run `nbgrader generate_assignment --force {self.assignment}`")
+                                     f"the course was rebuilt after generate_assignment; {self._generate(force=True)}")
             differ = [s for s, p in self.points.items() if abs(cells[f"grade_{s}"] - p) > 1e-9]
             if differ:
                 raise GradebookError(f"points in the gradebook differ from the course's for {', '.join(differ)}: "
-                                     f"run `nbgrader generate_assignment --force {self.assignment}`")
+                                     f"{self._generate(force=True)}")
 
     def open(self):
         from nbgrader.api import Gradebook
 
-        self.gb = Gradebook(connectable(self.db_url), self.course_id)
+        self.gb = reconnecting(lambda: Gradebook(connectable(self.db_url), self.course_id))
         return self
 
     def close(self):
@@ -170,19 +213,17 @@ class GradebookSync:
         Another ``attnkit grade`` may write the same gradebook at the same time (another assignment,
         other students): a student or submission it adds between our look-up and our insert is a
         unique violation in PostgreSQL, which is taken as the row being there, never a second row.
-        A connection the server dropped (a restart) is opened again once: the write brings the
-        gradebook in line with the records, so writing again is safe."""
+        A connection the server dropped or refused (a restart) is tried again (``reconnecting``): the
+        write brings the gradebook in line with the records, so writing it again from the start is safe."""
         from sqlalchemy.exc import DBAPIError
 
-        try:
-            return self._write(records, timestamps or {}, progress)
-        except DBAPIError as exc:
-            if not exc.connection_invalidated:
-                raise
-            self.gb.db.rollback()  # (SQLAlchemy opens a new connection next)
+        def again():
+            with contextlib.suppress(DBAPIError):
+                self.gb.db.rollback()  # (SQLAlchemy opens a new connection next)
             if progress is not None:
                 progress.reset()
-            return self._write(records, timestamps or {}, progress)
+
+        return reconnecting(lambda: self._write(records, timestamps or {}, progress), again)
 
     def _write(self, records: list[dict], timestamps: dict[str, str], progress) -> int:
         from nbgrader.api import MissingEntry
@@ -240,6 +281,8 @@ def _added(add, find, *key, **extra):
             warnings.filterwarnings("ignore", message=r".* not in session, add operation along ")
             return add(*key, **extra)
     except InvalidEntry as exc:
+        if lost_connection(exc.__context__):  # (nbgrader turns every database error of an add into InvalidEntry)
+            raise exc.__context__ from None
         try:
             return find(*key)
         except MissingEntry:

@@ -10,9 +10,12 @@ SOLUTIONS = KIT / "solutions"  # the reference implementation
 EXERCISES = KIT / "exercises"  # the stubs learners start from (attnkit stubs writes them)
 FIXTURES = KIT / "fixtures"  # stored arrays: public/ ships to students, hidden/ never does
 SUITE = KIT / "tests"  # the graded suite: stage tests and their support modules
+# What a student installs to work on a release: its modules, tests and notebook import torch, numpy and pytest;
+# pytest-timeout keeps each check's time limit (grader.course writes them into the release's requirements.txt).
+STUDENT_PACKAGES = ("torch", "numpy", "pytest", "pytest-timeout")
 
-__all__ = ["KIT", "SOLUTIONS", "EXERCISES", "FIXTURES", "SUITE", "ASSIGNMENTS", "assignment_of", "marker",
-           "stage_of", "stages", "suite_files", "stage_test_file"]
+__all__ = ["KIT", "SOLUTIONS", "EXERCISES", "FIXTURES", "SUITE", "STUDENT_PACKAGES", "ASSIGNMENTS", "assignment_of",
+           "marker", "stage_of", "stages", "suite_files", "stage_test_file"]
 
 
 def stages(assignment: str | None = None) -> list[str]:

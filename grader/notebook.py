@@ -24,7 +24,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from stage_names import MODULE, stage_command
 
 from . import notebook_modern
-from .kit import marker
+from .kit import STUDENT_PACKAGES, marker
 
 INTRO = """\
 # Attention, stage by stage
@@ -55,9 +55,19 @@ favourite query.
 Run the next cell first.
 """
 
+# The first lines of every assignment's notebook, right below its title.
+SETTING_UP = """\
+**Setting up** (once; on a course server this is done for you): in a terminal in this folder,
+`pip install -r requirements.txt` installs what it needs (torch, numpy, pytest and pytest-timeout,
+which stops a check that runs too long: without it `pytest` here refuses to run). Without an NVIDIA
+GPU, first `pip install torch --index-url https://download.pytorch.org/whl/cpu`, a much smaller
+download. The next code cell says what is missing.
+"""
+
 SETUP = """\
 # Setup for the demo and check cells. During grading all of them do nothing.
 import importlib
+import importlib.util
 import os
 import re
 import signal
@@ -74,6 +84,10 @@ CHECKS_TIME_LIMIT = 60 + 3 * TIME_LIMIT
 STAGE_MODULE = re.compile(__STAGE_MODULE__)
 if not GRADING:
     sys.path.insert(0, os.getcwd())  # import the stage modules from this folder
+    _missing = [name for name in __PACKAGES__ if importlib.util.find_spec(name) is None]
+    if _missing:
+        print(f"Not installed for this kernel: {', '.join(_missing)}. Run `%pip install -r requirements.txt` "
+              "in a cell (or `pip install -r requirements.txt` in a terminal), then restart the kernel.")
 
 
 class TimeLimitReached(BaseException):
@@ -462,8 +476,10 @@ def build_notebook(points: dict[str, float], test_timeout: float, time_budget: f
     grader.sandbox.Limits)."""
     intro, stages, outro = LESSONS[assignment]
     setup = (SETUP.replace("__TIME_LIMIT__", repr(float(test_timeout)))
-             .replace("__STAGE_MODULE__", f'r"{MODULE.pattern}"'))
-    cells = [new_markdown_cell(intro), new_code_cell(setup, metadata=_meta("setup"))]
+             .replace("__STAGE_MODULE__", f'r"{MODULE.pattern}"')
+             .replace("__PACKAGES__", repr(tuple(name.replace("-", "_") for name in STUDENT_PACKAGES))))
+    title, _, text = intro.partition("\n\n")
+    cells = [new_markdown_cell(f"{title}\n\n{SETTING_UP}\n{text}"), new_code_cell(setup, metadata=_meta("setup"))]
     for number, (stage, stage_points) in enumerate(points.items(), start=1):
         m = marker(stage)
         title, text, body = stages.get(stage, (m.replace("_", " ").capitalize(), "", "pass"))

@@ -2,7 +2,8 @@
 
 A made-up submission is the reference solutions (or the untouched stubs) with a few small source
 edits, the way real mistakes look (``edited``), written out as a folder of stage modules
-(``write_modules``). The samples below are graded by ``attnkit demo`` and the kit's tests; the
+(``write_modules``). The samples below are graded by ``attnkit demo`` and the kit's tests, and
+``attnkit samples`` puts them into an instructor's own course for a trial run (``load_into``); the
 kit's tests also build their catalogue of mistakes and their tamper corpus this way.
 ``breaks`` names the stages a sample should lose points on; every other stage must get full marks.
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
+from shlex import quote
 
 from .kit import EXERCISES, SOLUTIONS, stages
 
@@ -36,6 +39,12 @@ class Sample:
     def write(self, dest: Path) -> Path:
         """The sample's stage modules in folder ``dest`` (created if needed)."""
         return write_modules(dest, self.base_folder, self.modules(), self.assignment)
+
+    def expected(self) -> str:
+        """What grading should give it, in words."""
+        if "*" in self.breaks:
+            return "no points"
+        return f"loses points on {', '.join(self.breaks)} only" if self.breaks else "full marks"
 
 
 SAMPLES = [
@@ -173,3 +182,47 @@ def write_submission(sample: Sample, release: Path, dest: Path) -> Path:
         shutil.rmtree(dest)
     shutil.copytree(release, dest)
     return sample.write(dest)
+
+
+class SampleError(ValueError):
+    """Samples that cannot be put into a course as asked (printed as a plain error by the CLI)."""
+
+
+def samples_of(assignment: str, students=None) -> list[Sample]:
+    """The samples of ``assignment`` (those of the ids in ``students``, if given)."""
+    mine = [s for s in SAMPLES if s.assignment == assignment]
+    if students:
+        unknown = sorted(set(students) - {s.student for s in mine})
+        if unknown:
+            raise SampleError(f"no sample {', '.join(map(repr, unknown))} of {assignment}; its samples: "
+                              f"{', '.join(s.student for s in mine)}")
+        mine = [s for s in mine if s.student in students]
+    return mine
+
+
+def planned(root: Path, assignment: str, students=None, force: bool = False) -> list[Sample]:
+    """The samples ``load_into`` would write, or the SampleError it would raise (before writing anything)."""
+    root = Path(root)
+    release = root / "release" / assignment
+    if not release.is_dir():
+        raise SampleError(f"{assignment} has no release yet ({quote(str(release))}): run `nbgrader "
+                          f"generate_assignment {assignment}` in {quote(str(root))} first")
+    chosen = samples_of(assignment, students)
+    taken = [s.student for s in chosen if (root / "submitted" / s.student / assignment).exists()]
+    if taken and not force:
+        raise SampleError(f"submitted/ already holds {assignment} of {', '.join(taken)}: nothing was written; "
+                          "give --force to replace them with the samples, or --student to choose others")
+    return chosen
+
+
+def load_into(root: Path, assignment: str, students=None, force: bool = False) -> list[Sample]:
+    """Submissions of ``assignment``'s samples in an nbgrader course, as `nbgrader collect` leaves them:
+    ``root/submitted/<sample>/<assignment>/``, the release with the sample's modules and a timestamp.txt
+    of now. A submission already there is replaced only with ``force`` (it may be a real student's)."""
+    chosen = planned(root, assignment, students, force)
+    release = Path(root) / "release" / assignment
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC")  # (nbgrader's own format)
+    for sample in chosen:
+        dest = write_submission(sample, release, root / "submitted" / sample.student / assignment)
+        (dest / "timestamp.txt").write_text(now)
+    return chosen

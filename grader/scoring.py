@@ -9,10 +9,15 @@ of the sandbox a check ran into.
 from __future__ import annotations
 
 import re
+import textwrap
 
 from stage_names import marker, stage_of
 
 MESSAGE_LIMIT = 700  # characters of one failure message shown in feedback
+# Columns of a stage report's lines: longer ones are wrapped (at spaces, with a deeper indent), since the formgrader
+# and the feedback page show a cell's output in a box that cuts a line at its width (about 130 columns in a window
+# 1280 pixels wide; 100 leave room for narrower windows), and so may a terminal.
+REPORT_WIDTH = 100
 DETAILED_FAILURES = 12  # failures per stage shown with their message
 MISTAKE = re.compile(r"Likely mistake:\s*(.*?)(?=\nLikely mistake:|\Z)", re.S)
 TIME_LIMIT = re.compile(r"time limit|pytest-timeout")  # the sandbox's, the suite's and pytest-timeout's words
@@ -44,10 +49,15 @@ def params(nodeid: str) -> list[str]:
     return inside[:-1].split("-") if inside.endswith("]") else []
 
 
+POSSESSIVE = re.compile(r"(?<=[a-z0-9])_s(?=_|$)")  # how a test's name writes 's: test_with_the_book_s_weights
+
+
 def label(nodeid: str) -> str:
     """A check's name as students read it: tests/test_s10_x.py::test_other_sizes[cuda-case0] -> 'other sizes
-    (case 1, CUDA)'. Code names in the parameters (attention_scores_loop, SelfAttention_v1) stay as they are."""
-    names = [re.sub(r"^test_?", "", p).replace("_", " ") for p in nodeid.partition("[")[0].split("::")[1:]]
+    (case 1, CUDA)', test_with_the_book_s_weights -> "with the book's weights". Code names in the parameters
+    (attention_scores_loop, SelfAttention_v1) stay as they are."""
+    names = [POSSESSIVE.sub("'s", re.sub(r"^test_?", "", p)).replace("_", " ")
+             for p in nodeid.partition("[")[0].split("::")[1:]]
     found = params(nodeid)
     cases = [f"case {int(CASE.fullmatch(p)[1]) + 1}" for p in found if CASE.fullmatch(p)]
     devices = [DEVICES[p] for p in found if p in DEVICES]
@@ -88,7 +98,7 @@ def stage_report(marker: str, points: float, tests: list[dict]) -> str:
                     cut = message[:MESSAGE_LIMIT]
                     named = [line for line in message.splitlines() if line.startswith("Likely mistake:")]
                     message = "\n".join([cut + " [...]"] + [line for line in named if line not in cut])
-                lines.extend("        " + m for m in message.splitlines())
+                lines.extend(line for m in message.splitlines() for line in _wrapped("        " + m))
         elif not needs_cuda(t["nodeid"]):
             lines.append(f"  skip  {t['label']} ({t['message'].strip() or 'skipped'})")
     # Checks on a CUDA device are skipped on a grader without one: the student cannot do anything about it.
@@ -97,6 +107,16 @@ def stage_report(marker: str, points: float, tests: list[dict]) -> str:
         lines.append(f"  ({on_cuda} more {'checks need' if on_cuda > 1 else 'check needs'} a CUDA GPU: "
                      f"not run here, so {'they count' if on_cuda > 1 else 'it counts'} for no points)")
     return "\n".join(lines)
+
+
+def _wrapped(line: str) -> list[str]:
+    """``line`` in lines of at most REPORT_WIDTH columns where it has spaces to break at; the continuation
+    lines are indented four columns deeper than the line."""
+    if len(line) <= REPORT_WIDTH:
+        return [line]
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    return textwrap.wrap(line, REPORT_WIDTH, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False, drop_whitespace=True) or [line]
 
 
 def mistakes(message: str) -> list[str]:

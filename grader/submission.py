@@ -22,16 +22,44 @@ MAX_MODULE_BYTES = 1 << 20  # a stage module larger than this is not graded
 LINK_NOTE = "This file was submitted as a symbolic link; what the link pointed at is not copied.\n"
 
 
-def sources(folder, linked: list[str] | None = None) -> dict[str, bytes]:
+def sources(folder, linked: list[str] | None = None, expected=()) -> dict[str, bytes]:
     """File name -> contents of the stage modules grading runs. ``linked``: names of modules that
     were submitted as symbolic links (default: the folder's own links); each becomes a module
-    that fails on import with a message that says so."""
+    that fails on import with a message that says so. Each stage module of ``expected`` (stage module
+    names) that the folder lacks becomes a module that fails on import saying what the student should
+    submit instead (``missing_note``)."""
     found = {path.name: path.read_bytes() for path in module_files(folder)
              if path.stat().st_size <= MAX_MODULE_BYTES}
     for name in linked_modules(folder) if linked is None else linked:
         found[name] = (f"raise ImportError('{name} was submitted as a symbolic link, not a file: "
                        "submit the module itself')\n").encode()
+    for name in (f"{stage}.py" for stage in expected):
+        if name not in found:  # (the suite's adapter shows a SubmissionError's words as they are)
+            note = missing_note(folder, name)
+            found[name] = f"from adapters import SubmissionError\nraise SubmissionError({note!r})\n".encode()
     return dict(sorted(found.items()))
+
+
+ARCHIVES = (".zip", ".tar", ".gz", ".tgz", ".bz2", ".xz", ".7z", ".rar")
+
+
+def missing_note(folder, name: str) -> str:
+    """What a student reads when stage module ``name`` is not in their submission ``folder``: what they
+    should upload, from what the folder holds instead (the module inside a folder, an archive)."""
+    folder = Path(folder)
+    nested = sorted(p for pattern in (f"*/{name}", f"*/*/{name}") for p in folder.glob(pattern)
+                    if p.is_file() and not p.is_symlink())
+    if nested:
+        inside = nested[0].parent.relative_to(folder)
+        return (f"{name} is not at the top of your submission but in the folder {inside}/: submit the stage "
+                "modules themselves, not a folder that holds them")
+    archives = sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix.lower() in ARCHIVES)
+    if archives:
+        shown = ", ".join(repr(a) for a in archives[:3]) + (" ..." if len(archives) > 3 else "")
+        return (f"{name} is not in your submission, which holds the archive {shown}: submit the stage modules "
+                f"themselves ({name} and the others, unpacked), not an archive of them")
+    return (f"{name} is not in your submission: submit it under that exact name (the stub the assignment gave "
+            "you, with its TODOs filled in)")
 
 
 def fingerprint(graded: dict[str, bytes]) -> str:
@@ -65,11 +93,11 @@ def submitted_twin(folder: Path) -> Path | None:
     return submitted if submitted.is_dir() else None
 
 
-def autograded_sources(folder: Path) -> dict[str, bytes]:
+def autograded_sources(folder: Path, expected=()) -> dict[str, bytes]:
     """``sources`` of nbgrader's autograded copy ``folder``, with the modules that its submitted/ twin
     holds as symbolic links graded as such (the copy followed them). Any other folder: ``sources``."""
     twin = submitted_twin(folder)
-    return sources(folder, linked_modules(twin) if twin is not None else None)
+    return sources(folder, linked_modules(twin) if twin is not None else None, expected)
 
 
 def defuse_links(folder: Path) -> list[str]:

@@ -133,7 +133,7 @@ def course_target(course_dir, assignment: str | None) -> Target:
                   points=dict(course.points), test_timeout=course.test_timeout, time_budget=course.time_budget,
                   timestamps=timestamps,
                   gradebook=GradebookSync(course.gradebook_url, assignment, course.notebook, dict(course.points),
-                                          course.course_id),
+                                          course.course_id, course.root),
                   course_root=course.root, chosen=chosen, allow_plain=course.allow_plain,
                   where=f"nothing in {quote(str(course.root / 'submitted'))}/<student>/{assignment}/; collect the "
                         f"submissions first (in the course folder: `nbgrader collect {assignment}`, or "

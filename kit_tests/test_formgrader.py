@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -36,6 +37,7 @@ STUDENTS = ("reference", "tril-for-triu", "softmax-dim0")  # full marks, one sta
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 SERVER_START_SECONDS = 60  # jupyter server loads every installed extension: a few seconds here
 PAGE_SECONDS = 30  # the grading page loads its scores with JavaScript, after the HTML
+VIEWPORT_WIDTH = 1024  # pixels: a small laptop's window, where every verdict line must still fit its box
 
 
 def find_chromium() -> str | None:
@@ -177,7 +179,7 @@ def test_the_formgrader_shows_the_kit_s_scores_per_cell(chromium, graded, formgr
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True)
         try:
-            page = browser.new_page()
+            page = browser.new_page(viewport={"width": VIEWPORT_WIDTH, "height": 800})
             page.set_default_timeout(PAGE_SECONDS * 1000)
             # The assignments page: the exchange is listed there (a missing one is a banner and a warning).
             page.goto(f"{url}/formgrader/manage_assignments?token={token}")
@@ -195,6 +197,9 @@ def test_the_formgrader_shows_the_kit_s_scores_per_cell(chromium, graded, formgr
                     prompts=page.eval_on_selector_all(".code_cell .input_prompt",
                                                       "ps => ps.map(p => p.textContent.trim())"),
                     highlighted=page.locator(".hl-ipython3").count(),
+                    # output boxes whose lines are wider than the box (cut off, or a scrollbar to find)
+                    cut=page.eval_on_selector_all(".output_area pre", "ps => ps.filter(p => p.scrollWidth > "
+                                                  "p.clientWidth + 1).map(p => p.textContent.slice(0, 300))"),
                 )
         finally:
             browser.close()
@@ -209,6 +214,7 @@ def test_the_formgrader_shows_the_kit_s_scores_per_cell(chromium, graded, formgr
         assert [re.sub(r"\s+", " ", p) for p in shown["prompts"]] == [f"In [{n}]:" for n in range(1, code_cells + 1)], \
             f"{student}: {shown['prompts']}"
         assert shown["highlighted"] >= code_cells, f"{student}: {shown['highlighted']} cells highlighted as IPython"
+        assert shown["cut"] == [], f"{student}: lines wider than their box at {VIEWPORT_WIDTH} px: {shown['cut']}"
     assert sum(1 for r in graded["records"]["tril-for-triu"]["stages"] if r["points"] < r["max_points"]) == 1
     assert banner == 0, "the formgrader says the exchange directory is missing"
 
@@ -216,3 +222,65 @@ def test_the_formgrader_shows_the_kit_s_scores_per_cell(chromium, graded, formgr
     assert "Unwritable directory" not in log and "not serializable" not in log, log[-3000:]
     warnings = [line for line in log.splitlines() if re.match(r"\[[WEC] ", line)]
     assert warnings == [], "the formgrader's server logged:\n" + "\n".join(warnings)
+
+
+# ---------------------------------------------------------------- a student's JupyterLab (slow)
+
+def readme_lab_command() -> list[str]:
+    """The README's command that hides nbgrader's instructor tools from a student's JupyterLab."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    found = re.search(r"^\.venv/bin/(jupyter labextension disable .*)$", readme, re.M)
+    assert found, "the README gives no command that hides nbgrader's instructor tools from students"
+    return found.group(1).split()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_student_s_jupyterlab_from_the_kit_s_venv_shows_no_instructor_tools(chromium, tmp_path):
+    """With the README's command run (for this test's user only: its own JUPYTER_CONFIG_DIR), JupyterLab opens a
+    course notebook with nbgrader's student tools (Validate Assignment) and without its Create Assignment panel."""
+    from playwright.sync_api import sync_playwright
+
+    command = readme_lab_command()
+    assert "--level=user" in command and "@jupyter/nbgrader:create-assignment" in command, command
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
+    subprocess.run([str(Path(sys.executable).parent / command[0]), *command[1:]], env=env, check=True,
+                   capture_output=True)
+    work = tmp_path / "work"
+    course = build(tmp_path / "course", assignments=[ASSIGNMENT])
+    shutil.copytree(course.source, work)
+    port, token = free_port(), secrets.token_hex(16)
+    server_command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+                      "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}"]
+    if os.geteuid() == 0:
+        server_command.append("--allow-root")
+    with (tmp_path / "lab.log").open("w") as out:
+        server = subprocess.Popen(server_command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + SERVER_START_SECONDS
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "lab.log").read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2)
+                break
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.3)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, headless=True)
+            try:
+                page = browser.new_page()
+                page.set_default_timeout(PAGE_SECONDS * 1000)
+                page.goto(f"http://127.0.0.1:{port}/lab/tree/{ASSIGNMENT}.ipynb?token={token}")
+                page.locator(".jp-Notebook").first.wait_for()
+                page.locator("[title='Validate Assignment']").first.wait_for()  # nbgrader's extension is loaded
+                titles = page.eval_on_selector_all("[title]", "es => es.map(e => e.getAttribute('title'))")
+            finally:
+                browser.close()
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    assert not [t for t in titles if "Create Assignment" in t or "Formgrader" in t], titles

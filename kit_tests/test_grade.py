@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -29,7 +30,7 @@ from grader.cells import grade_folder
 from grader.course import build
 from grader.grade import grade
 from grader.kit import SOLUTIONS, stages
-from grader.samples import by_student, write_submission
+from grader.samples import by_student, write_modules
 from grader.sandbox import Limits
 from grader.targets import folder_target
 from grader.untrusted import ID_RULE, printable
@@ -166,15 +167,87 @@ def course(tmp_path_factory):
     run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
+    # The class: the kit's samples, loaded as an instructor loads them for a trial run.
+    attnkit("samples", ASSIGNMENT, "--course", str(root), *(f"--student={student}" for student in STUDENTS))
     for student in STUDENTS:
-        folder = write_submission(by_student(student), root / "release" / ASSIGNMENT,
-                                  root / "submitted" / student / ASSIGNMENT)
-        (folder / "timestamp.txt").write_text("2026-01-15 10:00:00.000000 UTC")
+        (root / "submitted" / student / ASSIGNMENT / "timestamp.txt").write_text("2026-01-15 10:00:00.000000 UTC")
     tmpdir = tmp_path_factory.mktemp("tmpdir")  # to see what the run leaves there
     start = time.monotonic()
     with cpu_hogs():  # a loaded machine: the grades below are those of an idle one
         stdout, stderr = attnkit("grade", "--course", str(root), "--quiet", tmpdir=tmpdir, stderr=True)
     return root, stdout, time.monotonic() - start, tmpdir, stderr
+
+
+@pytest.mark.slow
+def test_attnkit_samples_loads_the_samples_as_submissions_and_never_over_a_submission(course, tmp_path):
+    root = course[0]
+    for student in STUDENTS:
+        folder = root / "submitted" / student / ASSIGNMENT
+        expected = by_student(student).write(tmp_path / student)
+        for module in expected.glob("*.py"):
+            assert (folder / module.name).read_text() == module.read_text(), (student, module.name)
+        assert (folder / f"{ASSIGNMENT}.ipynb").is_file() and (folder / "timestamp.txt").is_file()
+    before = snapshot(root / "submitted")
+    refused = subprocess.run([*ATTNKIT, "samples", ASSIGNMENT, "--course", str(root)], capture_output=True, text=True)
+    assert refused.returncode == 2 and f"already holds {ASSIGNMENT} of {STUDENTS[0]}" in refused.stderr, refused.stderr
+    assert "--force" in refused.stderr and snapshot(root / "submitted") == before, "a refused load wrote something"
+
+
+@pytest.mark.slow
+def test_a_submission_of_a_zip_or_a_folder_is_told_what_to_upload(tmp_path):
+    """Modules inside an archive or a folder are not graded (0 points), and every check says what to submit
+    instead, in the student's terms: not the sandbox's paths, not the kit's exercises/."""
+    import zipfile
+
+    submissions = tmp_path / "submissions"
+    unzipped = write_modules(tmp_path / "modules", assignment=ASSIGNMENT)
+    (submissions / "zipped").mkdir(parents=True)
+    with zipfile.ZipFile(submissions / "zipped" / "attention.zip", "w") as archive:
+        for module in unzipped.glob("*.py"):
+            archive.write(module, module.name)
+    shutil.copytree(unzipped, submissions / "nested" / "my-work")
+    out = tmp_path / "grades"
+    attnkit("grade", ASSIGNMENT, "--submissions", str(submissions), "--out", str(out), "--quiet")
+    found = records(out)
+    told = {"zipped": "holds the archive 'attention.zip': submit the stage modules themselves",
+            "nested": "in the folder my-work/: submit the stage modules themselves, not a folder"}
+    for student, words in told.items():
+        assert found[student]["total"] == 0, student
+        messages = [t["message"] for s in found[student]["stages"] for t in s["tests"] if t["outcome"] == "failed"]
+        assert messages and all(words in m for m in messages), (student, messages[:2])
+        assert not any("/sandbox" in m or "exercises/" in m for m in messages), messages[:2]
+
+
+@pytest.mark.slow
+def test_a_submission_without_its_notebook_gets_its_grade_and_says_how_to_get_a_notebook(tmp_path):
+    """--notebooks: nbgrader makes the autograded notebook from the submitted one. Without it, running again
+    changes nothing: the message says what does, and doing it works."""
+    root = tmp_path / "course"
+    build(root, assignments=[ASSIGNMENT])
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    attnkit("samples", ASSIGNMENT, "--course", str(root), "--student=reference")
+    (root / "submitted" / "reference" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").unlink()
+    first = subprocess.run([*ATTNKIT, "grade", ASSIGNMENT, "--course", str(root), "--quiet", "--notebooks"],
+                           capture_output=True, text=True)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert f"no notebook for reference: their submission has no {ASSIGNMENT}.ipynb" in first.stdout, first.stdout
+    assert "run again to retry" not in first.stdout and records(R.results_dir(root, ASSIGNMENT))["reference"]
+    copy = re.search(r"copy (\S+) into (\S+)/ or have them submit it", first.stdout)
+    assert copy, first.stdout
+    shutil.copy(shlex.split(copy.group(1))[0], shlex.split(copy.group(2))[0])
+    assert "autograded notebooks: 1 written, 0 failed" in attnkit("grade", ASSIGNMENT, "--course", str(root),
+                                                                   "--quiet", "--notebooks")
+
+
+def test_attnkit_samples_needs_a_generated_assignment_and_says_so(tmp_path):
+    root = tmp_path / "course"
+    build(root, assignments=[ASSIGNMENT])
+    refused = subprocess.run([*ATTNKIT, "samples", "--course", str(root)], capture_output=True, text=True)
+    assert refused.returncode == 2, refused.stdout
+    assert f"run `nbgrader generate_assignment {ASSIGNMENT}` in {shlex.quote(str(root))} first" in refused.stderr
+    assert not (root / "submitted").exists()
 
 
 @pytest.mark.slow
@@ -295,9 +368,12 @@ def test_an_assignment_not_generated_is_refused(tmp_path):
     root = tmp_path / "course"
     build(root)
     (root / "submitted" / "ada" / ASSIGNMENT).mkdir(parents=True)
-    run = subprocess.run([*ATTNKIT, "grade", "--course", str(root), "--quiet"], capture_output=True, text=True)
+    run = subprocess.run([*ATTNKIT, "grade", "--course", str(root), "--quiet"], capture_output=True, text=True,
+                         cwd=tmp_path)
     assert run.returncode == 2
-    assert "nbgrader generate_assignment attention" in run.stderr
+    # The command that fixes it acts on this course, from wherever attnkit was run.
+    assert f"run `cd {shlex.quote(str(root))} && nbgrader generate_assignment {ASSIGNMENT}` first" in run.stderr, \
+        run.stderr
 
 
 # ---------------------------------------------------------------- a folder of submissions

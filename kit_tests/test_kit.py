@@ -121,3 +121,43 @@ def test_the_grader_s_modules_import_each_other_one_way():
         graph.prepare()
     except CycleError as exc:
         pytest.fail(f"grader's modules import each other in a circle: {exc.args[1]}")
+
+
+def test_check_labels_read_as_english():
+    """A check's label is its test's name in words: a possessive is written ``_s_`` in the name and shown with
+    its apostrophe, never as a lone "s" or a plural ("the books weights")."""
+    from grader.scoring import label
+
+    names = [f"{path.name}::{node.name}" for path in SUITE.glob("test_*.py")
+             for node in ast.parse(path.read_text()).body
+             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+    assert len(names) > 100
+    wrong = [(name, label(name)) for name in names if re.search(r"(^| )s( |$)|\bbooks\b", label(name))]
+    assert not wrong, wrong
+    assert label("test_s04_trainable_projections.py::test_journey_with_the_book_s_weights[check_scores]") == \
+        "journey with the book's weights (check_scores)"
+    assert label("test_m01_pytorch_attention.py::test_use_mask_follows_the_module_s_mask") == \
+        "use mask follows the module's mask"
+
+
+def test_a_stage_report_wraps_long_lines_to_fit_the_formgrader_s_box():
+    """A cell's output box in the formgrader cuts lines at its width (kit_tests/test_formgrader.py looks at it in a
+    browser): the report's lines are wrapped at spaces, and say the same."""
+    from grader.scoring import REPORT_WIDTH, label, stage_report
+
+    nodeid = "tests/test_s02_normalization.py::test_random_cases"
+    message = ("all_pairs_weights(inputs) differs from the expected values in 42 of 49 entries (largest difference "
+               "0.1699; tolerance rtol=0.0001, atol=1e-06).\n  first mismatching row [0]:\n"
+               "Likely mistake: softmax over dim 0 (each column sums to 1); each query's row must sum to 1, use dim=-1")
+    text = stage_report("normalization", 8, [{"nodeid": nodeid, "label": label(nodeid), "outcome": "failed",
+                                              "message": message}])
+    assert max(map(len, text.splitlines())) <= REPORT_WIDTH, text
+    assert " ".join(message.split()) in " ".join(text.split())
+
+
+def test_the_readme_gives_the_demo_one_time():
+    """One measured figure (the Performance table, from a fresh clone), not a second estimate elsewhere."""
+    readme = (KIT / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `attnkit demo")]
+    timed = [line for line in rows if re.search(r"\b\d+(\.\d+)? ?(s|min|minutes?)\b", line)]
+    assert len(rows) == 2 and len(timed) == 1, timed

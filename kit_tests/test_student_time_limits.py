@@ -102,6 +102,46 @@ def test_release_pytest_ini_carries_the_time_limit(release):
     assert f"\ntimeout = {LIMIT:g}\n" in ini and "\ntimeout_method = signal\n" in ini
 
 
+def third_party_imports(folder) -> set[str]:
+    """The top-level modules the Python files of a folder (and its tests/) import that are neither the
+    standard library nor the folder's own."""
+    import ast
+
+    files = [*folder.glob("*.py"), *folder.glob("tests/*.py")]
+    own = {path.stem for path in files}
+    found = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+    return found - own - set(sys.stdlib_module_names)
+
+
+def test_a_release_says_what_to_install_and_its_pytest_refuses_to_run_without_time_limits(release, tmp_path):
+    from importlib.metadata import packages_distributions
+
+    from packaging.requirements import Requirement
+
+    lines = [line for line in (release / "requirements.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    required = {Requirement(line).name for line in lines}
+    distributions = packages_distributions()
+    for module in third_party_imports(release):  # everything the release's code imports is installed by it
+        assert set(distributions.get(module, [module])) & required, f"{module} is imported but not in requirements.txt"
+    assert "pytest-timeout" in required  # (a plugin: not imported, but pytest.ini's limits need it)
+    notebook = nbformat.read(release / f"{ASSIGNMENT}.ipynb", as_version=4)
+    first_lines = notebook.cells[0].source.splitlines()[:5]
+    assert any("pip install -r requirements.txt" in line for line in first_lines), first_lines
+
+    folder = shutil.copytree(release, tmp_path / "student")  # a student's Python without pytest-timeout
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:timeout", "-p", "no:cacheprovider"], cwd=folder,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "collected" not in run.stdout, run.stdout[-2000:]
+    assert "Missing required plugins: pytest-timeout" in run.stderr, run.stderr[-2000:]
+
+
 def test_pytest_stops_each_looping_stage_once_and_names_it(release, tmp_path):
     folder = student_copy(release, tmp_path / "student")
     start = time.monotonic()

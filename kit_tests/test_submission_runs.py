@@ -7,6 +7,7 @@ to do next, messages for files Python cannot read, a `pytest --help` about their
 """
 import importlib.machinery
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -92,34 +93,65 @@ SUPPORT_FRAME = re.compile(r"^(tests/)?(adapters|checks)\.py:\d+: in ", re.M)  #
 MODULE_CALL_FRAME = re.compile(r"torch/nn/modules/module\.py:\d+: in ")
 
 
-def failure_report(stdout, test_file, test_name):
-    """The report of one failed test in pytest's output (--tb=short): its lines below its ____ header."""
-    failures = re.split(r"^=+ FAILURES =+$", stdout, flags=re.M)[1]
-    failures = re.split(r"^=+ ", failures, flags=re.M)[0]
-    parts = re.split(r"^_+ (\S+) _+$\n", failures, flags=re.M)
-    for name, report in zip(parts[1::2], parts[2::2]):
-        if name == test_name and report.startswith(f"tests/{test_file}:"):
-            return report
-    raise AssertionError(f"no failure report for {test_file}::{test_name} in:\n{stdout[-3000:]}")
-
-
 def frames_of(report):
     """(file name, function) of each frame of a failure report (--tb=short)."""
     return [(Path(path).name, function) for path, function in re.findall(r"^(\S+\.py):\d+: in (\w+)$", report, re.M)]
 
 
-def test_stub_tracebacks_start_at_the_stub_and_the_summary_says_fill_in(stub_run):
+def failure_report(stdout, test_name, test_file=None):
+    """The report of one failed test in pytest's output (--tb=short): its lines below its ____ header (of the
+    test in ``test_file``, when given, whose report starts with its traceback)."""
+    failures = re.split(r"^=+ FAILURES =+$", stdout, flags=re.M)[1]
+    failures = re.split(r"^=+ ", failures, flags=re.M)[0]
+    parts = re.split(r"^_+ (\S+) _+$\n", failures, flags=re.M)
+    for name, report in zip(parts[1::2], parts[2::2]):
+        if name == test_name and (test_file is None or report.startswith(f"tests/{test_file}:")):
+            return report
+    raise AssertionError(f"no failure report for {test_file}::{test_name} in:\n{stdout[-3000:]}")
+
+
+def suggested(stdout: str, before: str) -> str:
+    """The command the summary suggests after ``before`` (`pytest ...`)."""
+    found = re.search(rf"{before}\s+`(pytest [^`]*)`", stdout)
+    assert found, f"no command after {before!r} in:\n{stdout[-2000:]}"
+    return found.group(1)
+
+
+def run_suggested(command: str) -> str:
+    """Run a command the summary suggested, in the folder the suggesting run ran in; returns its output."""
+    args = shlex.split(command)
+    assert args[0] == "pytest", command
+    return subprocess.run([sys.executable, "-m", "pytest", *args[1:], "-p", "no:cacheprovider"], cwd=KIT,
+                          capture_output=True, text=True, timeout=600).stdout
+
+
+def test_a_stub_failure_is_one_line_at_the_stub_and_the_summary_says_fill_in_last(stub_run):
     _, stdout = stub_run
     assert not SUPPORT_FRAME.search(stdout), SUPPORT_FRAME.search(stdout).group()
-    report = failure_report(stdout, "test_s01_attention_scores.py",
-                            "test_journey_scores_every_token_against_the_query[attention_scores_loop]")
-    assert frames_of(report) == [("test_s01_attention_scores.py", "test_journey_scores_every_token_against_the_query"),
-                                 ("s01_attention_scores.py", "attention_scores_loop")], report
-    assert "E   NotImplementedError: s01_attention_scores: attention_scores_loop: see its TODO" in report
-    assert "Likely mistake" in report and "still a stub" in report
-    assert re.search(r"Next: stage s01_attention_scores: fill in the TODOs of exercises/s01_attention_scores\.py,"
-                     r"\s+then run `pytest -m attention_scores`", stdout), stdout[-2000:]
+    report = failure_report(stdout, "test_journey_scores_every_token_against_the_query[attention_scores_loop]")
+    stub = (KIT / "exercises" / "s01_attention_scores.py").read_text().splitlines()
+    raised = 'NotImplementedError("s01_attention_scores: attention_scores_loop'
+    where = next(n for n, line in enumerate(stub, 1) if raised in line)
+    assert report.strip() == (f"exercises/s01_attention_scores.py:{where}: "
+                              "NotImplementedError: s01_attention_scores: attention_scores_loop: see its TODO"), report
+    assert len(stdout.splitlines()) < 3 * len(re.findall(r"^_+ \S+ _+$", stdout, flags=re.M)) + 100, \
+        "a stub's failure takes more than its header and one line"
+    # The stage summary comes last (after pytest's own, e.g. the reasons for skipped CUDA cases), right above
+    # the line of counts, so that it is what a student sees.
+    summary = stdout[stdout.index(" attention-kit stages "):]
+    assert "SKIPPED" not in summary and "short test summary" not in summary, summary
+    assert re.fullmatch(r"(=+ )?\d+ failed, \d+ skipped in .*", summary.rstrip().splitlines()[-1]), summary
     assert re.search(r"s09_multihead_wrapper .* \(builds on s08_causal_attention: make that pass first\)", stdout)
+    assert re.search(r"Next: stage s01_attention_scores: fill in the TODOs of exercises/s01_attention_scores\.py,"
+                     r"\s+then run `pytest --impl=exercises -m attention_scores`", stdout), stdout[-2000:]
+
+
+def test_the_command_the_summary_suggests_tests_the_modules_the_run_tested(stub_run):
+    """`pytest --impl exercises` must not suggest a bare `pytest -m ...`: in the kit, that tests solutions/."""
+    _, stdout = stub_run
+    again = run_suggested(suggested(stdout, "then run"))
+    assert f"implementation under test: {KIT / 'exercises'}" in again, again[:1000]
+    assert re.search(r"Next: stage s01_attention_scores: fill in the TODOs", again), again[-2000:]
 
 
 BROKEN = {  # stage -> edits of the reference: what each shows in a student's run
@@ -150,7 +182,7 @@ def broken_run(tmp_path_factory):
 def test_tracebacks_go_from_the_test_to_the_learners_forward(broken_run):
     _, stdout, _ = broken_run
     assert not SUPPORT_FRAME.search(stdout) and not MODULE_CALL_FRAME.search(stdout)
-    report = failure_report(stdout, "test_s10_multihead_attention.py", "test_output_of_a_token_ignores_later_tokens")
+    report = failure_report(stdout, "test_output_of_a_token_ignores_later_tokens", "test_s10_multihead_attention.py")
     assert frames_of(report) == [("test_s10_multihead_attention.py", "test_output_of_a_token_ignores_later_tokens"),
                                  ("s10_multihead_attention.py", "forward")], report
     assert "view size is not compatible" in report  # the error's own message
@@ -173,13 +205,16 @@ def test_a_book_test_hints_at_creation_order_only_when_the_stage_computes_right(
 
 def test_summary_says_fix_and_names_the_stage_to_pass_first(broken_run, tmp_path):
     _, stdout, submission = broken_run
-    assert re.search(r"Next: stage s05_self_attention: fix \S*s05_self_attention\.py,\s+then run "
-                     r"`pytest -m self_attention`", stdout), stdout[-2000:]
+    assert re.search(rf"Next: stage s05_self_attention: fix \S*s05_self_attention\.py,\s+then run "
+                     rf"`pytest --impl={re.escape(str(submission))} -m self_attention`", stdout), stdout[-2000:]
     assert re.search(r"s09_multihead_wrapper .* \(builds on s08_causal_attention: make that pass first\)", stdout)
     # stage 9 alone: whether stage 8 passes is not known, and the summary says so
     _, alone = run_suite(submission, tmp_path, "-m", "multihead_wrapper")
     assert "(builds on s08_causal_attention, not checked in this run)" in alone
-    assert "First: run `pytest -m causal_attention`: s09_multihead_wrapper builds on" in alone, alone[-2000:]
+    assert f"First: run `pytest --impl={submission} -m causal_attention`: s09_multihead_wrapper builds on" in alone, \
+        alone[-2000:]
+    first = run_suggested(suggested(alone, "First: run"))  # it tests this submission's stage 8
+    assert f"implementation under test: {submission}" in first and "s08_causal_attention " in first, first[-2000:]
 
 
 NULL_BYTES = "contains null bytes"

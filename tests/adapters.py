@@ -89,8 +89,8 @@ def load_stage_module(root: Path, name: str, provided: dict[str, str] | None = N
     path = Path(root) / f"{name}.py"
     if not path.is_file():
         raise SubmissionError(
-            f"{path.name} is missing from {Path(root).resolve()}: every stage lives in a module "
-            f"of that exact name (copy it from exercises/ and fill in the TODOs)."
+            f"{path.name} is missing from {Path(root).resolve()}: every stage lives in a module of that exact "
+            "name, in this folder (start from its stub: the file the assignment gave you, or exercises/ in the kit)."
         )
     # Stage modules import each other by plain name (s09 uses s08's CausalAttention); make
     # those imports resolve inside this root, and leave no trace for the next root.
@@ -119,6 +119,8 @@ def _import_learner_module(name, path):
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
+    except SubmissionError:
+        raise  # (grading stands in a module the submission lacks with one that says what to submit)
     except Exception as exc:
         culprit = _with_null_bytes(path) if "null bytes" in str(exc) else None
         if culprit is not None:  # a SyntaxError with no line number (a ValueError in older Pythons)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass
@@ -322,6 +323,13 @@ def pytest_runtest_makereport(item, call):
         return report
     if report.failed and note_book_failure(item, call, report):  # see "book tests" below
         return report
+    report.not_written_yet = _not_written_yet(item, call) if report.failed else None  # (for the stage summary)
+    if report.not_written_yet and shown:
+        # A stub's traceback says nothing its message does not: one line, where to write the code (a first
+        # run of every stage on the stubs is then a few hundred lines, not thousands).
+        entry = call.excinfo.traceback[-1]
+        report.longrepr = f"{_shown(Path(entry.path))}:{entry.lineno + 1}: {call.excinfo.exconly()}"
+        return report
     if report.failed and call.excinfo is not None and not call.excinfo.errisinstance(AssertionError):
         hints = explain_error(error_text(call.excinfo.typename, str(call.excinfo.value)),
                               _call_that_raised(item, call.excinfo.value),
@@ -419,6 +427,17 @@ def _skipped_by_marks(item) -> bool:
                for mark in item.iter_markers())
 
 
+def _not_written_yet(item, call) -> str | None:
+    """The stage whose module raised the NotImplementedError the check failed on, when it is a module of the
+    implementation under test: a part not written yet there (each stub raises one, naming its function)."""
+    if call.excinfo is None or not call.excinfo.errisinstance(NotImplementedError):
+        return None
+    raised_in = Path(call.excinfo.traceback[-1].path)
+    if raised_in.parent != Path(item.config.getoption("impl")):
+        return None
+    return stage_of(f"test_{raised_in.stem}.py")
+
+
 def pytest_runtest_teardown(item, nextitem):
     """After the last check, forget which stages ran out of time and which checks failed: a grading
     worker runs its one pytest session again for the next submission, which must start afresh."""
@@ -486,8 +505,15 @@ def note_book_failure(item, call, report) -> bool:
 
 # ---------------------------------------------------------------- summary
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Per stage: how many tests pass, and which stage to work on next, in what words."""
+    """Per stage: how many tests pass, and which stage to work on next, in what words. Written last, after
+    pytest's own summaries (the reasons for skipped CUDA cases ...), right above the line of counts."""
+    yield
+    stage_summary(terminalreporter, config)
+
+
+def stage_summary(terminalreporter, config):
     counts = defaultdict(lambda: [0, 0])  # stage -> [passed, total]
     failing = {}  # failing stage -> True while every failure is its own stub's NotImplementedError
     for outcome in ("passed", "failed", "error"):
@@ -499,11 +525,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                 counts[stage][0] += outcome == "passed"
                 counts[stage][1] += 1
                 if outcome != "passed":
-                    own = _crash_message(report).startswith(f"NotImplementedError: {stage}: ")
+                    own = getattr(report, "not_written_yet", None) == stage
                     failing[stage] = failing.get(stage, True) and own
     if not counts:
         return
     impl = Path(config.getoption("impl"))
+    option = _impl_option(config, impl)
+
+    def command(stage=None):
+        return stage_command(stage, option) if stage else f"pytest --impl={option}" if option else "pytest"
+
     tr = terminalreporter
     tr.section("attention-kit stages")
     tr.write_line(f"implementation: {impl}")
@@ -522,23 +553,27 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if todo is None:
         every = len(counts) == len(STAGE_TEST_FILES)
         tr.write_line("Every stage passes." if every else
-                      f"Every stage checked passes ({len(counts)} of {len(STAGE_TEST_FILES)}: `pytest` checks all).")
+                      f"Every stage checked passes ({len(counts)} of {len(STAGE_TEST_FILES)}: `{command()}` "
+                      "checks all).")
         return
-    module, command = _shown(impl / f"{todo}.py"), stage_command(todo)
+    module = _shown(impl / f"{todo}.py")
     for earlier in unchecked.get(todo, []):
-        tr.write_line(f"First: run `{stage_command(earlier)}`: {todo} builds on {earlier}, whose mistakes fail "
+        tr.write_line(f"First: run `{command(earlier)}`: {todo} builds on {earlier}, whose mistakes fail "
                       f"{todo}'s tests too.")
     if failing[todo]:  # still a stub
         tr.write_line(f"Next: stage {todo}: fill in the TODOs of {module},\n"
-                      f"      then run `{command}` (the failures above say what is expected).")
+                      f"      then run `{command(todo)}` (the failures above say what is expected).")
     else:
         tr.write_line(f"Next: stage {todo}: fix {module},\n"
-                      f"      then run `{command}` (the failures above say what is wrong).")
+                      f"      then run `{command(todo)}` (the failures above say what is wrong).")
 
 
-def _crash_message(report) -> str:
-    crash = getattr(report.longrepr, "reprcrash", None)
-    return crash.message if crash is not None else str(report.longrepr)
+def _impl_option(config, impl: Path) -> str | None:
+    """What a suggested command must add so that it tests ``impl`` again: None when a bare `pytest` tests it
+    (the ini option impl names it), else ``impl`` as the student would type it, quoted for the shell."""
+    if impl == (ROOT / config.getini("impl")).resolve():
+        return None
+    return shlex.quote(_shown(impl))
 
 
 def _builds_on(impl: Path, stage) -> list[str]:

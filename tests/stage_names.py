@@ -42,10 +42,12 @@ def marker(stage: str) -> str:
     return stage.split("_", 1)[1]
 
 
-def stage_command(stage: str) -> str:
+def stage_command(stage: str, impl: str | None = None) -> str:
     """The command that runs one stage's tests, as the notebook and the summary of a pytest run suggest
-    it: s08_causal_attention -> ``pytest -m causal_attention``."""
-    return f"pytest -m {marker(stage)}"
+    it: s08_causal_attention -> ``pytest -m causal_attention``; with ``impl`` (the folder of modules a run
+    tested, when a bare ``pytest`` there would test another) ``pytest --impl=exercises -m causal_attention`` (one
+    word: with a space, a path outside the folder would be taken for where the tests are)."""
+    return f"pytest --impl={impl} -m {marker(stage)}" if impl else f"pytest -m {marker(stage)}"
 
 
 def stage_test_file(stage: str) -> str:

@@ -58,7 +58,7 @@ CHECKS = [check_projections, check_scores, check_weights, check_context]
 
 @pytest.mark.public
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
-def test_journey_with_the_books_weights(stage, public_fx, check):
+def test_journey_with_the_book_s_weights(stage, public_fx, check):
     check(stage, public_fx, "journey, the book's W at seed 123")
 
 

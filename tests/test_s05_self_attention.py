@@ -47,14 +47,14 @@ def as_v1(v2_weights):
 
 
 @pytest.mark.public
-def test_v1_with_the_books_weights(stage, public_fx):
+def test_v1_with_the_book_s_weights(stage, public_fx):
     w = public_fx.sub("v1/weights/")
     out = stage.forward("SelfAttention_v1", dict(d_in=3, d_out=2), public_fx.inputs, w)
     assert_close("SelfAttention_v1(inputs)", out, public_fx["v1/output"], mistakes=v1_mistakes(public_fx.inputs, w))
 
 
 @pytest.mark.public
-def test_v2_with_the_books_weights(stage, public_fx):
+def test_v2_with_the_book_s_weights(stage, public_fx):
     w = public_fx.sub("v2/weights/")
     out = stage.forward("SelfAttention_v2", dict(d_in=3, d_out=2), public_fx.inputs, w)
     assert_close("SelfAttention_v2(inputs)", out, public_fx["v2/output"], mistakes=v2_mistakes(public_fx.inputs, w))

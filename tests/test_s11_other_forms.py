@@ -75,7 +75,7 @@ def check_forward(stage, fx, prefix, cls, device="cpu"):
 
 @pytest.mark.public
 @pytest.mark.parametrize("cls", FORMS)
-def test_mapping_the_books_weights(stage, public_fx, cls):
+def test_mapping_the_book_s_weights(stage, public_fx, cls):
     check_mapping(stage, public_fx, "", cls)
 
 
