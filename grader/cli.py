@@ -136,7 +136,8 @@ def cmd_samples(args):
         if args.student and not args.assignment:
             raise SampleError("--student needs an ASSIGNMENT (the samples differ between assignments): "
                               f"e.g. `attnkit samples attention --student {quote(args.student[0])}`")
-        chosen = [course_assignment(course, args.assignment, "samples")] if args.assignment else [*course.assignments]
+        asked = args.assignment and course_assignment(course, args.assignment, "samples")[0]
+        chosen = [asked] if asked else [*course.assignments]
         released = [name for name in chosen if (course.root / "release" / name).is_dir()]
         # Every assignment asked for is checked before any sample is written: one that was asked for by name, or
         # none at all, not generated yet is an error that says so.
