@@ -1036,6 +1036,11 @@ def serve(adapters, box, opened):
     faulthandler.enable()  # a segfault prints the Python stack to the captured stderr
     randomness = random_states()
     baseline = process_state(adapters) if box["confined"] else None
+    # Python's tempfile looks for a folder it can write a file in, and none is left once the learner's filter is
+    # on: it gets the box's own (torch's compiler asks for it even when flex_attention runs eagerly).
+    import tempfile
+
+    tempfile.tempdir = box["tmp"]
     confine_learner(libc())  # before any learner code: this process and its threads, for good
     header = opened
     while header is not None and header.get("cmd") == "open":
