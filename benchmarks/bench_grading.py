@@ -47,7 +47,7 @@ TIMESTAMP = "2026-01-15 12:00:00.000000 UTC"
 def kinds():
     """[(kind, name, writer)]: writer(dest) puts a submission's stage modules into dest."""
     from catalogue import BUGS, VARIANTS
-    from grader.samples import by_student
+    from grader.course.samples import by_student
 
     chapter3 = "attention"  # the class this benchmark grades: the first assignment's
     correct = [("correct", "reference", by_student("reference").write)]
@@ -72,8 +72,8 @@ def class_plan(n: int, seed: int = 0) -> list[tuple[str, str, object]]:
 
 def build_class(root: Path, n: int):
     """Course + release + N submissions under submitted/; returns (course, [(student, kind, name)])."""
-    from grader.course import build
-    from grader.demo import check, load_api
+    from grader.course.build import build
+    from grader.course.demo import check, load_api
 
     course = build(root)
     check(load_api(root).generate_assignment(course.assignment, force=True), "generate_assignment")
@@ -106,7 +106,7 @@ def sample(students, k: int) -> list:
 def grade_with_nbgrader(root: Path, course, students) -> tuple[float, dict]:
     """nbgrader's autograde, one student after another, through its Python API (no command-line start-up
     per student: the most favourable way to run it). Returns (seconds, {student: total points})."""
-    from grader.demo import check, load_api, stage_scores, stderr_to
+    from grader.course.demo import check, load_api, stage_scores, stderr_to
 
     api = load_api(root)
     start = time.perf_counter()
@@ -124,8 +124,8 @@ def grade_with_nbgrader(root: Path, course, students) -> tuple[float, dict]:
 def grade_with_attnkit(root: Path, course, workers: int | None) -> tuple[float, float, dict]:
     """`attnkit grade COURSE --force --quiet` on the whole class (a fresh process, as an instructor runs it).
     Returns (seconds, CPU seconds of all its processes or None, {student: total}) read from its result files."""
-    from grader.cgroups import BoxGroup
-    from grader.results import results_dir
+    from grader.grading.records import results_dir
+    from grader.sandbox.cgroups import BoxGroup
 
     cmd = [sys.executable, "-m", "grader.cli", "grade", course.assignment, "--course", str(root), "--force", "--quiet"]
     if workers:
@@ -156,15 +156,15 @@ def grade_with_attnkit(root: Path, course, workers: int | None) -> tuple[float, 
 
 def floor_cpu(root: Path, course, students, k: int) -> float:
     """CPU seconds per submission of the grading suites alone: one warm pytest session in this
-    process (grader.worker.serve, isolate=False), the learner's code imported here, no sandbox and
+    process (grader.grading.worker.serve, isolate=False), the learner's code imported here, no sandbox and
     no round trips (what grading must never do: a submission could patch the checks). No grader
     that runs these suites under pytest can spend less per submission, so it bounds the throughput
     on this machine's cores. The first submission warms up and is not counted."""
     import torch
 
     from grader import submission as S
-    from grader.sandbox import Limits
-    from grader.worker import serve
+    from grader.grading.worker import serve
+    from grader.sandbox.limits import Limits
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # learner code runs here: its warnings would litter the table
@@ -269,7 +269,7 @@ def main(argv=None) -> int:
             if ak_cpu is not None:
                 print(f"attnkit grade spends {ak_cpu / args.n / cpu:.2f}x the floor's CPU time per submission")
         if args.report:
-            from grader.report import build_report
+            from grader.outputs.report import build_report
 
             index, _ = build_report(course=root, assignment=course.assignment)
             print(f"class report: {index}")

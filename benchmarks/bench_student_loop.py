@@ -59,8 +59,8 @@ def timed(commands: dict, runs: int) -> dict:
 
 def make_release(tmp: Path) -> Path:
     """A course's release folder (what a student downloads), with the reference solutions in it."""
-    from grader.course import build
-    from grader.demo import check, load_api
+    from grader.course.build import build
+    from grader.course.demo import check, load_api
     from grader.kit import SOLUTIONS
 
     # nbgrader runs `alembic` when it creates the gradebook: find it next to this Python

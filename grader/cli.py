@@ -18,19 +18,20 @@ from shlex import quote
 
 from stage_names import ASSIGNMENTS, is_stage_module
 
-from .sandbox import ALLOW_PLAIN, BUDGET_CHECKS, TEST_TIMEOUT, budget_problem
+from .sandbox.confinement import ALLOW_PLAIN
+from .sandbox.limits import BUDGET_CHECKS, TEST_TIMEOUT, budget_problem
 from .untrusted import ID_RULE, printable
 
 
 def cmd_stubs(args):
-    from .stubs import write_exercises
+    from .authoring.stubs import write_exercises
 
     for path in write_exercises():
         print(f"wrote {path}")
 
 
 def cmd_fixtures(args):
-    from .fixtures import generate
+    from .authoring.fixtures import generate
 
     manifest = generate(args.out) if args.out else generate()
     print(f"wrote {len(manifest['files'])} fixture files and manifest.json")
@@ -69,7 +70,7 @@ UNCONFINED_HELP = ("grade even where no confinement for learner code holds (UNCO
 
 
 def cmd_course_build(args):
-    from .course import CourseError, build, exchange_hint
+    from .course.build import CourseError, build, exchange_hint
 
     try:
         course = build(
@@ -98,7 +99,7 @@ def cmd_course_build(args):
 def _unreadable_gradebook(exc, assignment: str) -> str:
     """What to do when nbgrader's gradebook cannot be read: an SQLite file that is no database (damaged,
     or a wrong --db-url), or a database server that does not answer or refuses the course's URL."""
-    from .gradebook import sqlstate
+    from .course.gradebook import sqlstate
 
     reason = str(getattr(exc, "orig", None) or exc).strip()
     if sqlstate(exc) == "42501":  # insufficient privilege
@@ -116,8 +117,8 @@ def _unreadable_gradebook(exc, assignment: str) -> str:
 
 
 def cmd_demo(args):
-    from .course import CourseError
-    from .demo import run
+    from .course.build import CourseError
+    from .course.demo import run
 
     try:
         result = run(args.dir)
@@ -128,8 +129,8 @@ def cmd_demo(args):
 
 
 def cmd_samples(args):
-    from .samples import SampleError, load_into, planned
-    from .targets import TargetError, course_assignment, load_course
+    from .course.samples import SampleError, load_into, planned
+    from .grading.targets import TargetError, course_assignment, load_course
 
     try:
         course = load_course(args.course)
@@ -164,8 +165,8 @@ def cmd_samples(args):
 def cmd_report(args):
     from sqlalchemy.exc import SQLAlchemyError
 
-    from .report import ReportError, build_report
-    from .targets import TargetError, course_assignment, load_course
+    from .grading.targets import TargetError, course_assignment, load_course
+    from .outputs.report import ReportError, build_report
 
     try:
         assignment = args.assignment
@@ -194,9 +195,9 @@ def cmd_report(args):
 def cmd_grade(args):
     from sqlalchemy.exc import SQLAlchemyError
 
-    from .grade import GradeError, check_notebooks_possible, grade, write_notebooks
-    from .gradebook import GradebookError
-    from .targets import TargetError, course_target, folder_target, load_course
+    from .course.gradebook import GradebookError
+    from .grading.run import GradeError, check_notebooks_possible, grade, write_notebooks
+    from .grading.targets import TargetError, course_target, folder_target, load_course
 
     try:
         if args.submissions:
@@ -253,7 +254,7 @@ def cmd_grade(args):
 
 
 def cmd_gradescope(args):
-    from .gradescope import cli
+    from .outputs.gradescope import cli
 
     return cli(args)
 

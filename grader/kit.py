@@ -11,7 +11,7 @@ EXERCISES = KIT / "exercises"  # the stubs learners start from (attnkit stubs wr
 FIXTURES = KIT / "fixtures"  # stored arrays: public/ ships to students, hidden/ never does
 SUITE = KIT / "tests"  # the graded suite: stage tests and their support modules
 # What a student installs to work on a release: its modules, tests and notebook import torch, numpy and pytest;
-# pytest-timeout keeps each check's time limit (grader.course writes them into the release's requirements.txt).
+# pytest-timeout keeps each check's time limit (grader.course.build writes them into the release's requirements.txt).
 STUDENT_PACKAGES = ("torch", "numpy", "pytest", "pytest-timeout")
 
 __all__ = ["KIT", "SOLUTIONS", "EXERCISES", "FIXTURES", "SUITE", "STUDENT_PACKAGES", "ASSIGNMENTS", "assignment_of",

@@ -17,8 +17,8 @@ templates do not escape student ids) read ``<``, ``&`` and quotes, and a file sy
   and raw in nbgrader's formgrader pages. One that cannot be all of these safely is refused, and this
   says why, so that its folder can be renamed; ``ID_RULE`` says what a good one is.
 
-HTML is escaped where it is written (``grader.report``), and plots are drawn without mathtext or TeX
-(``grader.report.plain_text``).
+HTML is escaped where it is written (``grader.outputs.report``), and plots are drawn without mathtext or TeX
+(``grader.outputs.report.plain_text``).
 """
 from __future__ import annotations
 

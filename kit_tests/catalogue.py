@@ -15,15 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from grader.course.samples import edited, write_modules
 from grader.kit import SOLUTIONS, assignment_of
-from grader.samples import edited, write_modules
 
 
 @dataclass(frozen=True)
 class Submission:
     name: str
     stage: str  # the module the edits apply to
-    edits: tuple  # (old, new) pairs (grader.samples.edited)
+    edits: tuple  # (old, new) pairs (grader.course.samples.edited)
     why: str
     diagnosis: str | None = None
     source: str = "typical learner mistake"

@@ -25,8 +25,8 @@ from pathlib import Path
 import nbformat
 import numpy as np
 
+from grader.course.samples import write_modules
 from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, marker, stages
-from grader.samples import write_modules
 
 PAYLOADS = Path(__file__).with_name("tamper_payloads")
 STUB = "this part is still a stub"  # the feedback line under every failure of an untouched stub

@@ -3,7 +3,7 @@ cause named, and every correct variant gets full marks; the grades of the catalo
 demo's samples are the ones on record.
 
 Each submission is graded as ``attnkit grade`` grades a class (the full suite, book tests excluded,
-learner code in the sandbox), the way nbgrader's autograder cells grade it too (grader.worker).
+learner code in the sandbox), the way nbgrader's autograder cells grade it too (grader.grading.worker).
 """
 import importlib
 
@@ -12,11 +12,11 @@ import pytest
 from verdicts import verdicts
 
 from catalogue import BUGS, VARIANTS
-from grader.grade import grade
+from grader.course.samples import SAMPLES
+from grader.grading.run import grade
+from grader.grading.scoring import stage_score
+from grader.grading.targets import folder_target
 from grader.kit import ASSIGNMENTS, SUITE, stages
-from grader.samples import SAMPLES
-from grader.scoring import stage_score
-from grader.targets import folder_target
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SAMPLE = "sample-"  # the demo's samples are graded in the same run, under this prefix

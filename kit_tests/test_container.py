@@ -2,7 +2,7 @@
 
 Those run the grader as root with Docker's default capabilities (no CAP_SYS_ADMIN, so no namespaces) and
 no cgroup tree; ``kit_tests/docker_default.sh`` runs a command that way here. There the kit chooses the
-``container`` confinement (grader/sandbox.py): each box a fresh uid under the learner's seccomp filter,
+``container`` confinement (grader/sandbox/): each box a fresh uid under the learner's seccomp filter,
 with the kit's secrets, the course or Gradescope's /autograder private to root, proven by a probe box
 before any learner code runs. This module runs in such a container: the sandbox's own test file
 (``test_sandbox.py``, every test of it), and Gradescope's ``run_autograder`` on the reference, the stubs
@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 from test_gradescope import unzip, validate
 
-from grader.course import plan_points
-from grader.gradescope import ROOT_ENV
+from grader.course.build import plan_points
+from grader.course.samples import by_student, write_modules
 from grader.kit import KIT, SOLUTIONS, marker, stages
-from grader.lockdown import kit_private
-from grader.redaction import solution_regions
-from grader.samples import by_student, write_modules
+from grader.outputs.gradescope import ROOT_ENV
+from grader.sandbox.lockdown import kit_private
+from grader.sandbox.redaction import solution_regions
 from tamper import Context, corpus, reading_solutions
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -62,7 +62,7 @@ def docker_like(unavailable):
 def test_the_sandbox_holds_in_a_container():
     """Every test of test_sandbox.py, with the confinement a container gets."""
     run = in_container([sys.executable, "-m", "pytest", "kit_tests/test_sandbox.py", "-q", "-p", "no:cacheprovider",
-                        "-W", "ignore::grader.sandbox.SandboxWarning"],
+                        "-W", "ignore::grader.sandbox.confinement.SandboxWarning"],
                        env={"ATTNKIT_TEST_CONFINEMENT": "container"}, cwd=KIT, timeout=1500)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
     print(f"\ntest_sandbox.py in a container: {summary}")
@@ -169,7 +169,8 @@ def test_gradescope_gives_each_attack_its_honest_grade_in_a_container(autograder
 def test_plain_is_refused_unless_allowed(monkeypatch):
     """Where nothing confines (no root, no user namespaces: an unprivileged container), grading stops and
     says what to do; the instructor may allow plain, and then every record and Gradescope say so."""
-    from grader import gradescope, sandbox
+    from grader.outputs import gradescope
+    from grader.sandbox import confinement as sandbox
 
     monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
@@ -191,8 +192,8 @@ def test_nbgrader_autogrades_in_a_container(tmp_path):
     the grader its honest grade."""
     from test_tamper_nbgrader import expected_scores, scores
 
-    from grader.course import build
-    from grader.samples import write_submission
+    from grader.course.build import build
+    from grader.course.samples import write_submission
 
     root = tmp_path / "course"
     course = build(root, assignments=[ASSIGNMENT])

@@ -28,9 +28,9 @@ from servers import free_port
 from test_grade import attnkit
 from test_nbgrader_course import Nbgrader
 
-from grader import results as R
-from grader.course import Course, build, exchange_hint
-from grader.samples import by_student, write_submission
+from grader.course.build import Course, build, exchange_hint
+from grader.course.samples import by_student, write_submission
+from grader.grading import records as R
 
 ASSIGNMENT = "attention"
 STUDENTS = ("reference", "tril-for-triu", "softmax-dim0")  # full marks, one stage partly, several stages

@@ -23,16 +23,16 @@ from pathlib import Path
 import pytest
 from servers import free_port
 
-from grader import results as R
-from grader import scoring
 from grader import submission as S
-from grader.cells import grade_folder
-from grader.course import build
-from grader.grade import grade
+from grader.course.build import build
+from grader.course.cells import grade_folder
+from grader.course.samples import by_student, write_modules
+from grader.grading import records as R
+from grader.grading import scoring
+from grader.grading.run import grade
+from grader.grading.targets import folder_target
 from grader.kit import SOLUTIONS, stages
-from grader.samples import by_student, write_modules
-from grader.sandbox import Limits
-from grader.targets import folder_target
+from grader.sandbox.limits import Limits
 from grader.untrusted import ID_RULE, printable
 from load import cpu_hogs
 
@@ -731,7 +731,7 @@ def test_with_no_assignment_named_the_one_submitted_is_graded_and_said(tmp_path)
 def test_the_progress_bar_lasts_from_the_workers_start_to_their_stop(tmp_path, monkeypatch):
     """The bar's time and rate include starting and stopping the grading workers, and the gradebook's writes
     (they once left out 38 s of a 69 s run)."""
-    from grader import grade as G
+    from grader.grading import run as G
 
     events = []
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from grader.cells import grade_folder
-from grader.course import plan_points
-from grader.gradescope import GRADING_NEEDS, ROOT_ENV, check_worth
+from grader.course.build import plan_points
+from grader.course.cells import grade_folder
+from grader.course.samples import by_student
+from grader.grading.scoring import stage_score
 from grader.kit import SOLUTIONS, marker, stages
-from grader.samples import by_student
-from grader.sandbox import Limits
-from grader.scoring import stage_score
+from grader.outputs.gradescope import GRADING_NEEDS, ROOT_ENV, check_worth
+from grader.sandbox.limits import Limits
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ TEST_KEYS = {"name", "score", "max_score", "output", "visibility", "status"}
 VISIBILITIES = {"visible", "hidden", "after_due_date", "after_published"}
 IMAGE_ONLY = Path(__file__).parent / "image_only"
 TOLERANCE = 1e-6  # sums of hundredths (stage totals) in floating point differ by less
-# A check is worth points / counted to four decimals (grader.gradescope.check_worth): n of them add up to the
+# A check is worth points / counted to four decimals (grader.outputs.gradescope.check_worth): n of them add up to the
 # stage's points within n / 20000, and a stage's passed checks to its score (a hundredth) within that and a half.
 def worth_tolerance(n: int) -> float:
     return 0.005 + n / 20000 + TOLERANCE

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grader.fixtures import generate
+from grader.authoring.fixtures import generate
+from grader.authoring.stubs import BEGIN, out_of_sync
 from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, marker, stage_test_file, stages
-from grader.stubs import BEGIN, out_of_sync
 
 # How close regenerated fixtures must come to the committed ones. The same float32 computation does
 # not give the same bits on every machine: the BLAS library picks its kernels by CPU (vector width,
@@ -89,14 +89,28 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert test_command in ci.splitlines(), f".ci/run must run the README's test command: {test_command}"
 
 
+def module_name(path: Path) -> str:
+    """The dotted name of a file of the grader: grader/sandbox/limits.py -> grader.sandbox.limits."""
+    parts = path.relative_to(KIT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def imported(path: Path) -> set[str]:
-    """The modules a file imports, anywhere in it: absolute names, relative ones as grader.<name>."""
+    """The modules a file imports, anywhere in it, as absolute names (relative ones resolved, for a file of the
+    grader; ``from . import x`` names the module x)."""
     found = set()
+    package = module_name(path).split(".") if path.is_relative_to(KIT / "grader") else []
+    if package and path.name != "__init__.py":
+        package = package[:-1]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level:
-            found.update(f"grader.{node.module or alias.name}" for alias in node.names)
+            base = ".".join(package[:len(package) - node.level + 1])
+            if node.module:
+                found.add(f"{base}.{node.module}")
+            else:
+                found.update(f"{base}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             found.add(node.module)
     return found
@@ -112,11 +126,11 @@ def test_the_graded_suite_never_imports_the_grader():
 
 
 def test_the_grader_s_modules_import_each_other_one_way():
-    modules = {path.stem for path in (KIT / "grader").glob("*.py")}
+    modules = {module_name(path): path for path in (KIT / "grader").rglob("*.py")}
     graph = TopologicalSorter()
-    for path in (KIT / "grader").glob("*.py"):
-        inner = {name.split(".")[1] for name in imported(path) if name.startswith("grader.")}
-        graph.add(path.stem, *(inner & modules) - {path.stem})
+    for name, path in modules.items():
+        inner = {m for m in imported(path) if m in modules} - {name}
+        graph.add(name, *inner)
     try:
         graph.prepare()
     except CycleError as exc:
@@ -126,7 +140,7 @@ def test_the_grader_s_modules_import_each_other_one_way():
 def test_check_labels_read_as_english():
     """A check's label is its test's name in words: a possessive is written ``_s_`` in the name and shown with
     its apostrophe, never as a lone "s" or a plural ("the books weights")."""
-    from grader.scoring import label
+    from grader.grading.scoring import label
 
     names = [f"{path.name}::{node.name}" for path in SUITE.glob("test_*.py")
              for node in ast.parse(path.read_text()).body
@@ -143,7 +157,7 @@ def test_check_labels_read_as_english():
 def test_a_stage_report_wraps_long_lines_to_fit_the_formgrader_s_box():
     """A cell's output box in the formgrader cuts lines at its width (kit_tests/test_formgrader.py looks at it in a
     browser): the report's lines are wrapped at spaces, and say the same."""
-    from grader.scoring import REPORT_WIDTH, label, stage_report
+    from grader.grading.scoring import REPORT_WIDTH, label, stage_report
 
     nodeid = "tests/test_s02_normalization.py::test_random_cases"
     message = ("all_pairs_weights(inputs) differs from the expected values in 42 of 49 entries (largest difference "

@@ -12,10 +12,10 @@ import pytest
 from test_nbgrader_course import Nbgrader
 
 from grader.cli import main
-from grader.course import Course, build, find_leaks, hidden_test_names, solution_lines
-from grader.demo import stage_scores
+from grader.course.build import Course, build, find_leaks, hidden_test_names, solution_lines
+from grader.course.demo import stage_scores
+from grader.course.samples import SAMPLES, by_student, write_submission
 from grader.kit import ASSIGNMENTS, marker, stages
-from grader.samples import SAMPLES, by_student, write_submission
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

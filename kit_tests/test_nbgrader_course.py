@@ -19,13 +19,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader.cells import grade_folder
-from grader.course import build, hidden_test_names, solution_lines
-from grader.demo import stage_scores
+from grader.course.build import build, hidden_test_names, solution_lines
+from grader.course.cells import grade_folder
+from grader.course.demo import stage_scores
+from grader.course.samples import by_student, write_submission
+from grader.grading.scoring import stage_score
 from grader.kit import FIXTURES, SOLUTIONS, marker, stages, suite_files
-from grader.samples import by_student, write_submission
-from grader.sandbox import Limits
-from grader.scoring import stage_score
+from grader.sandbox.limits import Limits
 from stage_names import module_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -66,7 +66,7 @@ def tamper(folder: Path):
     path = folder / f"{ASSIGNMENT}.ipynb"
     nb = nbformat.read(path, as_version=4)
     nb.cells.insert(2, nbformat.v4.new_code_cell(
-        "import grader.scoring as g\ng.stage_score = lambda tests, points: points\n"))
+        "import grader.grading.scoring as g\ng.stage_score = lambda tests, points: points\n"))
     (edited,) = [cell for cell in nb.cells if cell.metadata.get("nbgrader", {}).get("grade_id") == EDITED_CELL]
     edited.source += "\nprint('tampered: full marks please')"
     nbformat.write(nb, path)
@@ -279,7 +279,7 @@ def test_feedback_names_each_stage_and_shows_no_grading_code(graded):
     """The page's index and each autograder cell carry the stage's heading, not nbgrader's "Test cell"
     and the grade_id; the hidden region is out, markers included; the CUDA twins of checks are not
     shown as something the student should go and do."""
-    from grader.notebook import STAGES, stage_heading
+    from grader.course.notebook import STAGES, stage_heading
 
     headings = [stage_heading(n, STAGES[s][0]) for n, s in enumerate(stages(ASSIGNMENT), start=1)]
     for student in STUDENTS:

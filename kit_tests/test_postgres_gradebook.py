@@ -17,13 +17,13 @@ import pytest
 import servers
 from test_nbgrader_course import Nbgrader
 
-from grader import results as R
 from grader.cli import main
-from grader.course import Course, build
-from grader.demo import stage_scores
-from grader.gradebook import CONNECT_SECONDS, GradebookSync
+from grader.course.build import Course, build
+from grader.course.demo import stage_scores
+from grader.course.gradebook import CONNECT_SECONDS, GradebookSync
+from grader.course.samples import SAMPLES, write_submission
+from grader.grading import records as R
 from grader.kit import ASSIGNMENTS
-from grader.samples import SAMPLES, write_submission
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

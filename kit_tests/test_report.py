@@ -21,12 +21,12 @@ from collections import Counter
 
 import pytest
 
-from grader import results
+from grader.grading import records as results
+from grader.grading.scoring import label, stage_report
 from grader.kit import marker, stages
-from grader.report import build_report, first_line, load_results, summarize
-from grader.scoring import label, stage_report
+from grader.outputs.report import build_report, first_line, load_results, summarize
 
-# grader.course (nbformat) and nbgrader are imported inside the fixtures: importing them here would
+# grader.course.build (nbformat) and nbgrader are imported inside the fixtures: importing them here would
 # slow down every `pytest -m public` run in the kit by seconds, at collection.
 
 ASSIGNMENT = "attention"
@@ -78,7 +78,7 @@ def synthetic_record(student: str, points: dict, rng: random.Random) -> dict:
 @pytest.fixture(scope="module")
 def graded_class(tmp_path_factory):
     """A course with 40 graded students: gradebook + JSON files. One gradebook grade differs from its JSON."""
-    from grader.course import build
+    from grader.course.build import build
 
     root = tmp_path_factory.mktemp("report") / "course"
     c = build(root)
@@ -259,7 +259,7 @@ def test_a_class_without_mistakes_or_limits(tmp_path):
 
 
 def test_reads_what_grader_results_writes(tmp_path):
-    """The record writer of `attnkit grade` (grader.results) and this report agree on the format."""
+    """The record writer of `attnkit grade` (grader.grading.records) and this report agree on the format."""
     points = {"s02_normalization": 8.0, "s03_context_vectors": 5.0}
     folder = tmp_path / "sub"
     folder.mkdir()
@@ -332,7 +332,8 @@ def test_a_long_message_is_cut_in_feedback_but_keeps_the_mistakes_it_names():
 
 
 def record_of(student: str, tests: list[tuple], points=None) -> dict:
-    """A record as ``attnkit grade`` writes it (grader.results), from (stage, check, outcome, message) tuples."""
+    """A record as ``attnkit grade`` writes it (grader.grading.records), from (stage, check, outcome, message)
+    tuples."""
     points = points or {"s02_normalization": 8.0, "s03_context_vectors": 5.0, "s05_self_attention": 10.0}
     verdicts = [{"nodeid": f"tests/test_{stage}.py::test_{name}", "stage": stage, "marker": marker(stage),
                  "label": name, "outcome": outcome, "message": message} for stage, name, outcome, message in tests]
@@ -422,7 +423,7 @@ def test_each_score_panel_says_what_its_axis_counts():
     nothing below it says so, whatever the number of stages."""
     import matplotlib.pyplot as plt
 
-    from grader.report import scores_figure
+    from grader.outputs.report import scores_figure
 
     rng = random.Random(3)
     for count in (2, 5, 7, 11):

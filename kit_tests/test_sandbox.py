@@ -22,19 +22,13 @@ import pytest
 
 from adapters import SubmissionError
 from cases import draw_weights
-from grader import lockdown, scratch
+from grader.course.samples import write_modules
 from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, stages
-from grader.samples import write_modules
-from grader.sandbox import (
-    Confinement,
-    IsolatedBackend,
-    Limits,
-    Sandbox,
-    SandboxUnavailable,
-    SandboxWarning,
-    probe,
-    reference_imports,
-)
+from grader.sandbox import lockdown, scratch
+from grader.sandbox.backend import IsolatedBackend, reference_imports
+from grader.sandbox.confinement import Confinement, SandboxUnavailable, SandboxWarning, probe
+from grader.sandbox.limits import Limits
+from grader.sandbox.template import Sandbox
 from stage_names import builds_on
 from tamper import attacked, payload, solution, stealing_wrapper, stub
 
@@ -220,7 +214,7 @@ def test_a_machine_without_cgroup_limits_says_so():
 # ---------------------------------------------------------------- the wire format
 
 def test_the_wire_format_round_trips_plain_values():
-    from grader.sandbox_child import decode, encode
+    from grader.sandbox.wire import decode, encode
 
     value = {"a": (np.arange(3, dtype=np.int64), [1, 2.5, None, True]), "b": np.float32(2), 3: "x",
              "c": np.zeros((2, 0), dtype=bool), "d": np.array(1 + 2j),
@@ -266,7 +260,7 @@ def npy(array):
     ({"__rawscalar__": [0, "<f4"]}, [bytes(2)]),  # truncated scalar
 ])
 def test_the_grader_rejects_anything_but_plain_data(data, blobs):
-    from grader.sandbox_child import ProtocolError, decode
+    from grader.sandbox.wire import ProtocolError, decode
 
     with pytest.raises(ProtocolError):
         decode(data, blobs)
@@ -587,7 +581,7 @@ def test_userns_is_refused_as_root():
         pytest.skip("as root only (without root, userns is what an instructor gets: see the next test)")
     with pytest.raises(SandboxUnavailable, match="refused as root"):
         Sandbox(confine="userns").start()
-    assert "userns" not in __import__("grader.sandbox", fromlist=["candidate_modes"]).candidate_modes()
+    assert "userns" not in __import__("grader.sandbox.confinement", fromlist=["candidate_modes"]).candidate_modes()
 
 
 def test_the_unprivileged_fallback_also_hides_the_kit(hostile_root, tmp_path):
@@ -909,7 +903,7 @@ def test_a_dead_process_s_folders_are_swept_and_a_live_one_s_are_not(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, time, tempfile; tempfile.tempdir = sys.argv[1]; from grader import scratch; "
+    code = ("import sys, time, tempfile; tempfile.tempdir = sys.argv[1]; from grader.sandbox import scratch; "
             "f = scratch.Folder('worker'); print(f.path, flush=True); time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     left = Path(child.stdout.readline().strip())

@@ -19,9 +19,9 @@ import xml.etree.ElementTree as ET
 import nbformat
 import pytest
 
-from grader.course import build
+from grader.course.build import build
+from grader.course.samples import write_modules
 from grader.kit import KIT, SOLUTIONS
-from grader.samples import write_modules
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -29,13 +29,13 @@ import pytest
 from test_tamper_nbgrader import expected_scores, file_hashes, gradebook_rows
 from verdicts import verdicts
 
-from grader import lockdown
-from grader import results as R
-from grader.course import build
+from grader.course.build import build
+from grader.course.samples import by_student, write_submission
+from grader.grading import records as R
+from grader.grading.scoring import stage_report
 from grader.kit import KIT, SOLUTIONS, marker, stages
-from grader.redaction import solution_regions
-from grader.samples import by_student, write_submission
-from grader.scoring import stage_report
+from grader.sandbox import lockdown
+from grader.sandbox.redaction import solution_regions
 from load import cpu_hogs
 from tamper import BYSTANDERS, LATE, Context, corpus, write_entry
 

@@ -14,10 +14,10 @@ import pytest
 from test_tamper_grade import attnkit_grade, feedback, graded_content
 from test_tamper_nbgrader import expected_scores, file_hashes
 
-from grader import results as R
-from grader.course import Course, build
+from grader.course.build import Course, build
+from grader.course.samples import by_student, write_submission
+from grader.grading import records as R
 from grader.kit import KIT, marker, stages
-from grader.samples import by_student, write_submission
 from tamper import LATE, Context, modern_corpus, write_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

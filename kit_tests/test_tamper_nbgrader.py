@@ -25,9 +25,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader.course import build
+from grader.course.build import build
+from grader.course.samples import by_student, write_submission
 from grader.kit import KIT, marker, stages
-from grader.samples import by_student, write_submission
 from grader.submission import LINK_NOTE
 from load import cpu_hogs
 from tamper import BYSTANDERS, LATE, MARK, Context, corpus, write_entry

@@ -6,11 +6,11 @@ release changes that, instead of letting it grade one submission with another's 
 from types import SimpleNamespace
 
 from grader import submission as S
+from grader.course.samples import by_student, edited, write_modules
+from grader.grading.plugin import GradingPlugin
+from grader.grading.worker import JobLoop, WorkerProcess
 from grader.kit import SOLUTIONS, stage_of, stages
-from grader.plugin import GradingPlugin
-from grader.samples import by_student, edited, write_modules
-from grader.sandbox import Limits
-from grader.worker import JobLoop, WorkerProcess
+from grader.sandbox.limits import Limits
 
 
 def job(folder):

@@ -79,7 +79,7 @@ def to_plain(value, what):
 def load_stage_module(root: Path, name: str, provided: dict[str, str] | None = None):
     """Import ``root/name.py`` afresh, with its sibling stage modules taken from ``root`` too, except
     those in ``provided`` (stage module name -> source text, each after those it imports): grading
-    gives a stage the reference versions of the stages it builds on (grader/sandbox.py), so that a
+    gives a stage the reference versions of the stages it builds on (grader/sandbox/backend.py), so that a
     mistake in stage 8 costs no points on stage 9."""
     if not is_stage_module(name):
         raise ValueError(f"{name!r} is not a stage module name (sNN_topic)")

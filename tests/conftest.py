@@ -10,7 +10,7 @@ the kit (pyproject.toml).
 
 The tests reach the implementation only through the ``impl`` fixture (``adapters.Implementation``).
 It runs the stage modules in this process, unless a plugin answers ``pytest_attnkit_backend``
-with a backend of its own: the grader's plugin (``grader.plugin``) runs them in its sandbox.
+with a backend of its own: the grader's plugin (``grader.grading.plugin``) runs them in its sandbox.
 """
 from __future__ import annotations
 

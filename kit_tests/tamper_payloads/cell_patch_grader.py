@@ -2,11 +2,11 @@
 into). It patches the grading code in the notebook's kernel so that every stage scores its full
 points, and swaps the grading run for one that finds nothing wrong.
 
-nbgrader's autograde must drop the cell (grader.preprocessors.KeepCourseCells) before the kernel
+nbgrader's autograde must drop the cell (grader.course.preprocessors.KeepCourseCells) before the kernel
 runs anything.
 """
-import grader.cells as cells
-import grader.scoring as scoring
+import grader.course.cells as cells
+import grader.grading.scoring as scoring
 
 scoring.stage_score = lambda tests, points: points
 cells.Grading.stage = lambda self, marker, points: points

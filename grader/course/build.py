@@ -19,11 +19,11 @@ assignments the course had, and leaves the gradebook, submissions and everything
 alone. Each release is checked for leaks before the build returns: no solution line, no hidden test
 name, no hidden fixture.
 
-Two preprocessors (``grader.preprocessors``) plug into nbgrader's autograde through the config
+Two preprocessors (``grader.course.preprocessors``) plug into nbgrader's autograde through the config
 (nbgrader itself is used unmodified): code cells the source notebook does not have are dropped
 before execution and the nbgrader metadata of the others is restored from the gradebook, and the
 kernel starts with PYTHONSAFEPATH=1 so that files in a submission folder cannot shadow modules the
-kernel imports. In generate_feedback, ``grader.feedback`` names each autograder cell by its stage
+kernel imports. In generate_feedback, ``grader.course.feedback`` names each autograder cell by its stage
 and leaves the hidden tests out of the page. This module itself imports neither nbgrader nor
 nbformat at the top: reading a course (``Course.load``) stays quick.
 """
@@ -44,9 +44,10 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
-from .errors import CourseError
-from .gradebook import GradebookError, check_database, has_password
-from .kit import (
+from ..authoring.stubs import BEGIN, END, out_of_sync
+from ..errors import CourseError
+from ..grading.worker import READY_SECONDS
+from ..kit import (
     ASSIGNMENTS,
     EXERCISES,
     FIXTURES,
@@ -59,10 +60,9 @@ from .kit import (
     stages,
     suite_files,
 )
-from .sandbox import TEST_TIMEOUT, Limits, budget_problem
-from .stubs import BEGIN, END, out_of_sync
-from .suite import public_tests
-from .worker import READY_SECONDS
+from ..sandbox.limits import TEST_TIMEOUT, Limits, budget_problem
+from ..suite import public_tests
+from .gradebook import GradebookError, check_database, has_password
 
 MARKER_FILE = "attnkit-course.json"
 ASSIGNMENT = "attention"  # the course's first assignment, where a command is given none
@@ -284,21 +284,21 @@ def nbgrader_config(course: Course) -> str:
         "# Steps are named by import strings, which nbgrader resolves as it uses them: the formgrader shows",
         "# this configuration as JSON, and a class in it would not serialize (a warning on every visit).",
         "c.Autograde.sanitize_preprocessors = [",
-        *_steps("nbgrader.preprocessors.ClearOutput", "grader.preprocessors.KeepCourseCells",
+        *_steps("nbgrader.preprocessors.ClearOutput", "grader.course.preprocessors.KeepCourseCells",
                 "nbgrader.preprocessors.DeduplicateIds", "nbgrader.preprocessors.OverwriteKernelspec",
                 "nbgrader.preprocessors.OverwriteCells", "nbgrader.preprocessors.CheckCellMetadata"),
         "]",
         "c.Autograde.autograde_preprocessors = [",
-        *_steps("grader.preprocessors.SafePathExecute", "nbgrader.preprocessors.IgnorePattern",
+        *_steps("grader.course.preprocessors.SafePathExecute", "nbgrader.preprocessors.IgnorePattern",
                 "nbconvert.preprocessors.ClearMetadataPreprocessor", "nbgrader.preprocessors.LimitOutput",
                 "nbgrader.preprocessors.SaveAutoGrades", "nbgrader.preprocessors.AssignLatePenalties",
                 "nbgrader.preprocessors.CheckCellMetadata"),
         "]",
-        "# Feedback: each autograder cell named by its stage, without the hidden tests (grader.feedback).",
-        'c.GenerateFeedback.exporter_class = "grader.feedback.FeedbackPage"',
+        "# Feedback: each autograder cell named by its stage, without the hidden tests (grader.course.feedback).",
+        'c.GenerateFeedback.exporter_class = "grader.course.feedback.FeedbackPage"',
         "c.GenerateFeedback.preprocessors = [",
         *_steps("nbgrader.preprocessors.GetGrades", "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
-                "grader.feedback.FeedbackCells"),
+                "grader.course.feedback.FeedbackCells"),
         "]",
         "",
         "# The formgrader would show its whole configuration on Manage Assignments, and Jupyter's own settings",

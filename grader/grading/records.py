@@ -10,7 +10,7 @@ One JSON file per student, ``<out>/<student>.json`` (``<out>`` is
      "seed": 123,              # the seed of the randomized hidden cases (from the fingerprint)
      "graded_at": "2026-01-31T12:00:00+00:00",   # ISO 8601, UTC
      "seconds": 0.41,          # grading time of this submission in its worker
-     "confinement": {"mode": "namespaces", "missing": []},   # how its code was kept apart (grader.sandbox)
+     "confinement": {"mode": "namespaces", "missing": []},   # how its code was kept apart (grader.sandbox.confinement)
      "total": 87.5, "max_total": 100.0,
      "stages": [               # teaching order
        {"stage": "s08_causal_attention", "marker": "causal_attention",
@@ -48,10 +48,10 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .kit import marker
+from ..kit import marker
+from ..submission import seed_of
+from ..untrusted import csv_cell, id_problem
 from .scoring import limit_of, mistakes, stage_score
-from .submission import seed_of
-from .untrusted import csv_cell, id_problem
 
 SCHEMA = 1
 GRADES_DIR = "attnkit-grades"  # in an nbgrader course: GRADES_DIR/<assignment>/<student>.json
@@ -65,7 +65,7 @@ def results_dir(course_root, assignment: str) -> Path:
 
 def build(*, student, assignment, submission, fingerprint, tests, points, seconds, output_capped=(),
           confinement=None) -> dict:
-    """The record of one graded submission. ``tests`` are its checks' verdicts (grader.scoring);
+    """The record of one graded submission. ``tests`` are its checks' verdicts (grader.grading.scoring);
     ``points`` maps stage modules to their points, in order; ``output_capped``: nodeids during which
     the learner's output was truncated."""
     submission = Path(submission).resolve()

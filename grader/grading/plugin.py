@@ -1,6 +1,6 @@
 """The pytest plugin that makes a run of the graded suite a grading run.
 
-One ``GradingPlugin`` object is handed to ``pytest.main`` by a grading worker (``grader.worker``).
+One ``GradingPlugin`` object is handed to ``pytest.main`` by a grading worker (``grader.grading.worker``).
 It answers the suite's ``pytest_attnkit_backend`` hook with an ``IsolatedBackend``: the learner's
 modules run in boxes of the worker's sandbox, never in this process, each stage beside the reference
 versions of the stages it builds on (the kit's solutions/), so that a mistake costs points once. It
@@ -16,8 +16,10 @@ import pytest
 
 from stage_names import stage_of
 
-from .kit import SOLUTIONS
-from .sandbox import IsolatedBackend, Limits, Sandbox, reference_imports
+from ..kit import SOLUTIONS
+from ..sandbox.backend import IsolatedBackend, reference_imports
+from ..sandbox.limits import Limits
+from ..sandbox.template import Sandbox
 from .scoring import check_entry
 
 RECORDED_CHARS = 8000  # of one failure message, kept in the record (a learner's exception can be huge)
@@ -60,7 +62,7 @@ class GradingPlugin:
 
     @property
     def confinement(self) -> dict | None:
-        """How the learner's code is kept apart (``grader.sandbox.Confinement.record()``)."""
+        """How the learner's code is kept apart (``grader.sandbox.confinement.Confinement.record()``)."""
         return self.sandbox.start().record() if self.sandbox is not None else None
 
     # -- the suite's hook

@@ -1,13 +1,13 @@
 """``attnkit grade``: grade a whole class, fast, resumably, locally or on a Dask cluster.
 
-    main process (trusted)                       grading workers (grader.worker), one per core
+    main process (trusted)                       grading workers (grader.grading.worker), one per core
     ----------------------                       ---------------------------------------------
     read each submission's sources          -->  job: the sources and the seed drawn from them
     skip those already graded                    (a pytest session of the suite, collected once;
     write <student>.json + gradebook        <--  learner code only in its sandbox's boxes)
     grades.csv, grades.json
 
-Resuming: a student whose record (see ``grader.results``) exists with the same fingerprint and the
+Resuming: a student whose record (see ``grader.grading.records``) exists with the same fingerprint and the
 same points is not graded again (``--force`` regrades). A record is written atomically as soon as
 its submission is graded; the gradebook gets the new records every couple of seconds (one
 transaction each time) and is brought in line with every record at the end of the run (and of the
@@ -21,13 +21,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from . import results as R
-from . import scratch
-from . import submission as S
+from .. import submission as S
+from ..sandbox import scratch
+from ..sandbox.confinement import ConfinementRefused, probe
+from ..sandbox.limits import Limits
+from ..untrusted import printable
+from . import records as R
 from .dispatch import LocalResults
-from .sandbox import ConfinementRefused, Limits, probe
 from .targets import Target
-from .untrusted import printable
 
 GRADEBOOK_SECONDS = 2.0  # results reach the gradebook in one transaction at least this often
 
@@ -169,10 +170,10 @@ def check_notebooks_possible(target: Target):
 
 def write_notebooks(target: Target, students=None, quiet=False) -> tuple[list[str], dict[str, str]]:
     """``autograded/`` notebooks for the graded students whose notebook is missing or older than their
-    record (``students``: only those), through nbgrader's autograde (see ``grader.feedback``), so that
+    record (``students``: only those), through nbgrader's autograde (see ``grader.course.feedback``), so that
     the formgrader shows them and ``nbgrader generate_feedback`` works. Returns (written, {student: why none
     was written, and what to do})."""
-    from . import feedback
+    from ..course import feedback
 
     check_notebooks_possible(target)
     records = R.read_records(target.out, set(students) if students else set(target.submissions))

@@ -1,6 +1,6 @@
 """A grading worker: one pytest session of the graded suite that grades submission after submission.
 
-    trusted side (WorkerProcess)             worker process (python -m grader.worker)
+    trusted side (WorkerProcess)             worker process (python -m grader.grading.worker)
     ----------------------------             ----------------------------------------
     start the process                  -->   import torch and pytest, start the sandbox,
                                              collect the suite once
@@ -10,8 +10,8 @@
                                        <--   {"tests": verdicts, "output_capped", ...}
     (another job, or close)
 
-Both ``attnkit grade`` (many jobs per worker, grader.dispatch) and nbgrader's autograder cells (one
-job, grader.cells) grade through it, so a submission is graded the same way wherever it is graded.
+Both ``attnkit grade`` (many jobs per worker, grader.grading.dispatch) and nbgrader's autograder cells (one
+job, grader.course.cells) grade through it, so a submission is graded the same way wherever it is graded.
 The learner's code runs only in the worker's sandbox: one template per worker, a box of its own
 for every submission, killed with it (grader.sandbox).
 
@@ -39,10 +39,12 @@ from pathlib import Path
 
 import pytest
 
-from . import scratch
-from .kit import KIT, suite_files
+from ..kit import KIT, suite_files
+from ..sandbox import scratch
+from ..sandbox.confinement import ConfinementRefused, SandboxUnavailable
+from ..sandbox.limits import ONE_THREAD, Limits
+from ..sandbox.template import Sandbox
 from .plugin import GradingPlugin
-from .sandbox import ONE_THREAD, ConfinementRefused, Limits, Sandbox, SandboxUnavailable
 
 READY_SECONDS = 300  # a worker must be ready (torch, pytest, collection, its sandbox) within this
 ANSWER_BYTES = 256 << 20  # a worker's answer for one submission is far smaller
@@ -146,7 +148,7 @@ def serve(jobs, answer, limits: Limits, *, isolate: bool = True, started: float 
     every stage of the kit}) in one pytest session in this process,
     passing each answer to ``answer``. ``isolate=False`` runs the learner's code in this process
     itself, each stage with the learner's own earlier stages (no reference versions of those, see
-    grader/sandbox.py): for measurements (benchmarks/bench_grading.py's floor), never for grading."""
+    grader/sandbox/backend.py): for measurements (benchmarks/bench_grading.py's floor), never for grading."""
     started = time.monotonic() if started is None else started
     sandbox = Sandbox(allow_plain=allow_plain, private=private) if isolate else contextlib.nullcontext()
     with scratch.Folder("worker") as work, sandbox as sandbox:
@@ -161,7 +163,7 @@ def serve(jobs, answer, limits: Limits, *, isolate: bool = True, started: float 
 
 
 def main(argv=None) -> int:
-    """``python -m grader.worker SETTINGS``: one JSON job per line on stdin, one JSON answer per line out."""
+    """``python -m grader.grading.worker SETTINGS``: one JSON job per line on stdin, one JSON answer per line out."""
     started = time.monotonic()
     _die_with_parent()
     settings = json.loads((argv or sys.argv[1:])[0])
@@ -200,14 +202,14 @@ class WorkerProcess:
     restarted after a failure."""
 
     def __init__(self, limits: Limits, isolate: bool = True, *, allow_plain: bool = False, private=()):
-        """``allow_plain``: grade with learner code unconfined where nothing else holds (the instructor's
-        explicit choice); ``private``: what boxes must not reach besides the kit (see grader.sandbox.Sandbox)."""
+        """``allow_plain``: grade with learner code unconfined where nothing else holds (the instructor's explicit
+        choice); ``private``: what boxes must not reach besides the kit (grader.sandbox.template.Sandbox)."""
         self.limits, self.isolate = limits, isolate
         self.allow_plain, self.private = allow_plain, [str(p) for p in private]
         self.proc = None
         self.log = None
         self.start_seconds = None  # how long the last start took (torch, pytest, collection, sandbox)
-        self.confinement = None  # what its sandbox confines (grader.sandbox.Confinement.record())
+        self.confinement = None  # what its sandbox confines (grader.sandbox.confinement.Confinement.record())
         self.busy = False  # grading a job
         self._buffer = bytearray()
 
@@ -218,7 +220,7 @@ class WorkerProcess:
         settings = {"limits": asdict(self.limits), "isolate": self.isolate, "allow_plain": self.allow_plain,
                     "private": self.private}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "grader.worker", json.dumps(settings)], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "grader.grading.worker", json.dumps(settings)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self.log, cwd=tempfile.gettempdir(), env=env,
         )
         self._buffer = bytearray()

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from shlex import quote
 
-from .kit import EXERCISES, SOLUTIONS, stages
+from ..kit import EXERCISES, SOLUTIONS, stages
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from stage_names import assignment_of, module_files, stage_of
 
-from .kit import EXERCISES, FIXTURES, SOLUTIONS, SUITE
-from .stubs import BEGIN, END
-from .suite import public_tests
+from ..authoring.stubs import BEGIN, END
+from ..kit import EXERCISES, FIXTURES, SOLUTIONS, SUITE
+from ..suite import public_tests
 
 WINDOW = 40  # characters (whitespace left out) that make a quote
 STEP = 8  # the material's windows kept: one in STEP

@@ -1,5 +1,5 @@
 """The course's own steps in nbgrader's autograde (named in the nbgrader_config.py that
-``attnkit course build`` writes). Kept apart from ``grader.course`` so that what only reads a
+``attnkit course build`` writes). Kept apart from ``grader.course.build`` so that what only reads a
 course (``attnkit grade``) does not import nbgrader's whole application."""
 from __future__ import annotations
 

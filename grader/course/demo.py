@@ -18,8 +18,8 @@ import warnings
 from pathlib import Path
 from shlex import quote
 
-from . import course as course_mod
-from .kit import marker
+from ..kit import marker
+from . import build as course_mod
 from .samples import SAMPLES, load_into
 
 DEMO_FILE = ".attnkit-demo"  # marks a directory the demo may wipe and rebuild
@@ -124,9 +124,9 @@ def _run(root: Path, course: course_mod.Course, start: float, out) -> dict:
     step(f"nbgrader export: {time.monotonic() - t:.1f} s")
 
     # The same classes through the fast path (same suite and sandbox), whose records feed the class reports.
-    from .grade import grade
-    from .report import build_report
-    from .targets import course_target
+    from ..grading.run import grade
+    from ..grading.targets import course_target
+    from ..outputs.report import build_report
 
     differ, reports = [], {}
     for name, (_, scores, _) in rounds.items():

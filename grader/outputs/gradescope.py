@@ -10,13 +10,13 @@ image, and for every submission copies the student's files into ``/autograder/su
                               built the zip (tested_versions), then the kit from kit/ (editable, without its
                               other dependencies: nbgrader, Dask, matplotlib serve the instructor's side)
     requirements.txt          those versions, pinned (torch apart: it comes from PyTorch's CPU index)
-    run_autograder            python3 -m grader.gradescope run, with kit/ on the path
+    run_autograder            python3 -m grader.outputs.gradescope run, with kit/ on the path
     attnkit-gradescope.json   the assignment, its points per stage and the time limits
     kit/                      the kit's source: grader/, tests/, solutions/, fixtures/ (hidden ones too), ...
 
 A submission is graded as ``attnkit grade`` grades one: its stage modules are read the way
 ``grader.submission`` reads them (a module submitted as a symbolic link fails on import, saying so),
-and ``grader.cells.grade_folder`` grades them with a grading worker: the same suite, seed and sandbox.
+and ``grader.course.cells.grade_folder`` grades them with a grading worker: the same suite, seed and sandbox.
 Students upload the modules themselves; an upload of one folder or one zip file that holds them is
 graded as if they had been uploaded alone (``upload``), and an upload without them is told what to
 upload (score 0, nothing that needs the instructor).
@@ -28,7 +28,7 @@ results' output; in ``plain`` mode (no namespaces) the box is only a child proce
 
 results.json has one test per counted check, worth points / counted of its stage (``check_worth``: to four
 decimals, the same for every submission) and scoring all of it if it passed, nothing if not; the stage's
-total and the top-level score are ``grader.scoring.stage_score``'s, to the hundredth as ``attnkit grade`` and
+total and the top-level score are ``grader.grading.scoring.stage_score``'s, to the hundredth as ``attnkit grade`` and
 nbgrader give them, and the checks of a stage add up to it within half a hundredth.
 Checks that need CUDA are skipped on Gradescope's machines and count for nothing, as in ``attnkit grade``:
 they are not listed, and the stage's report says how many there were. Public checks (marked ``public``,
@@ -56,16 +56,17 @@ from pathlib import Path, PurePosixPath
 
 from stage_names import assignment_of, module_files, stage_test_file
 
+from ..course.build import plan_points
+
 # Everything this process will use is imported before any learner code runs (no lazy imports).
-from .cells import grade_folder
-from .course import plan_points
-from .kit import KIT, SUITE, marker
-from .results import write_atomic
-from .sandbox import TEST_TIMEOUT, Limits, budget_problem
-from .scoring import needs_cuda, stage_report, stage_score
-from .submission import MAX_MODULE_BYTES, linked_modules
-from .suite import public_tests
-from .untrusted import printable
+from ..course.cells import grade_folder
+from ..grading.records import write_atomic
+from ..grading.scoring import needs_cuda, stage_report, stage_score
+from ..kit import KIT, SUITE, marker
+from ..sandbox.limits import TEST_TIMEOUT, Limits, budget_problem
+from ..submission import MAX_MODULE_BYTES, linked_modules
+from ..suite import public_tests
+from ..untrusted import printable
 
 ROOT_ENV = "ATTNKIT_GRADESCOPE_ROOT"  # Gradescope's container root, /autograder unless set (the kit's test sets it)
 SETTINGS = "attnkit-gradescope.json"
@@ -102,7 +103,7 @@ main() {{
   ROOT="${{{ROOT_ENV}:-/autograder}}"
   KIT="$ROOT/source/{KIT_FOLDER}"
   export PYTHONPATH="$KIT:$KIT/tests${{PYTHONPATH:+:$PYTHONPATH}}"
-  python3 -m grader.gradescope run --root "$ROOT" --settings "$ROOT/source/{SETTINGS}"
+  python3 -m grader.outputs.gradescope run --root "$ROOT" --settings "$ROOT/source/{SETTINGS}"
   status=$?
   if [ ! -s "$ROOT/results/results.json" ]; then   # python3 itself failed: Gradescope still gets a verdict
     mkdir -p "$ROOT/results"
@@ -245,7 +246,7 @@ def total_entry(stage: str, points: float, tests: list[dict]) -> dict:
 
 
 def results(graded: dict, points: dict[str, float]) -> dict:
-    """Gradescope's results.json of the verdicts ``graded`` (grader.cells.grade_folder) on ``points``."""
+    """Gradescope's results.json of the verdicts ``graded`` (grader.course.cells.grade_folder) on ``points``."""
     tests, lines, total = [], [], 0.0
     for stage, max_points in points.items():
         score, entries = stage_entries(stage, max_points, [t for t in graded["tests"] if t["stage"] == stage],
@@ -301,7 +302,7 @@ def upload(submission: Path, stages: list[str]):
     folder (not a link) or zip file at its top level that holds them (a zip: at its top level or in a folder
     of it). A zip's modules are taken out, as regular files within the size a module may have, into a
     private folder that lasts as long as the context. An UploadError says what to upload otherwise."""
-    from . import scratch
+    from ..sandbox import scratch
 
     wanted = [f"{stage}.py" for stage in stages]
     if _ours(submission, wanted):
@@ -403,7 +404,7 @@ def run(root, settings_file) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m grader.gradescope", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m grader.outputs.gradescope", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="grade ROOT/submission/ into ROOT/results/results.json")
@@ -417,7 +418,7 @@ def main(argv=None):
 
 def cli(args) -> int:
     """``attnkit gradescope``."""
-    from .course import CourseError
+    from ..course.build import CourseError
 
     try:
         points = plan_points(args.total, None, args.assignment)

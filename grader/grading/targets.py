@@ -8,10 +8,10 @@ from shlex import quote
 
 from stage_names import assignment_of, module_files
 
-from . import results as R
-from .gradebook import GradebookSync
-from .kit import ASSIGNMENTS
-from .sandbox import TEST_TIMEOUT
+from ..course.gradebook import GradebookSync
+from ..kit import ASSIGNMENTS
+from ..sandbox.limits import TEST_TIMEOUT
+from . import records as R
 
 
 class TargetError(RuntimeError):
@@ -45,7 +45,7 @@ class Target:
 def load_course(course_dir, assignment: str | None = None):
     """The attnkit course in ``course_dir`` describing ``assignment`` (default: its first), or a
     TargetError saying what to do."""
-    from .course import Course, CourseError
+    from ..course.build import Course, CourseError
 
     try:
         return Course.load(course_dir, assignment)
@@ -145,7 +145,7 @@ def folder_target(submissions_dir, out, assignment: str | None = None, points=No
     """A folder of submission folders, one per student (named after the student), graded on ``points`` (default:
     ``course``'s points of the assignment, or the kit's). No ``assignment`` (nor ``points``): the one (of the
     course's, or the kit's) whose stage modules the submissions hold (see ``chosen_assignment``)."""
-    from .course import ASSIGNMENT, plan_points
+    from ..course.build import ASSIGNMENT, plan_points
 
     root = Path(submissions_dir).resolve()
     if not root.is_dir():

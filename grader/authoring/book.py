@@ -8,7 +8,7 @@ import torch
 
 from adapters import load_stage_module
 
-from .kit import SOLUTIONS
+from ..kit import SOLUTIONS
 
 BOOK_SEED_V1, BOOK_SEED_V2, BOOK_SEED_MODULES = 123, 789, 123
 JOURNEY = np.array(

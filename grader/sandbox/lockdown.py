@@ -24,7 +24,7 @@ import sys
 import urllib.parse
 from pathlib import Path
 
-from .kit import FIXTURES, KIT, SOLUTIONS, SUITE
+from ..kit import FIXTURES, KIT, SOLUTIONS, SUITE
 
 # The kit's own files a learner must not reach: the reference, the hidden tests and fixtures, the grader.
 KIT_FOLDERS = tuple(path.relative_to(KIT) for path in (SOLUTIONS, SUITE, FIXTURES, KIT / "grader", KIT / "kit_tests"))

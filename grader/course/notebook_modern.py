@@ -1,6 +1,6 @@
 """The notebook of the second assignment, modern-attention: what each stage teaches.
 
-Per stage: (title, explanation in markdown, demo body), as ``grader.notebook.STAGES`` for chapter 3.
+Per stage: (title, explanation in markdown, demo body), as ``grader.course.notebook.STAGES`` for chapter 3.
 The demo body runs inside ``@demo(stage) def show():`` so its imports and names stay local; it prints
 what the learner's module computes on a small example.
 """

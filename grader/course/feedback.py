@@ -6,7 +6,7 @@ its grade_id and shows its whole source, hidden tests and their markers included
 nbgrader_config.py adds two steps of its own: ``FeedbackCells`` takes the hidden region out of the
 autograder cells again (as the release had them) and drops their value (the score, already in the
 heading), and ``FeedbackPage`` is nbgrader's template with each autograder cell named by its first
-line, the stage's heading ("Stage 8: Causal attention, batched", grader.notebook).
+line, the stage's heading ("Stage 8: Causal attention, batched", grader.course.notebook).
 
 **attnkit grade --notebooks.** After ``attnkit grade`` the gradebook holds every score, but
 ``autograded/`` is empty: the formgrader has no notebook to show and ``nbgrader generate_feedback``
@@ -15,7 +15,7 @@ configuration and one change: ``RecordedResults`` stands in for the step that ex
 in a kernel. It gives each autograder cell the output that cell prints when it runs (the stage's
 verdicts, then its score as the cell's value), taken from the student's record; the other code cells
 (setup, demos, checks) print nothing when nbgrader runs them (they do nothing under NBGRADER_EXECUTION,
-grader.notebook), so they get no output, and every code cell its execution count, in order, and the
+grader.course.notebook), so they get no output, and every code cell its execution count, in order, and the
 notebook the kernel's ``language_info`` (IPython highlighting), as after a run. Everything else is
 nbgrader's: it copies the submission, sanitises the notebook and restores the locked cells, reads
 the scores back from the outputs, saves them to the gradebook and applies late penalties, exactly as
@@ -32,10 +32,10 @@ from nbgrader.utils import is_grade, is_solution
 from traitlets import Unicode, default
 from traitlets.utils.importstring import import_item
 
-from . import results as R
+from ..grading import records as R
+from ..grading.scoring import stage_report
+from ..submission import defuse_links
 from .preprocessors import without_hidden_tests
-from .scoring import stage_report
-from .submission import defuse_links
 
 # ---------------------------------------------------------------- the feedback page
 
@@ -207,7 +207,7 @@ def write_notebooks(course_root: Path, assignment: str, students: list[str], out
     from traitlets.config.loader import PyFileConfigLoader
 
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course_root)).load_config()
-    # A step is a class or its import string (as nbgrader_config.py names them, grader.course).
+    # A step is a class or its import string (as nbgrader_config.py names them, grader.course.build).
     steps = [import_item(step) if isinstance(step, str) else step for step in config.Autograde.autograde_preprocessors]
     config.Autograde.autograde_preprocessors = [
         RecordedResults if isinstance(step, type) and issubclass(step, Execute) else step for step in steps]

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from stage_names import teaching_order
 
-from . import results as R
-from .untrusted import printable
+from ..grading import records as R
+from ..untrusted import printable
 
 LIMIT_KINDS = ("time", "memory", "crash", "exit", "output")
 TOP_MISTAKES = 8  # mistakes listed per stage
@@ -83,7 +83,7 @@ def load_gradebook(db_url: str, course_id: str, assignment: str) -> dict:
     named ``grade_<stage>`` of the assignment's notebooks."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    from .gradebook import connectable
+    from ..course.gradebook import connectable
 
     scores = {}
     with Gradebook(connectable(db_url), course_id) as gb:
@@ -530,7 +530,7 @@ def build_report(course=None, assignment: str | None = None, results=None, out=N
         folder = Path(results)
         source = f"the result files in {folder}"
     else:
-        from .course import Course, CourseError
+        from ..course.build import Course, CourseError
 
         try:
             c = Course.load(course)

@@ -14,7 +14,7 @@ Every code cell is locked (nbgrader restores it from the source at grading
 time). Demo and check cells do nothing when nbgrader executes the notebook
 (it sets NBGRADER_EXECUTION), so grading never imports learner code into the
 kernel; the autograder cells grade the submission folder through
-``grader.cells.Grading``, which runs the suite in a grading worker process.
+``grader.course.cells.Grading``, which runs the suite in a grading worker process.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from stage_names import MODULE, stage_command
 
+from ..kit import STUDENT_PACKAGES, marker
 from . import notebook_modern
-from .kit import STUDENT_PACKAGES, marker
 
 INTRO = """\
 # Attention, stage by stage
@@ -448,14 +448,14 @@ def stage_heading(number: int, title: str) -> str:
 
 def grade_source(stage: str, number: int, title: str, points: float, test_timeout: float,
                  time_budget: float | None = None, assignment: str = "attention") -> str:
-    """An autograder cell. The first grades the submission (grader.cells.Grading); each reports its stage.
+    """An autograder cell. The first grades the submission (grader.course.cells.Grading); each reports its stage.
 
     Its first line is the stage's heading, which the feedback page shows as the cell's name (see
-    grader.feedback). Students see only the comments: nbgrader removes the hidden region from the
+    grader.course.feedback). Students see only the comments: nbgrader removes the hidden region from the
     release, puts it back for grading, and the feedback page leaves it out again."""
     m = marker(stage)
     budget = f", time_budget={time_budget!r}" if time_budget is not None else ""
-    grading = (f"from grader.cells import Grading\n"
+    grading = (f"from grader.course.cells import Grading\n"
                f"grading = Grading(test_timeout={test_timeout!r}{budget}, assignment={assignment!r})\n")
     return (
         f"# {stage_heading(number, title)}\n"
@@ -473,7 +473,7 @@ def build_notebook(points: dict[str, float], test_timeout: float, time_budget: f
                    assignment: str = "attention") -> nbformat.NotebookNode:
     """The source notebook of ``assignment``; ``points`` maps each of its stage modules to its points
     (teaching order); ``test_timeout`` and ``time_budget`` are the course's time limits (see
-    grader.sandbox.Limits)."""
+    grader.sandbox.limits.Limits)."""
     intro, stages, outro = LESSONS[assignment]
     setup = (SETUP.replace("__TIME_LIMIT__", repr(float(test_timeout)))
              .replace("__STAGE_MODULE__", f'r"{MODULE.pattern}"')

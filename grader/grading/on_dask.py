@@ -1,6 +1,6 @@
 """``attnkit grade --executor dask``: the jobs on an existing Dask distributed cluster.
 
-A worker plugin gives each Dask worker process grading workers of its own (``grader.dispatch.Workers``,
+A worker plugin gives each Dask worker process grading workers of its own (``grader.grading.dispatch.Workers``,
 one per thread) for as long as the run lasts; unregistering it at the end stops them. The Dask
 workers need this kit installed.
 
@@ -18,8 +18,8 @@ from dataclasses import asdict
 
 from distributed import Client, WorkerPlugin, as_completed, get_worker
 
+from ..sandbox.limits import Limits
 from .dispatch import Workers
-from .sandbox import Limits
 
 CONNECT_SECONDS = 10  # for the scheduler to take the connection and answer
 
@@ -69,7 +69,7 @@ def connect(scheduler: str) -> Client:
 def _probe(allow_plain: bool = False) -> tuple[str, bool]:
     """A Dask worker's sandbox as ``attnkit grade`` announces it, and whether it is weaker than the strongest
     (or refused: no confinement holds there, and plain was not allowed)."""
-    from .sandbox import ConfinementRefused, probe
+    from ..sandbox.confinement import ConfinementRefused, probe
 
     try:
         found = probe(allow_plain=allow_plain)

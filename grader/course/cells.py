@@ -3,12 +3,12 @@
 The course notebook's first autograder cell grades the submission, and every autograder cell
 reports one stage of it:
 
-    from grader.cells import Grading
+    from grader.course.cells import Grading
     grading = Grading(test_timeout=10.0)          # the first autograder cell only
     grading.stage("causal_attention", points=12)
 
 ``Grading`` grades the folder nbgrader runs the notebook in (the autograded copy of the
-submission) once, through a grading worker (``grader.worker``): the same suite, sandbox and seed as
+submission) once, through a grading worker (``grader.grading.worker``): the same suite, sandbox and seed as
 ``attnkit grade``. The kernel never imports learner code. Each ``stage`` call prints the stage's
 verdicts and failure messages (never test code) and returns its score, which nbgrader takes as
 partial credit. Nothing here writes to stderr: nbgrader zeroes a grade cell with stderr output,
@@ -23,11 +23,11 @@ import os
 import warnings
 from pathlib import Path
 
-from . import submission as S
-from .kit import stages
-from .sandbox import TEST_TIMEOUT, Limits
-from .scoring import stage_report, stage_score
-from .worker import WorkerError, WorkerProcess
+from .. import submission as S
+from ..grading.scoring import stage_report, stage_score
+from ..grading.worker import WorkerError, WorkerProcess
+from ..kit import stages
+from ..sandbox.limits import TEST_TIMEOUT, Limits
 
 RECORD_FILE = "attnkit-grading.json"  # the submission's record, beside it, for the instructor (never read back)
 
@@ -70,7 +70,7 @@ class Grading:
 def course_of(folder: Path):
     """The attnkit course whose autograded/<student>/<assignment>/ ``folder`` is (its settings: whether plain
     confinement is allowed; its root: what boxes must not reach), or None."""
-    from .course import MARKER_FILE, Course, CourseError
+    from .build import MARKER_FILE, Course, CourseError
 
     root = folder.parents[2] if len(folder.parents) > 2 else None
     if root is None or folder.parents[1].name != "autograded" or not (root / MARKER_FILE).is_file():
@@ -85,7 +85,7 @@ def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None =
                  private=()) -> dict:
     """The verdicts of the submission in nbgrader's autograded copy ``folder`` on ``graded_stages`` (None:
     every stage), graded by a worker of its own: {"fingerprint", "seed", "tests", "output_capped",
-    "confinement", "seconds"}. ``allow_plain``, ``private``: see grader.worker.WorkerProcess."""
+    "confinement", "seconds"}. ``allow_plain``, ``private``: see grader.grading.worker.WorkerProcess."""
     sources = S.autograded_sources(folder, graded_stages or ())
     fingerprint = S.fingerprint(sources)
     job = {"sources": sources, "seed": S.seed_of(fingerprint), "stages": graded_stages}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from stage_names import module_files
 
-from .kit import EXERCISES, SOLUTIONS, stages
+from ..kit import EXERCISES, SOLUTIONS, stages
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 

@@ -1,6 +1,6 @@
 """Where the jobs of ``attnkit grade`` run: warm grading workers on this machine's cores (here), or on
-a Dask cluster (``grader.on_dask``). Either way a job ({"student", "sources", "seed", ...}) meets a
-``WorkerProcess`` (grader.worker) that grades one submission at a time, and its result comes back as
+a Dask cluster (``grader.grading.on_dask``). Either way a job ({"student", "sources", "seed", ...}) meets a
+``WorkerProcess`` (grader.grading.worker) that grades one submission at a time, and its result comes back as
 
     {"student", "tests", "output_capped", "confinement", "seconds", "error"}
 
@@ -13,7 +13,7 @@ import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from .sandbox import Limits
+from ..sandbox.limits import Limits
 from .worker import WorkerError, WorkerProcess, WorkerRefused
 
 

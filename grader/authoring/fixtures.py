@@ -24,9 +24,9 @@ import torch
 from adapters import Implementation, LocalBackend
 from cases import mha_shapes, qkv_shapes, random_weights
 
+from ..kit import FIXTURES, SOLUTIONS, stages
 from . import fixtures_modern
 from .book import BATCH, BOOK_SEED_MODULES, BOOK_SEED_V1, BOOK_SEED_V2, HEADS_EXAMPLE, JOURNEY, book_state
-from .kit import FIXTURES, SOLUTIONS, stages
 
 
 class Arrays:
@@ -260,7 +260,7 @@ def generate(out_dir: Path = FIXTURES) -> dict:
     out_dir = Path(out_dir)
     ref = Implementation(LocalBackend(SOLUTIONS))
     manifest = {
-        "generator": "grader.fixtures.generate (attnkit fixtures), from solutions/",
+        "generator": "grader.authoring.fixtures.generate (attnkit fixtures), from solutions/",
         "torch": torch.__version__,
         "numpy": np.__version__,
         "python": platform.python_version(),

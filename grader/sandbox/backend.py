@@ -1,0 +1,422 @@
+"""``IsolatedBackend``: the suite's backend (``adapters.LocalBackend``'s interface) with the learner's code in a box.
+
+``IsolatedBackend(root)`` answers ``run(op, module, **kwargs)`` with the same plain values as the suite's
+LocalBackend, but the learner's modules are imported and run in a *box* (``template``), a confined tree of
+processes that serves this one submission and is killed with it. This (trusted) process never imports learner
+code. What comes back is plain data (numbers, strings, numeric/bool NumPy arrays, lists/tuples/dicts of
+those), sent as JSON plus raw blobs without pickle and checked here (``wire``). Every conclusion is drawn in
+this process: no box is ever used for a second submission, or again after anything went wrong in it
+(time-out, crash, a message that does not parse).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import threading
+from pathlib import Path
+
+from stage_names import assignment_of, builds_on, is_stage_module, module_files
+
+from ..kit import SOLUTIONS
+from ..submission import sources
+from . import redaction
+from .channel import BoxGone, OutOfTime, Waiting, receive, send
+from .confinement import Confinement, SandboxUnavailable
+from .limits import LOAD_FACTOR, WALL_FACTOR, Limits
+from .template import Box, Sandbox
+from .wire import MESSAGE_CHARS, ProtocolError, clip, decode, encode, pack
+
+CLOSE_SECONDS = 2.0  # CPU time a worker may take to close its stage before its box is replaced
+DENIED_NOTE = ("\n(When graded, learner code may not run programs, start processes, write or create files, or open "
+               "sockets: keep the stage's work in torch, in memory.)")
+
+class IsolatedBackend:
+    """Like ``adapters.LocalBackend``, but the learner's code runs in boxes (see the module docstring).
+
+    One backend per submission: its modules are read once, here. ``sandbox``: the template to
+    take boxes from (None: a template of its own, stopped by ``close()``). The test harness calls
+    ``start_check()`` at the start of each test; without it, every operation is a check of its
+    own. ``last_output`` holds what the learner printed during the most recent operation.
+
+    A stage that builds on others (stage 9's wrapper imports stage 8's ``CausalAttention``) is run
+    with the reference versions of those (``provided``: stage -> {module: source},
+    ``reference_imports``; default: those of the kit's solutions/), so that a mistake costs points
+    on its own stage only. Without solutions/ (a release has none), nothing is provided. No box that
+    was given the reference of a stage ever serves that stage.
+
+    A stage may come with a memory ceiling (``ceilings``: stage -> bytes, what its test module declares
+    as ``MEMORY_HEADROOM``): its worker's address space is then held by the kernel (RLIMIT_AS) to what it
+    was when the stage started plus that much, before the learner's module is imported. Code inside the
+    learner's process can hide what it allocates from any measurement taken there, not from that.
+    """
+
+    def __init__(self, root, limits: Limits | None = None, *, sandbox: Sandbox | None = None, confine=None,
+                 provided: dict[str, dict[str, str]] | None = None, ceilings: dict[str, int] | None = None):
+        self.root = Path(root).resolve()
+        self.limits = limits or Limits()
+        self.sources = sources(self.root)
+        self.provided = reference_imports(SOLUTIONS) if provided is None else provided
+        self.ceilings = dict(ceilings or {})
+        self.sandbox = sandbox or Sandbox(confine=confine)
+        self._own_sandbox = sandbox is None
+        import adapters  # (torch: imported where a backend is made, not where the sandbox is merely named)
+
+        self.adapters = adapters
+        self.stats = {"boxes": 0, "workers": 0, "stages": 0, "leaving": {}, "dropped_output": {},
+                      "cpu_seconds": 0.0, "wall_seconds": 0.0}
+        self.last_output = {"stdout": "", "stderr": ""}
+        self._box: Box | None = None
+        self._module = None  # the stage module the box's current worker serves
+        self._token = None  # names the current stage's requests and replies
+        self._worker = None  # the token the current worker was forked for (None: no worker)
+        self._held: set[str] = set()  # the stages whose reference the current box has been given
+        self._cpu_before = 0.0  # CPU time of this submission's earlier boxes
+        self._wall = 0.0  # wall time of this submission's operations so far
+        self._check_cpu = 0.0  # CPU time used when the current check started
+        self._check_wall = 0.0  # wall time of the current check's operations so far
+        self._checks_from_caller = False
+        self._exhausted = False
+        self._own = None  # fingerprints of the submission's own modules (``redaction``), made when first needed
+        # Whose release the student has (what needs no hiding): the assignment of the submission's modules.
+        self._assignment = next((assignment_of(Path(name).stem) for name in self.sources), None)
+        self._lock = threading.Lock()
+
+    @property
+    def mode(self):
+        return self.sandbox.mode
+
+    @property
+    def confinement(self) -> Confinement | None:
+        return self.sandbox.confinement
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        with self._lock:
+            self._end_box()
+            if self._own_sandbox:
+                self.sandbox.close()
+
+    # -- time
+
+    def cpu_used(self) -> float:
+        """CPU seconds the learner's code has used so far, over every box of this submission."""
+        current = self._box.cpu() if self._box is not None else None
+        return self._cpu_before + (current or 0.0)
+
+    def start_check(self):
+        """A check (one test) begins: its time limit counts from here."""
+        self._checks_from_caller = True
+        with self._lock:
+            self._begin_check()
+
+    def _begin_check(self):
+        self._check_cpu, self._check_wall = self.cpu_used(), 0.0
+        if self._check_cpu >= self.limits.budget or self._wall >= self.limits.budget_wall:
+            self._exhausted = True
+
+    def _charger(self, waited: Waiting, closing=False):
+        """The function that ends an operation once a time limit is reached (``waited``: its waiting
+        so far): the check's own limits and the submission's budget; ``closing`` (a stage's end, no
+        check's time): the budget, CLOSE_SECONDS of CPU time and WALL_FACTOR times that of waiting."""
+        limits, cpu_at_start = self.limits, self.cpu_used() if closing else self._check_cpu
+
+        def charge():
+            wall = waited()
+            cpu = self.cpu_used()
+            if cpu >= limits.budget or self._wall + wall >= limits.budget_wall:
+                raise OutOfTime("budget")
+            if closing:
+                if cpu - cpu_at_start >= CLOSE_SECONDS or wall >= WALL_FACTOR * CLOSE_SECONDS:
+                    raise OutOfTime("close")
+            elif cpu - cpu_at_start >= limits.check_seconds:
+                raise OutOfTime("check")
+            elif self._check_wall + wall >= limits.check_wall:
+                raise OutOfTime("wall")
+
+        return charge
+
+    def _time_message(self, module, what):
+        limits = self.limits
+        if what == "budget":
+            return (f"{module}: the time budget of this submission ran out ({limits.budget:g} s of CPU time, or "
+                    f"{limits.budget_wall:g} s of waiting, for all its checks together); this check and the "
+                    "remaining ones were not run")
+        if what == "wall":
+            return (f"{module}: time limit of {limits.check_wall:g} s (wall clock, waiting) exceeded while the code "
+                    "was waiting or sleeping (time.sleep, input(), a lock?)")
+        return (f"{module}: time limit of {limits.check_seconds:g} s of CPU time for one check exceeded — an "
+                "infinite loop? (or very slow code: keep the work in vectorized torch operations)")
+
+    # -- the interface
+
+    def run(self, op, module, **kwargs):
+        a = self.adapters
+        if op not in a.OPS:
+            raise KeyError(op)
+        if not is_stage_module(module):
+            raise ValueError(f"{module!r} is not a stage module name (sNN_topic)")
+        blobs = []
+        value = encode(kwargs, blobs)
+        with self._lock:
+            if not self._checks_from_caller:
+                self._begin_check()
+            if self._exhausted:
+                raise a.SubmissionError(self._time_message(module, "budget"))
+            box = waited = None
+            try:
+                if self._box is None or self._module != module:
+                    before = self.cpu_used()
+                    box = self._ready_box(module)
+                    # Start-up and the end of the last stage are no check's time (only the budget's).
+                    self._check_cpu += self.cpu_used() - before
+                else:
+                    box = self._box
+                box.capture.reset()
+                waited = Waiting(box)
+                charge = self._charger(waited)
+                deadline = waited.started + LOAD_FACTOR * self.limits.check_wall + 1
+                token = secrets.token_hex(8)  # this operation's: a reply sent ahead answers nothing
+                send(box, pack({"cmd": "op", "op": op, "kwargs": value, "token": token}, blobs), deadline, charge)
+                while True:
+                    header, values = receive(box, deadline, charge, self.limits.result_bytes)
+                    if header.get("token") == token or self._worker_ended(header):
+                        break  # anything else is left over from an earlier worker
+                if header.get("kind") == "result":
+                    return self._said_in(decode(header.get("value"), values))
+                failure = self._failure(module, header)  # the learner's code raised: the box serves on
+            except OutOfTime as exc:
+                self._end_box()
+                if exc.what == "budget":
+                    self._exhausted = True
+                raise a.SubmissionError(self._time_message(module, exc.what)) from None
+            except BoxGone:
+                tail = box.capture.last_lines("stderr") if box else ""
+                self._end_box()
+                raise a.SubmissionError(
+                    f"{module}: the sandbox process died unexpectedly" + (f"; its last output:\n{tail}" if tail else "")
+                ) from None
+            except ProtocolError as exc:
+                self._end_box()
+                raise a.SubmissionError(f"{module}: the answer could not be read: {exc}") from None
+            except BaseException:
+                self._end_box()  # e.g. interrupted: the box is in an unknown state
+                raise
+            finally:
+                if waited is not None:
+                    elapsed = waited()
+                    self._wall += elapsed
+                    self._check_wall += elapsed
+                    self.stats["wall_seconds"] = round(self._wall, 3)
+                if box is not None:
+                    self._collect_output(box, module)
+        raise failure
+
+    def _collect_output(self, box, module):
+        self.last_output = {name: box.capture.text(name) for name in ("stdout", "stderr")}
+        dropped = box.capture.dropped_bytes()
+        if dropped:
+            self.sandbox.dropped_output += dropped  # the output cap was hit (the verdict itself does not change)
+            counts = self.stats["dropped_output"]
+            counts[module] = counts.get(module, 0) + dropped
+            box.capture.reset()
+
+    def _failure(self, module, header):
+        """The SubmissionError for a reply that is not a result."""
+        a = self.adapters
+        kind = header.get("kind")
+        if kind == "submission_error":  # (the adapter's word in the box: an import that failed, a name missing)
+            message = self._said(header.get("message"))
+            return a.SubmissionError(message + (DENIED_NOTE if "Operation not permitted" in message else ""))
+        if kind == "exception":
+            what = f"{self._said(header.get('type'), 200)}: {self._said(header.get('message'))}"
+            if header.get("type") == "PermissionError" or "Operation not permitted" in str(header.get("message")):
+                what += DENIED_NOTE
+            if header.get("memory") and module in self.ceilings:
+                what = (f"{module}: out of memory: when graded, this stage may allocate "
+                        f"{self.ceilings[module] / 2**20:g} MiB beyond what its process held when the stage "
+                        f"started ({what})")
+            elif header.get("memory"):
+                what = f"{module}: memory limit of {self.limits.memory_bytes / 2**30:g} GiB exceeded ({what})"
+            trace = self._said(header.get("traceback") or "")
+            return a.SubmissionError(what + (f"\nwhere (most recent call last):\n{trace.rstrip()}" if trace else ""))
+        if kind == "ended":
+            self._module = self._token = self._worker = None  # the worker is gone; the next call starts another
+            return a.SubmissionError(self._describe_end(module, header.get("status")))
+        return a.SubmissionError(f"{module}: unexpected answer {kind!r} from the sandbox")
+
+    def _said(self, text, limit=MESSAGE_CHARS) -> str:
+        """A text from the box, as a student may read it: cut to ``limit`` characters, and without any stretch
+        that quotes hidden material (``redaction``: a stage built on another holds the other's reference)."""
+        text = clip(text, limit)
+        if len(text) < redaction.WINDOW:
+            return text
+        if self._own is None:
+            self._own = redaction.fingerprints(self.sources)
+        return redaction.kit_redactor(self._assignment).clean(text, self._own)
+
+    def _said_in(self, value):
+        """A result from the box with every string in it passed through ``_said`` (what checks may print)."""
+        if isinstance(value, str):
+            return self._said(value, len(value))
+        if isinstance(value, dict):
+            return {self._said_in(k): self._said_in(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(map(self._said_in, value))
+        return value
+
+    def _describe_end(self, module, status):
+        if not (type(status) is int and 0 <= status < 1 << 16):  # the box's word: check it
+            return f"{module}: the child process ended before answering"
+        if os.WIFSIGNALED(status):
+            number = os.WTERMSIG(status)
+            try:
+                name = signal.Signals(number).name
+            except ValueError:
+                name = f"signal {number}"
+            hint = {
+                "SIGSEGV": " (a crash in native code: ctypes, or torch used out of bounds?)",
+                "SIGKILL": " (killed: out of memory?)",
+                "SIGXFSZ": f" (a file larger than {self.limits.tmp_bytes >> 20} MiB was written)",
+                "SIGABRT": " (an abort in native code)",
+            }.get(name, "")
+            text = f"{module}: the child process died with signal {name}{hint}"
+        else:
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
+            text = (f"{module}: the child process exited with code {code} before answering "
+                    "(sys.exit/os._exit at import or in the function?)")
+        tail = self._said(self._box.capture.last_lines("stderr")) if self._box else ""
+        return text + (f"\nits last output on stderr:\n{tail}" if tail else "")
+
+    # -- boxes and stages
+
+    def _worker_ended(self, header):
+        """Whether ``header`` says that the current worker has gone (crashed, exited)."""
+        return header.get("kind") == "ended" and self._worker is not None and header.get("token") == self._worker
+
+    def _ready_box(self, module) -> Box:
+        """The box, with a worker serving ``module``: the current one, or a new box after a stage that
+        would not end cleanly or a channel its worker jammed (the learner's doing: no check fails for it,
+        but the time counts against the budget). A new box that will not take its first request is
+        the sandbox's failure, not the learner's: SandboxUnavailable."""
+        if self._box is not None and module in self._held:
+            self._end_box()  # it was given the reference of ``module`` (for a stage built on it): never ``module``
+        if self._box is not None and self._module not in (None, module) and not self._close_stage():
+            self._end_box()  # a worker that will not close its stage costs a new box, no more
+        while True:
+            if self._box is None:
+                self._box = self.sandbox.spawn(self.sources, self.limits)
+                self.stats["boxes"] += 1
+            if self._module == module or self._open(module):
+                return self._box
+            fresh = self._box.fresh
+            self._end_box()
+            if fresh:
+                raise SandboxUnavailable("a new box stopped listening before any learner code ran")
+
+    def _close_stage(self) -> bool:
+        """End the current stage: its worker then stays for the next ("parked") or leaves. False if
+        the box misbehaved (no answer in time, garbage, gone)."""
+        box, token = self._box, self._token
+        waited = Waiting(box)
+        charge = self._charger(waited, closing=True)
+        try:
+            deadline = waited.started + LOAD_FACTOR * WALL_FACTOR * CLOSE_SECONDS
+            send(box, pack({"cmd": "close", "token": token}), deadline, charge)
+            while True:
+                header, _ = receive(box, deadline, charge, 0)
+                kind = header.get("kind")
+                if (header.get("token") == token and kind in ("parked", "leaving")) or self._worker_ended(header):
+                    break
+        except (OutOfTime, BoxGone, ProtocolError) as exc:
+            if isinstance(exc, OutOfTime) and exc.what == "budget":
+                self._exhausted = True
+            return False
+        finally:
+            self._wall += waited()
+        if kind != "parked":
+            self._worker = None  # the box forks a fresh one for the next stage
+        if kind == "leaving":
+            self._count_leaving(header.get("changed"))
+        self._module = self._token = None
+        return True
+
+    def _count_leaving(self, changed):
+        """What made workers leave (for the kit's own measurements): the worker's word, so a few
+        short names at most."""
+        counts = self.stats["leaving"]
+        for what in (changed if isinstance(changed, list) else [])[:5]:
+            if isinstance(what, str) and len(what) <= 64 and (what in counts or len(counts) < 32):
+                counts[what] = counts.get(what, 0) + 1
+
+    def _open(self, module) -> bool:
+        """Ask for a worker serving ``module``, with the reference sources of the stages it builds on:
+        the parked one takes it, or the box forks one. The module's import is learner code: it runs
+        on the first operation's time. False if the box will not take the request (a worker may have
+        jammed the channel); the wait counts against the budget."""
+        token = secrets.token_hex(8)
+        provided = self.provided.get(module, {})
+        self._held.update(provided)
+        waited = Waiting(self._box)
+        try:
+            # (a request this small, a few kB, waits for nothing but a pipe jammed on purpose)
+            send(self._box, pack({"cmd": "open", "module": module, "token": token, "provided": provided,
+                                   "memory_headroom": self.ceilings.get(module)}),
+                  waited.started + CLOSE_SECONDS, self._charger(waited, closing=True))
+        except OutOfTime as exc:
+            if exc.what == "budget":
+                raise
+            return False
+        except BoxGone:
+            return False
+        finally:
+            self._wall += waited()
+        self._box.fresh = False
+        self._token, self._module = token, module
+        self.stats["stages"] += 1
+        if self._worker is None:
+            self._worker = token
+            self.stats["workers"] += 1
+        return True
+
+    def _end_box(self):
+        """Kill the current box (never used again) and count the CPU time it used."""
+        box, self._box = self._box, None
+        self._module = self._token = self._worker = None
+        self._held = set()
+        if box is None:
+            return
+        cpu = box.cpu()
+        self.sandbox.kill(box)
+        self._cpu_before += cpu or 0.0
+        self.stats["cpu_seconds"] = round(self._cpu_before, 3)
+
+
+def reference_imports(folder) -> dict[str, dict[str, str]]:
+    """For each stage module of ``folder`` (the reference solutions), the sources of the stage modules
+    it builds on: those it imports, and those they import in turn, each after the ones it imports
+    (the order ``adapters.load_stage_module`` runs them in). A stage is never among its own. Nothing
+    where there is no such folder (a student's release)."""
+    if not Path(folder).is_dir():
+        return {}
+    texts = {path.stem: path.read_text() for path in module_files(folder)}
+
+    def built_on(stage):
+        order, seen = [], {stage}
+
+        def visit(name):
+            for other in builds_on(texts[name]):
+                if other in texts and other not in seen:
+                    seen.add(other)
+                    visit(other)
+                    order.append(other)
+
+        visit(stage)
+        return {name: texts[name] for name in order}
+
+    return {stage: built_on(stage) for stage in texts}

@@ -1,0 +1,99 @@
+"""The trusted side of a box's channel: messages sent and received with the time they may take charged.
+
+Every read and write waits in steps of POLL_SECONDS; between them ``charge()`` reads the box's CPU time and
+waiting and raises ``OutOfTime`` at a limit (``backend``). Messages follow the wire format (``wire``), checked
+against their size limits before they are read.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import time
+
+from .wire import LENGTH, ProtocolError
+
+MAX_HEADER_BYTES = 1 << 20  # an answer's JSON (arrays travel as blobs beside it)
+POLL_SECONDS = 0.1  # how often the CPU time of a running check is read
+
+def first_message(box, deadline) -> dict:
+    """A box's first message ({"kind": "ready"} or "failed"), read with this process's limits."""
+    try:
+        header, _ = receive(box, deadline, lambda: None, 0)
+        return header
+    except (OutOfTime, BoxGone, ProtocolError) as exc:
+        return {"kind": "failed", "message": type(exc).__name__.strip("_")}
+
+
+class Waiting:
+    """The time an operation on ``box`` has waited so far: wall-clock seconds since it began, less
+    the time the box's processes were ready to run but waited for a processor. On a loaded machine
+    a working box waits for a processor; that is the machine's load, not the learner's time."""
+
+    def __init__(self, box):
+        self.box, self.started, self.stalled = box, time.monotonic(), box.stalled()
+
+    def __call__(self) -> float:
+        return time.monotonic() - self.started - (self.box.stalled() - self.stalled)
+
+
+class OutOfTime(Exception):
+    def __init__(self, what):
+        super().__init__(what)
+        self.what = what  # "check", "wall", "budget" or "close"
+
+
+class BoxGone(Exception):
+    pass
+
+
+def wait(fd, deadline, charge, write=False):
+    """Block until ``fd`` can be read (or written); ``charge()`` checks the time limits meanwhile."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise OutOfTime("wall")
+        readable, writable, _ = select.select([] if write else [fd], [fd] if write else [], [],
+                                              min(POLL_SECONDS, remaining))
+        if readable or writable:
+            return
+        charge()
+
+
+def read(box, size, deadline, charge):
+    chunks = []
+    while size:
+        wait(box.replies, deadline, charge)
+        chunk = os.read(box.replies, min(size, 1 << 20))
+        if not chunk:
+            raise BoxGone
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def receive(box, deadline, charge, result_bytes):
+    """One message from the box, checked against the size limits before it is read."""
+    (size,) = LENGTH.unpack(read(box, LENGTH.size, deadline, charge))
+    if size > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {size} bytes")
+    try:
+        header = json.loads(read(box, size, deadline, charge))
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"bad header ({type(exc).__name__})") from None
+    sizes = header.pop("blobs", None) if isinstance(header, dict) else None
+    if not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes):
+        raise ProtocolError("bad blob list")
+    if sum(sizes) > result_bytes:
+        raise ProtocolError(f"a result of {sum(sizes)} bytes (limit {result_bytes})")
+    return header, [read(box, n, deadline, charge) for n in sizes]
+
+
+def send(box, message, deadline, charge):
+    data = memoryview(message)
+    while data:
+        wait(box.requests, deadline, charge, write=True)
+        try:
+            data = data[os.write(box.requests, data[: 1 << 16]):]
+        except BrokenPipeError:
+            raise BoxGone from None
