@@ -269,9 +269,9 @@ def main(argv=None) -> int:
             if ak_cpu is not None:
                 print(f"attnkit grade spends {ak_cpu / args.n / cpu:.2f}x the floor's CPU time per submission")
         if args.report:
-            from grader.outputs.report import build_report
+            from grader.course.gradebook import class_report
 
-            index, _ = build_report(course=root, assignment=course.assignment)
+            index, _ = class_report(course)
             print(f"class report: {index}")
     finally:
         stop(hogs)

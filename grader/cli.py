@@ -18,6 +18,8 @@ from shlex import quote
 
 from stage_names import ASSIGNMENTS, is_stage_module
 
+from .errors import AttnkitError, GradeError, SampleError
+from .kit import plan_points
 from .sandbox.confinement import ALLOW_PLAIN
 from .sandbox.limits import BUDGET_CHECKS, TEST_TIMEOUT, budget_problem
 from .untrusted import ID_RULE, printable
@@ -70,17 +72,13 @@ UNCONFINED_HELP = ("grade even where no confinement for learner code holds (UNCO
 
 
 def cmd_course_build(args):
-    from .course.build import CourseError, build, exchange_hint
+    from .course.build import build, exchange_hint
 
-    try:
-        course = build(
-            args.dir, course_id=args.course_id, assignments=args.assignment, total=args.total,
-            points=dict(args.points or []), test_timeout=args.test_timeout, time_budget=args.time_budget,
-            exchange_root=args.exchange, db_url=args.db_url, allow_plain=args.allow_plain,
-        )
-    except CourseError as exc:
-        print(f"attnkit course build: error: {exc}", file=sys.stderr)
-        return 2
+    course = build(
+        args.dir, course_id=args.course_id, assignments=args.assignment, total=args.total,
+        points=dict(args.points or []), test_timeout=args.test_timeout, time_budget=args.time_budget,
+        exchange_root=args.exchange, db_url=args.db_url, allow_plain=args.allow_plain,
+    )
     print(f"built course {course.course_id!r} in {course.root}")
     built = list(dict.fromkeys(args.assignment or course.assignments))
     for name in built:
@@ -96,58 +94,30 @@ def cmd_course_build(args):
     return 0
 
 
-def _unreadable_gradebook(exc, assignment: str) -> str:
-    """What to do when nbgrader's gradebook cannot be read: an SQLite file that is no database (damaged,
-    or a wrong --db-url), or a database server that does not answer or refuses the course's URL."""
-    from .course.gradebook import sqlstate
-
-    reason = str(getattr(exc, "orig", None) or exc).strip()
-    if sqlstate(exc) == "42501":  # insufficient privilege
-        return (f"the gradebook's database user lacks a privilege ({reason}): use the URL of the user who "
-                "created nbgrader's tables (generate_assignment), or have the database's owner grant it: "
-                "GRANT ALL ON ALL TABLES IN SCHEMA public TO that_user; GRANT ALL ON ALL SEQUENCES IN SCHEMA "
-                "public TO that_user;")
-    if type(getattr(exc, "orig", None)).__module__.split(".")[0] not in ("sqlite3", "builtins"):
-        return (f"the course's gradebook cannot be read ({reason}): check that its database server runs and "
-                "takes the URL in the course's nbgrader_config.py; the records in attnkit-grades/ stand, and "
-                "`attnkit grade` brings the gradebook in line with them once it can")
-    return (f"the course's gradebook cannot be read ({reason}): restore it, or move it "
-            f"aside and run `nbgrader generate_assignment {assignment}` in the course folder for a new one "
-            "(`attnkit grade` then fills it from the records in attnkit-grades/)")
-
-
 def cmd_demo(args):
-    from .course.build import CourseError
     from .course.demo import run
 
-    try:
-        result = run(args.dir)
-    except CourseError as exc:
-        print(f"attnkit demo: error: {exc}", file=sys.stderr)
-        return 2
+    result = run(args.dir)
     return 1 if result["fast_path_differs"] else 0
 
 
 def cmd_samples(args):
-    from .course.samples import SampleError, load_into, planned
-    from .grading.targets import TargetError, course_assignment, load_course
+    from .course.build import Course
+    from .course.samples import load_into, planned
+    from .course.targets import course_assignment
 
-    try:
-        course = load_course(args.course)
-        if args.student and not args.assignment:
-            raise SampleError("--student needs an ASSIGNMENT (the samples differ between assignments): "
-                              f"e.g. `attnkit samples attention --student {quote(args.student[0])}`")
-        asked = args.assignment and course_assignment(course, args.assignment, "samples")[0]
-        chosen = [asked] if asked else [*course.assignments]
-        released = [name for name in chosen if (course.root / "release" / name).is_dir()]
-        # Every assignment asked for is checked before any sample is written: one that was asked for by name, or
-        # none at all, not generated yet is an error that says so.
-        for name in chosen if args.assignment or not released else released:
-            planned(course.root, name, args.student, args.force)
-        loaded = {name: load_into(course.root, name, args.student, args.force) for name in released}
-    except (SampleError, TargetError) as exc:
-        print(f"attnkit samples: error: {exc}", file=sys.stderr)
-        return 2
+    course = Course.load(args.course)
+    if args.student and not args.assignment:
+        raise SampleError("--student needs an ASSIGNMENT (the samples differ between assignments): "
+                          f"e.g. `attnkit samples attention --student {quote(args.student[0])}`")
+    asked = args.assignment and course_assignment(course, args.assignment, "samples")[0]
+    chosen = [asked] if asked else [*course.assignments]
+    released = [name for name in chosen if (course.root / "release" / name).is_dir()]
+    # Every assignment asked for is checked before any sample is written: one that was asked for by name, or
+    # none at all, not generated yet is an error that says so.
+    for name in chosen if args.assignment or not released else released:
+        planned(course.root, name, args.student, args.force)
+    loaded = {name: load_into(course.root, name, args.student, args.force) for name in released}
     for name, samples in loaded.items():
         print(f"{name}: {len(samples)} sample submission{'s' * (len(samples) > 1)} in "
               f"{quote(str(course.root / 'submitted'))}/<student>/{name}/ (what grading should give each, and why)")
@@ -163,28 +133,20 @@ def cmd_samples(args):
 
 
 def cmd_report(args):
-    from sqlalchemy.exc import SQLAlchemyError
+    if args.results:  # a results folder names its own assignment
+        from .outputs.report import build_report
 
-    from .grading.targets import TargetError, course_assignment, load_course
-    from .outputs.report import ReportError, build_report
+        index, report = build_report(args.results, args.assignment, args.out)
+    else:  # a course: an assignment it has
+        from .course.build import Course
+        from .course.gradebook import class_report
+        from .course.targets import course_assignment
 
-    try:
-        assignment = args.assignment
-        if not args.results:  # a course: an assignment it has (a results folder names its own)
-            assignment, chosen = course_assignment(load_course(args.course), assignment, "report")
-            if chosen:
-                print(f"attnkit report: {chosen}", file=sys.stderr)
-        index, report = build_report(course=args.course, assignment=assignment, results=args.results,
-                                     out=args.out)
-    except (ReportError, TargetError) as exc:
-        print(f"attnkit report: error: {exc}", file=sys.stderr)
-        return 2
-    except SQLAlchemyError as exc:
-        print(f"attnkit report: error: {_unreadable_gradebook(exc, assignment)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("attnkit report: interrupted", file=sys.stderr)
-        return 130
+        course = Course.load(args.course)
+        assignment, chosen = course_assignment(course, args.assignment, "report")
+        if chosen:
+            print(f"attnkit report: {chosen}", file=sys.stderr)
+        index, report = class_report(course, assignment, args.out)
     print(f"class report on {len(report.students)} students, {len(report.stages)} stages, "
           f"{report.limit_summary()}: {quote(str(index))}")
     for mismatch in report.mismatches:
@@ -193,45 +155,38 @@ def cmd_report(args):
 
 
 def cmd_grade(args):
-    from sqlalchemy.exc import SQLAlchemyError
+    from .course.build import Course
+    from .course.feedback import check_notebooks_possible, write_notebooks
+    from .course.targets import course_folder_target, course_target
+    from .grading.run import grade
+    from .grading.targets import folder_target
 
-    from .course.gradebook import GradebookError
-    from .grading.run import GradeError, check_notebooks_possible, grade, write_notebooks
-    from .grading.targets import TargetError, course_target, folder_target, load_course
-
-    try:
-        if args.submissions:
-            if not args.out:
-                raise GradeError("--submissions needs --out DIR (where the grades go)")
-            target = folder_target(args.submissions, args.out, args.assignment,
-                                   course=load_course(args.course) if args.course else None,
-                                   test_timeout=args.test_timeout or TEST_TIMEOUT, time_budget=args.time_budget)
+    if args.submissions:
+        if not args.out:
+            raise GradeError("--submissions needs --out DIR (where the grades go)")
+        limits = {"test_timeout": args.test_timeout or TEST_TIMEOUT, "time_budget": args.time_budget}
+        if args.course:  # the points of the course's assignment
+            target = course_folder_target(Course.load(args.course), args.submissions, args.out, args.assignment,
+                                          **limits)
         else:
-            target = course_target(args.course or ".", args.assignment)
-            if args.test_timeout is not None:
-                target.test_timeout = args.test_timeout
-                target.time_budget = None  # derived from the new limit, unless given too
-            if args.time_budget is not None:
-                target.time_budget = args.time_budget
-        if target.chosen:
-            print(f"attnkit grade: {target.chosen}", file=sys.stderr)
-        if budget_problem(target.test_timeout, target.time_budget):
-            raise GradeError(budget_problem(target.test_timeout, target.time_budget))
-        if args.notebooks:
-            check_notebooks_possible(target)  # before grading, not after
-        target.allow_plain = target.allow_plain or args.allow_plain
-        outcome = grade(target, students=args.student, force=args.force, executor=args.executor,
-                        scheduler=args.scheduler, workers=args.workers, quiet=args.quiet)
-        written, failed = write_notebooks(target, args.student, args.quiet) if args.notebooks else ([], {})
-    except (GradeError, GradebookError, TargetError) as exc:
-        print(f"attnkit grade: error: {exc}", file=sys.stderr)
-        return 2
-    except SQLAlchemyError as exc:
-        print(f"attnkit grade: error: {_unreadable_gradebook(exc, target.assignment)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("attnkit grade: interrupted; what was graded is kept: run again to grade the rest", file=sys.stderr)
-        return 130
+            target = folder_target(args.submissions, args.out, args.assignment, **limits)
+    else:
+        target = course_target(args.course or ".", args.assignment)
+        if args.test_timeout is not None:
+            target.test_timeout = args.test_timeout
+            target.time_budget = None  # derived from the new limit, unless given too
+        if args.time_budget is not None:
+            target.time_budget = args.time_budget
+    if target.chosen:
+        print(f"attnkit grade: {target.chosen}", file=sys.stderr)
+    if budget_problem(target.test_timeout, target.time_budget):
+        raise GradeError(budget_problem(target.test_timeout, target.time_budget))
+    if args.notebooks:
+        check_notebooks_possible(target)  # before grading, not after
+    target.allow_plain = target.allow_plain or args.allow_plain
+    outcome = grade(target, students=args.student, force=args.force, executor=args.executor,
+                    scheduler=args.scheduler, workers=args.workers, quiet=args.quiet)
+    written, failed = write_notebooks(target, args.student, args.quiet) if args.notebooks else ([], {})
     graded = len(outcome.graded)
     rate = f", {graded / outcome.seconds:.2f} submissions/s" if graded and outcome.seconds else ""
     print(f"{target.assignment}: graded {graded}, already graded {len(outcome.skipped)}, "
@@ -254,19 +209,27 @@ def cmd_grade(args):
 
 
 def cmd_gradescope(args):
-    from .outputs.gradescope import cli
+    from .outputs.gradescope import build_zip, python_floor, tested_versions
 
-    return cli(args)
+    points = plan_points(args.total, None, args.assignment)
+    if budget_problem(args.test_timeout, args.time_budget):
+        raise GradeError(budget_problem(args.test_timeout, args.time_budget))
+    out = build_zip(args.out, args.assignment, points, args.test_timeout, args.time_budget, args.allow_plain)
+    floor = ".".join(map(str, python_floor(tested_versions())))
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): Gradescope's autograder for {args.assignment}, "
+          f"{len(points)} stages, {sum(points.values()):g} points; upload it as a zip-file autograder "
+          f"(an Ubuntu base image with Python {floor} or later, e.g. Ubuntu 24.04; no GPU)")
+    return 0
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="attnkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("stubs", help="write exercises/ from solutions/").set_defaults(func=cmd_stubs)
+    sub.add_parser("stubs", help="write exercises/ from solutions/").set_defaults(func=cmd_stubs, said_as="stubs")
     p = sub.add_parser("fixtures", help="regenerate fixtures/ from solutions/")
     p.add_argument("--out", help="write somewhere else than fixtures/")
-    p.set_defaults(func=cmd_fixtures)
+    p.set_defaults(func=cmd_fixtures, said_as="fixtures")
 
     p = sub.add_parser("course", help="nbgrader course management")
     course_sub = p.add_subparsers(dest="course_command", required=True)
@@ -292,11 +255,11 @@ def main(argv=None):
     b.add_argument("--exchange", help="nbgrader Exchange.root (default: DIR/exchange)")
     b.add_argument("--db-url", help="nbgrader gradebook URL (default: sqlite DIR/gradebook.db)")
     b.add_argument(ALLOW_PLAIN, action="store_true", help=f"the autograder cells {UNCONFINED_HELP}")
-    b.set_defaults(func=cmd_course_build)
+    b.set_defaults(func=cmd_course_build, said_as="course build")
 
     p = sub.add_parser("demo", help="grade the built-in sample submissions with nbgrader, print a table")
     p.add_argument("--dir", default="attnkit-demo", help="course directory to (re)create (default: ./%(default)s)")
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=cmd_demo, said_as="demo")
 
     p = sub.add_parser(
         "samples", help="put the demo's sample submissions into your own course, for a trial run",
@@ -310,7 +273,7 @@ def main(argv=None):
     p.add_argument("--course", default=".", help="nbgrader course directory (default: the current one)")
     p.add_argument("--student", action="append", metavar="SAMPLE", help="only this sample of ASSIGNMENT (repeatable)")
     p.add_argument("--force", action="store_true", help="replace submissions already there under the samples' names")
-    p.set_defaults(func=cmd_samples)
+    p.set_defaults(func=cmd_samples, said_as="samples")
 
     p = sub.add_parser(
         "report", help="write an HTML class report (score distributions, frequent mistakes, limits hit)",
@@ -325,7 +288,7 @@ def main(argv=None):
     p.add_argument("--out", metavar="FOLDER",
                    help="where to write index.html and the PNGs (default: attnkit-grades/ASSIGNMENT/report/ "
                         "or FOLDER/report)")
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=cmd_report, said_as="report")
 
     p = sub.add_parser(
         "grade", help="grade every submission of an assignment in parallel (resumable)",
@@ -355,7 +318,7 @@ def main(argv=None):
                         "running them), so that the formgrader shows them and `nbgrader generate_feedback` works")
     p.add_argument("--quiet", action="store_true", help="no progress bars (CI)")
     p.add_argument(ALLOW_PLAIN, action="store_true", help=UNCONFINED_HELP)
-    p.set_defaults(func=cmd_grade)
+    p.set_defaults(func=cmd_grade, said_as="grade", interrupted="what was graded is kept: run again to grade the rest")
 
     p = sub.add_parser(
         "gradescope", help="build Gradescope's autograder zip for an assignment",
@@ -371,10 +334,25 @@ def main(argv=None):
     p.add_argument("--time-budget", type=_positive(float),
                    help=f"CPU seconds per submission (default: {BUDGET_CHECKS} x --test-timeout)")
     p.add_argument(ALLOW_PLAIN, action="store_true", help=f"the autograder: {UNCONFINED_HELP}")
-    p.set_defaults(func=cmd_gradescope)
+    p.set_defaults(func=cmd_gradescope, said_as="gradescope")
 
+    parser.set_defaults(interrupted=None)
     args = parser.parse_args(argv)
-    return args.func(args) or 0
+    return run(args)
+
+
+def run(args) -> int:
+    """Run the command ``args`` names; the one place where what stops a command is said: an AttnkitError as
+    ``attnkit COMMAND: error: ...`` (exit status 2), an interruption in a line (130)."""
+    try:
+        return args.func(args) or 0
+    except AttnkitError as exc:
+        print(f"attnkit {args.said_as}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        note = getattr(args, "interrupted", None)
+        print(f"attnkit {args.said_as}: interrupted" + (f"; {note}" if note else ""), file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

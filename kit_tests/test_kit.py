@@ -2,6 +2,7 @@
 import ast
 import json
 import re
+import sys
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -9,8 +10,8 @@ import numpy as np
 import pytest
 
 from grader.authoring.fixtures import generate
-from grader.authoring.stubs import BEGIN, out_of_sync
-from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, marker, stage_test_file, stages
+from grader.authoring.stubs import out_of_sync
+from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTION_BEGIN, SOLUTIONS, SUITE, marker, stage_test_file, stages
 
 # How close regenerated fixtures must come to the committed ones. The same float32 computation does
 # not give the same bits on every machine: the BLAS library picks its kernels by CPU (vector width,
@@ -33,13 +34,13 @@ def test_exercises_are_generated_from_the_solutions():
 @pytest.mark.parametrize("stage", stages())
 def test_stub_keeps_no_solution_and_raises_with_its_stage_name(stage):
     text = (EXERCISES / f"{stage}.py").read_text()
-    assert BEGIN not in text
+    assert SOLUTION_BEGIN not in text
     compile(text, f"{stage}.py", "exec")
     raises = [node.exc.args[0].value for node in ast.walk(ast.parse(text))
               if isinstance(node, ast.Raise) and getattr(node.exc, "func", None)
               and getattr(node.exc.func, "id", "") == "NotImplementedError"]
     assert raises and all(r.startswith(f"{stage}: ") for r in raises)
-    assert len(raises) == (SOLUTIONS / f"{stage}.py").read_text().count(BEGIN)
+    assert len(raises) == (SOLUTIONS / f"{stage}.py").read_text().count(SOLUTION_BEGIN)
 
 
 def test_fixtures_regenerate_to_the_committed_values(tmp_path):
@@ -119,22 +120,72 @@ def imported(path: Path) -> set[str]:
 def test_the_graded_suite_never_imports_the_grader():
     """Students get tests/ without the grader: the suite stands alone, and the grader plugs into it
     through its hook (pytest_attnkit_backend), never the other way round."""
-    forbidden = {"grader"} | {p.stem for p in Path(__file__).parent.glob("*.py")}  # and the kit's own tests
+    forbidden = {"grader"} | {p.stem for p in Path(__file__).parent.rglob("*.py")}  # and the kit's own tests
     for path in sorted(SUITE.glob("*.py")) + [KIT / "conftest.py"]:
         reached = {name.split(".")[0] for name in imported(path)} & forbidden
         assert not reached, f"{path.name} imports {sorted(reached)}"
 
 
-def test_the_grader_s_modules_import_each_other_one_way():
+# The grader's layers, lowest first: a module imports from its own layer and the layers below it, never above;
+# within a layer, its modules import each other one way (no circle).
+LAYERS = {
+    "facts": ("grader.errors", "grader.kit", "grader.suite", "grader.submission", "grader.untrusted"),  # data
+    "authoring": ("grader.authoring",),  # stubs and fixtures, from the reference solutions
+    "sandbox": ("grader.sandbox",),  # where learner code runs
+    "grading": ("grader.grading",),  # a run of the graded suite per submission; verdicts, scores, records
+    "outputs": ("grader.outputs",),  # what is made from records: the class report, Gradescope's results
+    "course": ("grader.course",),  # the nbgrader side: a course, its release, notebook, gradebook, feedback, demo
+    "command line": ("grader.cli", "grader"),
+}
+# The confined side of the sandbox runs where the kit is not: it imports the standard library and these only.
+CHILD_SIDE = {"grader.sandbox.child": {"grader.sandbox.wire", "grader.sandbox.procfs"}, "grader.sandbox.wire": set(),
+              "grader.sandbox.procfs": set()}
+
+
+def layer_of(module: str) -> int:
+    matches = [(len(prefix), index) for index, prefixes in enumerate(LAYERS.values()) for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"{module} belongs to no layer: add it to LAYERS"
+    return max(matches)[1]
+
+
+def test_the_grader_s_layers_import_downwards_only_and_one_way_within():
     modules = {module_name(path): path for path in (KIT / "grader").rglob("*.py")}
-    graph = TopologicalSorter()
+    names = list(LAYERS)
+    graph, upwards = TopologicalSorter(), []
     for name, path in modules.items():
         inner = {m for m in imported(path) if m in modules} - {name}
         graph.add(name, *inner)
+        upwards += [f"{name} ({names[layer_of(name)]}) imports {m} ({names[layer_of(m)]})" for m in sorted(inner)
+                    if layer_of(m) > layer_of(name)]
+    assert not upwards, "a layer imports one above it:\n" + "\n".join(upwards)
     try:
         graph.prepare()
     except CycleError as exc:
         pytest.fail(f"grader's modules import each other in a circle: {exc.args[1]}")
+
+
+def test_the_sandbox_s_confined_side_needs_only_the_standard_library_and_itself():
+    """child.py runs in the box's runtime folder with wire.py and procfs.py beside it (the template imports NumPy,
+    torch and the suite's adapter later, inside its functions): at the top, these files import the standard
+    library and each other only, as siblings in the runtime folder or within grader.sandbox."""
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    for name, allowed in CHILD_SIDE.items():
+        path = KIT / (name.replace(".", "/") + ".py")
+        siblings = allowed | {a.rpartition(".")[2] for a in allowed}
+        found = set()
+        pending = list(ast.parse(path.read_text()).body)
+        while pending:  # module-level statements, inside if/try too, not inside functions or classes
+            node = pending.pop()
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                found.add(node.module if not node.level else f"grader.sandbox.{node.module}")
+            pending += list(ast.iter_child_nodes(node))
+        outside = {m for m in found if m.split(".")[0] not in stdlib and m not in siblings}
+        assert not outside, f"{path.name} imports {sorted(outside)} at the top"
 
 
 def test_check_labels_read_as_english():

@@ -20,13 +20,8 @@ from pathlib import Path
 
 from stage_names import module_files
 
-from ..kit import EXERCISES, SOLUTIONS, stages
-
-BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-
-
-class StubError(ValueError):
-    pass
+from ..errors import StubError
+from ..kit import EXERCISES, SOLUTION_BEGIN, SOLUTION_END, SOLUTIONS, stages
 
 
 def _qualnames(tree):
@@ -53,9 +48,9 @@ def make_stub(source: str, stage: str) -> str:
     out, i = [], 0
     while i < len(lines):
         line = lines[i]
-        if line.strip() == END:
-            raise StubError(f"{stage}.py line {i + 1}: {END} without {BEGIN}")
-        if line.strip() != BEGIN:
+        if line.strip() == SOLUTION_END:
+            raise StubError(f"{stage}.py line {i + 1}: {SOLUTION_END} without {SOLUTION_BEGIN}")
+        if line.strip() != SOLUTION_BEGIN:
             out.append(line)
             i += 1
             continue
@@ -64,11 +59,12 @@ def make_stub(source: str, stage: str) -> str:
         while out and out[-1].startswith(indent + "#") and out[-1].strip() != "#":
             task.insert(0, out.pop()[len(indent) + 1:].strip())
         if not task:
-            raise StubError(f"{stage}.py line {i + 1}: write a comment above {BEGIN} saying what the region does")
+            raise StubError(f"{stage}.py line {i + 1}: write a comment above {SOLUTION_BEGIN} saying what the "
+                            "region does")
         try:
-            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == END)
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == SOLUTION_END)
         except StopIteration:
-            raise StubError(f"{stage}.py line {i + 1}: {BEGIN} without {END}") from None
+            raise StubError(f"{stage}.py line {i + 1}: {SOLUTION_BEGIN} without {SOLUTION_END}") from None
         where = qualnames.get(i + 1, "module")
         out.append(f"{indent}# TODO: {task[0]}")
         out.extend(f"{indent}#       {more}" for more in task[1:])

@@ -44,18 +44,21 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
-from ..authoring.stubs import BEGIN, END, out_of_sync
+from ..authoring.stubs import out_of_sync
 from ..errors import CourseError
 from ..grading.worker import READY_SECONDS
 from ..kit import (
+    ASSIGNMENT,
     ASSIGNMENTS,
     EXERCISES,
     FIXTURES,
     KIT,
+    SOLUTION_BEGIN,
+    SOLUTION_END,
     SOLUTIONS,
     STUDENT_PACKAGES,
     SUITE,
-    marker,
+    plan_points,
     stage_test_file,
     stages,
     suite_files,
@@ -65,18 +68,7 @@ from ..suite import public_tests
 from .gradebook import GradebookError, check_database, has_password
 
 MARKER_FILE = "attnkit-course.json"
-ASSIGNMENT = "attention"  # the course's first assignment, where a command is given none
 SUPPORT_FILES = ("conftest.py", "adapters.py", "checks.py")
-
-# Relative weights of the stages (harder stages weigh more); they add up to 100.
-DEFAULT_WEIGHTS = {
-    "attention_scores": 5, "normalization": 8, "context_vectors": 5, "trainable_projections": 8,
-    "self_attention": 10, "causal_mask": 8, "dropout": 8, "causal_attention": 12,
-    "multihead_wrapper": 8, "multihead_attention": 16, "other_forms": 12,
-    "pytorch_attention": 12, "padding_and_cross": 14, "kv_cache": 16, "grouped_query": 14,
-    "rotary_embeddings": 16, "sliding_window": 12, "tiled_attention": 16,
-}
-
 
 @dataclass
 class Course:
@@ -149,42 +141,6 @@ class Course:
         return course.of(name)
 
 
-# ---------------------------------------------------------------- points
-
-def plan_points(total: float | None = 100, overrides: dict[str, float] | None = None,
-                assignment: str = ASSIGNMENT) -> dict[str, float]:
-    """Points per stage module of ``assignment``. ``overrides`` (marker -> points) fixes some stages (those
-    of other assignments are left to them); the others share what is left of ``total`` in proportion to
-    DEFAULT_WEIGHTS. total=None: overrides + defaults as is."""
-    overrides = dict(overrides or {})
-    unknown = sorted(set(overrides) - {marker(s) for s in stages()})
-    if unknown:
-        raise CourseError(f"unknown stage(s) {', '.join(unknown)}; stages are: {', '.join(map(marker, stages()))}")
-    all_stages = stages(assignment)
-    overrides = {m: p for m, p in overrides.items() if m in {marker(s) for s in all_stages}}
-    for m, p in overrides.items():
-        if not p >= 0:
-            raise CourseError(f"points for {m} must be >= 0, got {p}")
-    free = [s for s in all_stages if marker(s) not in overrides]
-    weights = {s: DEFAULT_WEIGHTS.get(marker(s), 8) for s in free}
-    fixed = sum(overrides.values())
-    if total is None:
-        total = fixed + sum(weights.values())
-    if fixed > total + 1e-9 or (not free and abs(fixed - total) > 1e-9):
-        raise CourseError(f"the stage points given add up to {fixed:g}, which does not fit a total of {total:g}")
-    left = total - fixed
-    points, given = {}, 0.0
-    for s in all_stages:
-        if marker(s) in overrides:
-            points[s] = float(overrides[marker(s)])
-        elif s == free[-1]:
-            points[s] = round(left - given, 2)  # absorbs the rounding
-        else:
-            points[s] = round(left * weights[s] / sum(weights.values()), 2)
-            given += points[s]
-    return points
-
-
 # ---------------------------------------------------------------- leaks
 
 def solution_lines() -> set[str]:
@@ -198,9 +154,9 @@ def solution_lines() -> set[str]:
         region = False
         for line in (SOLUTIONS / f"{stage}.py").read_text().splitlines():
             s = line.strip()
-            if s == BEGIN:
+            if s == SOLUTION_BEGIN:
                 region = True
-            elif s == END:
+            elif s == SOLUTION_END:
                 region = False
             elif region:
                 inside.add(s)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .. import submission as S
 from ..grading.scoring import stage_report, stage_score
-from ..grading.worker import WorkerError, WorkerProcess
+from ..grading.worker import WorkerError, grade_folder
 from ..kit import stages
 from ..sandbox.limits import TEST_TIMEOUT, Limits
 
@@ -79,21 +79,6 @@ def course_of(folder: Path):
         return Course.load(root)
     except CourseError:
         return None
-
-
-def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None = None, *, allow_plain=False,
-                 private=()) -> dict:
-    """The verdicts of the submission in nbgrader's autograded copy ``folder`` on ``graded_stages`` (None:
-    every stage), graded by a worker of its own: {"fingerprint", "seed", "tests", "output_capped",
-    "confinement", "seconds"}. ``allow_plain``, ``private``: see grader.grading.worker.WorkerProcess."""
-    sources = S.autograded_sources(folder, graded_stages or ())
-    fingerprint = S.fingerprint(sources)
-    job = {"sources": sources, "seed": S.seed_of(fingerprint), "stages": graded_stages}
-    worker = WorkerProcess(limits, allow_plain=allow_plain, private=private)
-    try:
-        return {"fingerprint": fingerprint, "seed": job["seed"], **worker.grade(job)}
-    finally:
-        worker.close()
 
 
 @contextlib.contextmanager

@@ -125,8 +125,8 @@ def _run(root: Path, course: course_mod.Course, start: float, out) -> dict:
 
     # The same classes through the fast path (same suite and sandbox), whose records feed the class reports.
     from ..grading.run import grade
-    from ..grading.targets import course_target
-    from ..outputs.report import build_report
+    from .gradebook import class_report
+    from .targets import course_target
 
     differ, reports = [], {}
     for name, (_, scores, _) in rounds.items():
@@ -141,7 +141,7 @@ def _run(root: Path, course: course_mod.Course, start: float, out) -> dict:
              + (f"DIFFERENT from nbgrader's autograde for {', '.join(different)}" if different else
                 "every stage score equal to nbgrader's autograde"))
         t = time.monotonic()
-        reports[name], _ = build_report(root, name)
+        reports[name], _ = class_report(course, name)
         step(f"attnkit report {name}: {time.monotonic() - t:.1f} s")
 
     timings = [seconds for _, _, times in rounds.values() for seconds in times.values()]

@@ -32,8 +32,11 @@ from nbgrader.utils import is_grade, is_solution
 from traitlets import Unicode, default
 from traitlets.utils.importstring import import_item
 
+from ..errors import GradeError
 from ..grading import records as R
+from ..grading.run import progress_bar
 from ..grading.scoring import stage_report
+from ..grading.targets import Target
 from ..submission import defuse_links
 from .preprocessors import without_hidden_tests
 
@@ -197,7 +200,7 @@ def stale(course_root: Path, assignment: str, notebook: str, records: dict[str, 
     return found
 
 
-def write_notebooks(course_root: Path, assignment: str, students: list[str], out: Path, progress=None,
+def write_course_notebooks(course_root: Path, assignment: str, students: list[str], out: Path, progress=None,
                     notebook: str | None = None) -> dict:
     """nbgrader's autograde for ``students``, the notebook's execution replaced by their records in
     ``out``. Returns {student: why there is no notebook, and what to do, in one line} (empty when all
@@ -237,3 +240,25 @@ def write_notebooks(course_root: Path, assignment: str, students: list[str], out
         if progress is not None:
             progress.update(1)
     return failed
+
+
+# ---------------------------------------------------------------- for attnkit grade's target
+
+def check_notebooks_possible(target: Target):
+    """``--notebooks`` writes nbgrader's autograded/ notebooks: only a course has them."""
+    if target.course_root is None or target.gradebook is None:
+        raise GradeError("--notebooks needs an nbgrader course (autograded/ notebooks), not --submissions")
+
+
+def write_notebooks(target: Target, students=None, quiet=False) -> tuple[list[str], dict[str, str]]:
+    """``autograded/`` notebooks for the graded students whose notebook is missing or older than their
+    record (``students``: only those), through nbgrader's autograde (see ``grader.course.feedback``), so that
+    the formgrader shows them and ``nbgrader generate_feedback`` works. Returns (written, {student: why none
+    was written, and what to do})."""
+    check_notebooks_possible(target)
+    records = R.read_records(target.out, set(students) if students else set(target.submissions))
+    todo = stale(target.course_root, target.assignment, target.gradebook.notebook, records, target.out)
+    with progress_bar(quiet, total=len(todo), desc="autograded notebooks", unit="nb") as bar:
+        failed = write_course_notebooks(target.course_root, target.assignment, todo, target.out, progress=bar,
+                                        notebook=target.gradebook.notebook)
+    return [s for s in todo if s not in failed], failed

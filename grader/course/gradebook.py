@@ -12,10 +12,9 @@ import time
 import warnings
 from pathlib import Path
 
-
-class GradebookError(RuntimeError):
-    """The gradebook cannot take this course's grades (printed as a plain error by the CLI)."""
-
+from ..errors import GradebookError, ReportError
+from ..grading.records import results_dir
+from ..outputs.report import ClassReport, build_report
 
 # The fix for a gradebook URL whose Python driver is missing, by the module SQLAlchemy could not import.
 DRIVER_FIX = {
@@ -59,6 +58,36 @@ def sqlstate(exc) -> str | None:
     """The SQLSTATE code of a database error (psycopg 3 and psycopg2 name it differently), if any."""
     orig = getattr(exc, "orig", None)
     return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+
+
+def unreadable(exc, assignment: str) -> str:
+    """What to do when nbgrader's gradebook cannot be read: an SQLite file that is no database (damaged,
+    or a wrong --db-url), or a database server that does not answer or refuses the course's URL."""
+    reason = str(getattr(exc, "orig", None) or exc).strip()
+    if sqlstate(exc) == "42501":  # insufficient privilege
+        return (f"the gradebook's database user lacks a privilege ({reason}): use the URL of the user who "
+                "created nbgrader's tables (generate_assignment), or have the database's owner grant it: "
+                "GRANT ALL ON ALL TABLES IN SCHEMA public TO that_user; GRANT ALL ON ALL SEQUENCES IN SCHEMA "
+                "public TO that_user;")
+    if type(getattr(exc, "orig", None)).__module__.split(".")[0] not in ("sqlite3", "builtins"):
+        return (f"the course's gradebook cannot be read ({reason}): check that its database server runs and "
+                "takes the URL in the course's nbgrader_config.py; the records in attnkit-grades/ stand, and "
+                "`attnkit grade` brings the gradebook in line with them once it can")
+    return (f"the course's gradebook cannot be read ({reason}): restore it, or move it "
+            f"aside and run `nbgrader generate_assignment {assignment}` in the course folder for a new one "
+            "(`attnkit grade` then fills it from the records in attnkit-grades/)")
+
+
+@contextlib.contextmanager
+def reading(assignment: str):
+    """A gradebook that cannot be read or written (SQLAlchemy's errors, after ``reconnecting``'s tries) as a
+    GradebookError that says what to do."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        yield
+    except SQLAlchemyError as exc:
+        raise GradebookError(unreadable(exc, assignment)) from None
 
 
 def check_database(db_url: str):
@@ -172,7 +201,8 @@ class GradebookSync:
             raise self._missing()  # (opening it would create an empty gradebook)
         # nbgrader runs `alembic` when it opens a gradebook: find it next to this Python.
         os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-        reconnecting(self._check)
+        with reading(self.assignment):
+            reconnecting(self._check)
 
     def _check(self):
         from nbgrader.api import Gradebook, MissingEntry
@@ -199,7 +229,8 @@ class GradebookSync:
     def open(self):
         from nbgrader.api import Gradebook
 
-        self.gb = reconnecting(lambda: Gradebook(connectable(self.db_url), self.course_id))
+        with reading(self.assignment):
+            self.gb = reconnecting(lambda: Gradebook(connectable(self.db_url), self.course_id))
         return self
 
     def close(self):
@@ -223,7 +254,8 @@ class GradebookSync:
             if progress is not None:
                 progress.reset()
 
-        return reconnecting(lambda: self._write(records, timestamps or {}, progress), again)
+        with reading(self.assignment):
+            return reconnecting(lambda: self._write(records, timestamps or {}, progress), again)
 
     def _write(self, records: list[dict], timestamps: dict[str, str], progress) -> int:
         from nbgrader.api import MissingEntry
@@ -304,3 +336,37 @@ def _quiet_rollbacks():
         yield
     finally:
         app_log.removeFilter(drop)
+
+
+# ---------------------------------------------------------------- the class report
+
+def stage_grades(db_url: str, course_id: str, assignment: str) -> dict:
+    """{student: {stage: (score, max_score)}} from nbgrader's gradebook, for the autograded cells
+    named ``grade_<stage>`` of the assignment's notebooks."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from ..course.gradebook import connectable
+
+    scores = {}
+    with reading(assignment), Gradebook(connectable(db_url), course_id) as gb:
+        try:
+            gb.find_assignment(assignment)
+        except MissingEntry:
+            raise GradebookError(f"the gradebook has no assignment {assignment!r}") from None
+        for submission in gb.assignment_submissions(assignment):
+            row = scores.setdefault(submission.student_id, {})
+            for notebook in submission.notebooks:
+                for grade in notebook.grades:
+                    stage = grade.name.removeprefix("grade_")
+                    row[stage] = (grade.score, grade.max_score)
+    return scores
+
+
+def class_report(course, assignment: str | None = None, out=None) -> tuple[Path, ClassReport]:
+    """The class report of ``course``'s assignment (a grader.course.build.Course; default: the one it describes):
+    its records in attnkit-grades/, with the points nbgrader's gradebook holds. Returns (index.html, the report)."""
+    assignment = assignment or course.assignment
+    if not course.db_url and not (course.root / "gradebook.db").is_file():
+        raise ReportError(f"no gradebook in {course.root}: grade the class first (`attnkit grade`)")
+    gradebook = stage_grades(course.gradebook_url, course.course_id, assignment)
+    return build_report(results_dir(course.root, assignment), assignment, out, gradebook, "the nbgrader gradebook")

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from shlex import quote
 
+from ..errors import SampleError
 from ..kit import EXERCISES, SOLUTIONS, stages
 
 
@@ -183,9 +184,6 @@ def write_submission(sample: Sample, release: Path, dest: Path) -> Path:
     shutil.copytree(release, dest)
     return sample.write(dest)
 
-
-class SampleError(ValueError):
-    """Samples that cannot be put into a course as asked (printed as a plain error by the CLI)."""
 
 
 def samples_of(assignment: str, students=None) -> list[Sample]:

@@ -18,14 +18,12 @@ from dataclasses import asdict
 
 from distributed import Client, WorkerPlugin, as_completed, get_worker
 
+from ..errors import SchedulerError
 from ..sandbox.limits import Limits
 from .dispatch import Workers
 
 CONNECT_SECONDS = 10  # for the scheduler to take the connection and answer
 
-
-class SchedulerError(RuntimeError):
-    """The Dask scheduler cannot be used (printed as a plain error by the CLI)."""
 
 
 class GradingWorkers(WorkerPlugin):

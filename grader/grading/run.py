@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import submission as S
+from ..errors import GradeError
 from ..sandbox import scratch
 from ..sandbox.confinement import ConfinementRefused, probe
 from ..sandbox.limits import Limits
@@ -32,9 +33,6 @@ from .targets import Target
 
 GRADEBOOK_SECONDS = 2.0  # results reach the gradebook in one transaction at least this often
 
-
-class GradeError(RuntimeError):
-    """A problem with how the run was asked for (printed as a plain error by the CLI)."""
 
 
 @dataclass
@@ -56,7 +54,8 @@ def _up_to_date(record: dict | None, fp: str, points: dict[str, float]) -> bool:
     return [(s["stage"], s["max_points"]) for s in record["stages"]] == list(points.items())
 
 
-def _bar(quiet, **kwargs):
+def progress_bar(quiet, **kwargs):
+    """A tqdm progress bar on stderr (none with ``quiet``)."""
     from tqdm import tqdm
 
     return tqdm(disable=quiet, file=sys.stderr, dynamic_ncols=True, **kwargs)
@@ -100,7 +99,8 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
                          target, executor, scheduler, workers, outcome, quiet), None
     try:
         # The bar lasts as long as the workers: their start and stop are part of the run's time, and of its rate.
-        bar = _bar(quiet or not jobs, total=len(jobs), desc=f"grading {target.assignment} (starting)", unit="sub")
+        bar = progress_bar(quiet or not jobs, total=len(jobs), desc=f"grading {target.assignment} (starting)",
+                           unit="sub")
         if target.gradebook is not None:  # while the workers start
             target.gradebook.check()
             target.gradebook.open()
@@ -118,7 +118,7 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
                 target.gradebook.write(behind, target.timestamps)
             else:
                 bar.close()
-                with _bar(quiet, total=len(behind), desc="gradebook", unit="student") as books:
+                with progress_bar(quiet, total=len(behind), desc="gradebook", unit="student") as books:
                     target.gradebook.write(behind, target.timestamps, progress=books)
         bar.set_description(f"grading {target.assignment} (stopping the workers)")
     finally:
@@ -160,28 +160,6 @@ def _start(jobs, limits: Limits, target: Target, executor: str, scheduler, worke
     if not quiet or weaker:
         print(outcome.confinement, file=sys.stderr)
     return stream
-
-
-def check_notebooks_possible(target: Target):
-    """``--notebooks`` writes nbgrader's autograded/ notebooks: only a course has them."""
-    if target.course_root is None or target.gradebook is None:
-        raise GradeError("--notebooks needs an nbgrader course (autograded/ notebooks), not --submissions")
-
-
-def write_notebooks(target: Target, students=None, quiet=False) -> tuple[list[str], dict[str, str]]:
-    """``autograded/`` notebooks for the graded students whose notebook is missing or older than their
-    record (``students``: only those), through nbgrader's autograde (see ``grader.course.feedback``), so that
-    the formgrader shows them and ``nbgrader generate_feedback`` works. Returns (written, {student: why none
-    was written, and what to do})."""
-    from ..course import feedback
-
-    check_notebooks_possible(target)
-    records = R.read_records(target.out, set(students) if students else set(target.submissions))
-    todo = feedback.stale(target.course_root, target.assignment, target.gradebook.notebook, records, target.out)
-    with _bar(quiet, total=len(todo), desc="autograded notebooks", unit="nb") as bar:
-        failed = feedback.write_notebooks(target.course_root, target.assignment, todo, target.out, progress=bar,
-                                          notebook=target.gradebook.notebook)
-    return [s for s in todo if s not in failed], failed
 
 
 def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, bar) -> dict[str, str]:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pytest
 
+from .. import submission as S
 from ..kit import KIT, suite_files
 from ..sandbox import scratch
 from ..sandbox.confinement import ConfinementRefused, SandboxUnavailable
@@ -314,6 +315,21 @@ class WorkerProcess:
         if self.log is not None:
             self.log.close()
             self.log = None
+
+
+def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None = None, *, allow_plain=False,
+                 private=()) -> dict:
+    """The verdicts of the submission in nbgrader's autograded copy ``folder`` on ``graded_stages`` (None:
+    every stage), graded by a worker of its own: {"fingerprint", "seed", "tests", "output_capped",
+    "confinement", "seconds"}. ``allow_plain``, ``private``: see WorkerProcess."""
+    sources = S.autograded_sources(folder, graded_stages or ())
+    fingerprint = S.fingerprint(sources)
+    job = {"sources": sources, "seed": S.seed_of(fingerprint), "stages": graded_stages}
+    worker = WorkerProcess(limits, allow_plain=allow_plain, private=private)
+    try:
+        return {"fingerprint": fingerprint, "seed": job["seed"], **worker.grade(job)}
+    finally:
+        worker.close()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ image, and for every submission copies the student's files into ``/autograder/su
 
 A submission is graded as ``attnkit grade`` grades one: its stage modules are read the way
 ``grader.submission`` reads them (a module submitted as a symbolic link fails on import, saying so),
-and ``grader.course.cells.grade_folder`` grades them with a grading worker: the same suite, seed and sandbox.
+and ``grader.grading.worker.grade_folder`` grades them with a grading worker: the same suite, seed and sandbox.
 Students upload the modules themselves; an upload of one folder or one zip file that holds them is
 graded as if they had been uploaded alone (``upload``), and an upload without them is told what to
 upload (score 0, nothing that needs the instructor).
@@ -56,14 +56,14 @@ from pathlib import Path, PurePosixPath
 
 from stage_names import assignment_of, module_files, stage_test_file
 
-from ..course.build import plan_points
-
-# Everything this process will use is imported before any learner code runs (no lazy imports).
-from ..course.cells import grade_folder
+from ..errors import UploadError
 from ..grading.records import write_atomic
 from ..grading.scoring import needs_cuda, stage_report, stage_score
-from ..kit import KIT, SUITE, marker
-from ..sandbox.limits import TEST_TIMEOUT, Limits, budget_problem
+
+# Everything this process will use is imported before any learner code runs (no lazy imports).
+from ..grading.worker import grade_folder
+from ..kit import KIT, SUITE, marker, plan_points
+from ..sandbox.limits import TEST_TIMEOUT, Limits
 from ..submission import MAX_MODULE_BYTES, linked_modules
 from ..suite import public_tests
 from ..untrusted import printable
@@ -246,7 +246,7 @@ def total_entry(stage: str, points: float, tests: list[dict]) -> dict:
 
 
 def results(graded: dict, points: dict[str, float]) -> dict:
-    """Gradescope's results.json of the verdicts ``graded`` (grader.course.cells.grade_folder) on ``points``."""
+    """Gradescope's results.json of the verdicts ``graded`` (grader.grading.worker.grade_folder) on ``points``."""
     tests, lines, total = [], [], 0.0
     for stage, max_points in points.items():
         score, entries = stage_entries(stage, max_points, [t for t in graded["tests"] if t["stage"] == stage],
@@ -291,9 +291,6 @@ def to_fix(why: str) -> dict:
 MAX_ZIP_BYTES = 50 << 20  # an uploaded zip larger than this is not opened
 IGNORED = ("__MACOSX", "__pycache__")  # folders that zips and Python leave beside the modules
 
-
-class UploadError(Exception):
-    """An upload with no stage module of the assignment where the autograder looks: says what to upload."""
 
 
 @contextlib.contextmanager
@@ -413,26 +410,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     found = run(args.root, args.settings or Path(args.root) / "source" / SETTINGS)
     print(printable(found["output"], newlines=True))  # the autograder's log, which instructors read
-    return 0
-
-
-def cli(args) -> int:
-    """``attnkit gradescope``."""
-    from ..course.build import CourseError
-
-    try:
-        points = plan_points(args.total, None, args.assignment)
-    except CourseError as exc:
-        print(f"attnkit gradescope: error: {exc}", file=sys.stderr)
-        return 2
-    if budget_problem(args.test_timeout, args.time_budget):
-        print(f"attnkit gradescope: error: {budget_problem(args.test_timeout, args.time_budget)}", file=sys.stderr)
-        return 2
-    out = build_zip(args.out, args.assignment, points, args.test_timeout, args.time_budget, args.allow_plain)
-    floor = ".".join(map(str, python_floor(tested_versions())))
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): Gradescope's autograder for {args.assignment}, "
-          f"{len(points)} stages, {sum(points.values()):g} points; upload it as a zip-file autograder "
-          f"(an Ubuntu base image with Python {floor} or later, e.g. Ubuntu 24.04; no GPU)")
     return 0
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from stage_names import teaching_order
 
+from ..errors import ReportError
 from ..grading import records as R
 from ..untrusted import printable
 
@@ -50,9 +51,6 @@ COULD_NOT_RUN = re.compile(r"\S+\.py (has a syntax error on line|is missing from
                            r"importing \S+\.py failed with ")
 BINS = 10  # histogram bins over 0..100 %
 
-
-class ReportError(Exception):
-    """Missing or unreadable input (printed as a plain error by the CLI)."""
 
 
 # ---------------------------------------------------------------- reading the results
@@ -76,28 +74,6 @@ def load_results(folder) -> list[dict]:
     if not students:
         raise ReportError(f"no student results (<student>.json) in {folder}")
     return sorted(students, key=lambda s: s["student"])
-
-
-def load_gradebook(db_url: str, course_id: str, assignment: str) -> dict:
-    """{student: {stage: (score, max_score)}} from nbgrader's gradebook, for the autograded cells
-    named ``grade_<stage>`` of the assignment's notebooks."""
-    from nbgrader.api import Gradebook, MissingEntry
-
-    from ..course.gradebook import connectable
-
-    scores = {}
-    with Gradebook(connectable(db_url), course_id) as gb:
-        try:
-            gb.find_assignment(assignment)
-        except MissingEntry:
-            raise ReportError(f"the gradebook has no assignment {assignment!r}") from None
-        for submission in gb.assignment_submissions(assignment):
-            row = scores.setdefault(submission.student_id, {})
-            for notebook in submission.notebooks:
-                for grade in notebook.grades:
-                    stage = grade.name.removeprefix("grade_")
-                    row[stage] = (grade.score, grade.max_score)
-    return scores
 
 
 # ---------------------------------------------------------------- the numbers
@@ -523,26 +499,12 @@ def write_report(report: ClassReport, out_dir) -> Path:
     return index
 
 
-def build_report(course=None, assignment: str | None = None, results=None, out=None) -> tuple[Path, ClassReport]:
-    """From a course directory (gradebook + attnkit-grades/<assignment>/) or a results folder alone."""
-    gradebook = None
-    if results is not None:
-        folder = Path(results)
-        source = f"the result files in {folder}"
-    else:
-        from ..course.build import Course, CourseError
-
-        try:
-            c = Course.load(course)
-        except CourseError as exc:
-            raise ReportError(str(exc)) from None
-        assignment = assignment or c.assignment
-        folder = R.results_dir(c.root, assignment)
-        if not c.db_url and not (c.root / "gradebook.db").is_file():
-            raise ReportError(f"no gradebook in {c.root}: grade the class first (`attnkit grade`)")
-        gradebook = load_gradebook(c.gradebook_url, c.course_id, assignment)
-        source = "the nbgrader gradebook"
-    data = load_results(folder)
-    report = summarize(data, gradebook, assignment, source)
+def build_report(results, assignment: str | None = None, out=None, gradebook: dict | None = None,
+                 source: str | None = None) -> tuple[Path, ClassReport]:
+    """The class report of the records in the folder ``results``, written into ``out`` (default: its report/).
+    ``gradebook`` ({student: {stage: (score, max)}}), when given, supplies the points (``source`` says whose:
+    an nbgrader course's, grader.course.gradebook.class_report)."""
+    folder = Path(results)
+    report = summarize(load_results(folder), gradebook, assignment, source or f"the result files in {folder}")
     index = write_report(report, Path(out) if out else folder / "report")
     return index, report

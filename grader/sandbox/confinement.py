@@ -20,6 +20,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from ..errors import AttnkitError
 from .cgroups import BoxGroup
 from .child import AUDIT_ARCH
 
@@ -91,7 +92,7 @@ class SandboxUnavailable(RuntimeError):
     """No way to start a template or a box works on this machine (not the learner's fault)."""
 
 
-class ConfinementRefused(SandboxUnavailable):
+class ConfinementRefused(SandboxUnavailable, AttnkitError):
     """No confinement holds here, and the instructor did not allow grading without one."""
 
 def candidate_modes(allow_plain: bool = False) -> list[str]:

@@ -27,8 +27,7 @@ from pathlib import Path
 
 from stage_names import assignment_of, module_files, stage_of
 
-from ..authoring.stubs import BEGIN, END
-from ..kit import EXERCISES, FIXTURES, SOLUTIONS, SUITE
+from ..kit import EXERCISES, FIXTURES, SOLUTION_BEGIN, SOLUTION_END, SOLUTIONS, SUITE
 from ..suite import public_tests
 
 WINDOW = 40  # characters (whitespace left out) that make a quote
@@ -95,7 +94,7 @@ def _runs(flags):
 
 def solution_regions(text: str) -> list[str]:
     """The learner's parts of a reference module: what its ``### BEGIN/END SOLUTION`` regions hold."""
-    return re.findall(rf"{re.escape(BEGIN)}\n(.*?){re.escape(END)}", text, flags=re.S)
+    return re.findall(rf"{re.escape(SOLUTION_BEGIN)}\n(.*?){re.escape(SOLUTION_END)}", text, flags=re.S)
 
 
 def fixture_texts(path: Path) -> list[str]:

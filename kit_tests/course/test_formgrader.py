@@ -24,9 +24,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from runs import Nbgrader, attnkit
 from servers import free_port
-from test_grade import attnkit
-from test_nbgrader_course import Nbgrader
 
 from grader.course.build import Course, build, exchange_hint
 from grader.course.samples import by_student, write_submission
@@ -228,7 +227,7 @@ def test_the_formgrader_shows_the_kit_s_scores_per_cell(chromium, graded, formgr
 
 def readme_lab_command() -> list[str]:
     """The README's command that hides nbgrader's instructor tools from a student's JupyterLab."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     found = re.search(r"^\.venv/bin/(jupyter labextension disable .*)$", readme, re.M)
     assert found, "the README gives no command that hides nbgrader's instructor tools from students"
     return found.group(1).split()

@@ -21,16 +21,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from runs import ATTNKIT, attnkit
 from servers import free_port
 
 from grader import submission as S
 from grader.course.build import build
-from grader.course.cells import grade_folder
 from grader.course.samples import by_student, write_modules
 from grader.grading import records as R
 from grader.grading import scoring
 from grader.grading.run import grade
 from grader.grading.targets import folder_target
+from grader.grading.worker import grade_folder
 from grader.kit import SOLUTIONS, stages
 from grader.sandbox.limits import Limits
 from grader.untrusted import ID_RULE, printable
@@ -41,15 +42,6 @@ pytestmark = [pytest.mark.timeout(600)]
 ASSIGNMENT = "attention"
 PROMISED = "namespaces" if os.geteuid() == 0 else "userns"  # the confinement the README promises here
 STUDENTS = ("reference", "softmax-dim0", "tril-for-triu", "endless-loop")
-ATTNKIT = [sys.executable, "-m", "grader.cli"]
-
-
-def attnkit(*args, cwd=None, tmpdir=None, stderr=False):
-    """The command's output (and its error output too, with ``stderr``); it must succeed."""
-    env = dict(os.environ, TMPDIR=str(tmpdir)) if tmpdir else None
-    run = subprocess.run([*ATTNKIT, *args], cwd=cwd, capture_output=True, text=True, env=env)
-    assert run.returncode == 0, f"attnkit {' '.join(args)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    return (run.stdout, run.stderr) if stderr else run.stdout
 
 
 def records(out: Path) -> dict[str, dict]:
@@ -753,7 +745,7 @@ def test_the_progress_bar_lasts_from_the_workers_start_to_their_stop(tmp_path, m
         def __getattr__(self, name):  # check, open, write, close
             return lambda *args, **kwargs: events.append(f"gradebook {name}")
 
-    real = G._bar
+    real = G.progress_bar
 
     def bar(quiet, **kwargs):
         shown = real(True, **kwargs)
@@ -762,7 +754,7 @@ def test_the_progress_bar_lasts_from_the_workers_start_to_their_stop(tmp_path, m
         return shown
 
     monkeypatch.setattr(G, "LocalResults", Workers)
-    monkeypatch.setattr(G, "_bar", bar)
+    monkeypatch.setattr(G, "progress_bar", bar)
     by_student("reference").write(tmp_path / "submissions" / "ada")
     target = folder_target(tmp_path / "submissions", tmp_path / "grades", "attention")
     target.gradebook = Gradebook()

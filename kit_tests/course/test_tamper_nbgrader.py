@@ -12,11 +12,9 @@ autograded folder changed: not the bystanders' files, not their rows in the grad
 from __future__ import annotations
 
 import difflib
-import hashlib
 import html
 import json
 import re
-import sqlite3
 import subprocess
 import sys
 import time
@@ -24,10 +22,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from runs import expected_scores, file_hashes, gradebook_rows, scores
 
 from grader.course.build import build
 from grader.course.samples import by_student, write_submission
-from grader.kit import KIT, marker, stages
+from grader.kit import KIT, stages
 from grader.submission import LINK_NOTE
 from load import cpu_hogs
 from tamper import BYSTANDERS, LATE, MARK, Context, corpus, write_entry
@@ -54,31 +53,6 @@ class Nbgrader:
         self.seconds[args[0]] = self.seconds.get(args[0], 0) + time.monotonic() - start
         assert run.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
         return run
-
-
-def file_hashes(root: Path, skip=()) -> dict:
-    """sha256 of every file under root (paths relative to root), leaving out the ``skip`` folders."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if path.is_file() and not any(rel.parts[:len(s.parts)] == s.parts for s in skip):
-            out[str(rel)] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
-
-
-def gradebook_rows(db: Path) -> set:
-    """Every row of every table, as (table, row) pairs."""
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-        tables = [t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        return {(t, row) for t in tables for row in con.execute(f'SELECT * FROM "{t}"')}
-
-
-def scores(c, db: Path, students) -> dict:
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{db}", c.course_id) as gb:
-        return {s: {stage: gb.find_grade(f"grade_{stage}", c.notebook, ASSIGNMENT, s).score for stage in c.points}
-                for s in students}
 
 
 def feedback_text(root: Path, student: str) -> str:
@@ -130,10 +104,6 @@ def graded(tmp_path_factory):
                 scores=scores(c, db, BYSTANDERS + tuple(LATE + s for s in BYSTANDERS) + tuple(e.name for e in CORPUS)),
                 targets_before=targets_before, files_before=files_before,
                 rows_before=rows_before)
-
-
-def expected_scores(c, entry) -> dict:
-    return {stage: round(points * float(entry.fraction(marker(stage))), 2) for stage, points in c.points.items()}
 
 
 # ---------------------------------------------------------------- grades

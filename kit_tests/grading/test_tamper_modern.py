@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_tamper_grade import attnkit_grade, feedback, graded_content
-from test_tamper_nbgrader import expected_scores, file_hashes
+from runs import attnkit_grade, expected_scores, feedback, file_hashes, graded_content
 
 from grader.course.build import Course, build
 from grader.course.samples import by_student, write_submission

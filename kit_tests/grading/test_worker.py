@@ -9,8 +9,9 @@ from grader import submission as S
 from grader.course.samples import by_student, edited, write_modules
 from grader.grading.plugin import GradingPlugin
 from grader.grading.worker import JobLoop, WorkerProcess
-from grader.kit import SOLUTIONS, stage_of, stages
+from grader.kit import SOLUTIONS, stages
 from grader.sandbox.limits import Limits
+from stage_names import stage_of
 
 
 def job(folder):

@@ -26,13 +26,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_tamper_nbgrader import expected_scores, file_hashes, gradebook_rows
+from runs import attnkit_grade, expected_scores, feedback, file_hashes, gradebook_rows, graded_content
 from verdicts import verdicts
 
 from grader.course.build import build
 from grader.course.samples import by_student, write_submission
 from grader.grading import records as R
-from grader.grading.scoring import stage_report
 from grader.kit import KIT, SOLUTIONS, marker, stages
 from grader.sandbox import lockdown
 from grader.sandbox.redaction import solution_regions
@@ -44,30 +43,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 ASSIGNMENT = "attention"
 TEST_TIMEOUT = 3.0  # CPU seconds per check: the learner's own time, so a loaded machine needs no more
 CORPUS = corpus()
-
-
-DOCKER = Path(__file__).with_name("docker_default.sh")
-
-
-def attnkit_grade(root, tmpdir, assignment=ASSIGNMENT, container=False):
-    """``attnkit grade`` of the course at ``root``, here or (``container``) in a container like Docker's."""
-    env = dict(os.environ, TMPDIR=str(tmpdir), PYTHON=sys.executable)
-    command = [sys.executable, "-m", "grader.cli", "grade", assignment, "--course", str(root), "--workers", "1",
-               "--quiet"]
-    run = subprocess.run([str(DOCKER), *command] if container else command, capture_output=True, text=True, env=env)
-    assert run.returncode == 0, f"attnkit grade failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    return run
-
-
-def graded_content(record: dict) -> str:
-    """What a record says about the work (not when or how fast it was graded), as bytes to compare."""
-    return json.dumps(record["stages"], sort_keys=True)
-
-
-def feedback(record: dict) -> str:
-    """The record as the student's feedback shows it (what `attnkit grade --notebooks` puts in the cells), its
-    whitespace as single spaces: the report wraps long lines, and a phrase may span two."""
-    return " ".join("\n".join(stage_report(s["marker"], s["max_points"], s["tests"]) for s in record["stages"]).split())
 
 
 @pytest.fixture(scope="module")

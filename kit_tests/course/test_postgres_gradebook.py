@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import servers
-from test_nbgrader_course import Nbgrader
+from runs import Nbgrader
 
 from grader.cli import main
 from grader.course.build import Course, build
@@ -114,7 +114,7 @@ def test_a_gradebook_server_that_stays_down_stops_attnkit_grade_after_the_connec
     # Refused connections are tried again for the connect timeout, not reported at once (a server restart
     # must not end a run); the upper bound only says it was not waited for much longer.
     assert CONNECT_SECONDS <= waited < CONNECT_SECONDS + 30, f"reported after {waited:.1f} s"
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert f"takes no connection for {CONNECT_SECONDS} s is reported" in readme, \
         "the README gives another time than the gradebook's CONNECT_SECONDS"
 

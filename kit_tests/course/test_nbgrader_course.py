@@ -18,12 +18,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from runs import Nbgrader
 
 from grader.course.build import build, hidden_test_names, solution_lines
-from grader.course.cells import grade_folder
 from grader.course.demo import stage_scores
 from grader.course.samples import by_student, write_submission
 from grader.grading.scoring import stage_score
+from grader.grading.worker import grade_folder
 from grader.kit import FIXTURES, SOLUTIONS, marker, stages, suite_files
 from grader.sandbox.limits import Limits
 from stage_names import module_files
@@ -37,23 +38,6 @@ VIA_ZIP = "noisy-correct"
 COPIED = ("untouched", "tril-for-triu", "syntax-error")
 STUDENTS = (VIA_EXCHANGE, VIA_ZIP) + COPIED
 TAMPERED = "tril-for-triu"  # also carries an extra notebook cell and a fake grader/ package
-
-
-class Nbgrader:
-    """Runs nbgrader's own command line in one course, and keeps how long each run took (the
-    fixture that makes one prints them)."""
-
-    def __init__(self, course: Path):
-        self.course = course
-        self.timings = {}  # command -> seconds of each of its runs, in order
-
-    def __call__(self, *args, cwd=None, env=None):
-        start = time.monotonic()
-        run = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd or self.course, env=env,
-                             capture_output=True, text=True)
-        self.timings.setdefault(args[0], []).append(time.monotonic() - start)
-        assert run.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
-        return run
 
 
 EDITED_CELL = "grade_s01_attention_scores"  # the locked autograder cell the tampered submission edits

@@ -23,11 +23,11 @@ import time
 from pathlib import Path
 
 import pytest
-from test_gradescope import unzip, validate
+from gradescope_results import unzip, validate
+from runs import DOCKER, expected_scores, scores
 
-from grader.course.build import plan_points
 from grader.course.samples import by_student, write_modules
-from grader.kit import KIT, SOLUTIONS, marker, stages
+from grader.kit import KIT, SOLUTIONS, marker, plan_points, stages
 from grader.outputs.gradescope import ROOT_ENV
 from grader.sandbox.lockdown import kit_private
 from grader.sandbox.redaction import solution_regions
@@ -35,7 +35,6 @@ from tamper import Context, corpus, reading_solutions
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-DOCKER = Path(__file__).with_name("docker_default.sh")
 ASSIGNMENT = "attention"
 
 
@@ -61,8 +60,8 @@ def docker_like(unavailable):
 
 def test_the_sandbox_holds_in_a_container():
     """Every test of test_sandbox.py, with the confinement a container gets."""
-    run = in_container([sys.executable, "-m", "pytest", "kit_tests/test_sandbox.py", "-q", "-p", "no:cacheprovider",
-                        "-W", "ignore::grader.sandbox.confinement.SandboxWarning"],
+    run = in_container([sys.executable, "-m", "pytest", "kit_tests/sandbox/test_sandbox.py", "-q", "-p",
+                        "no:cacheprovider", "-W", "ignore::grader.sandbox.confinement.SandboxWarning"],
                        env={"ATTNKIT_TEST_CONFINEMENT": "container"}, cwd=KIT, timeout=1500)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
     print(f"\ntest_sandbox.py in a container: {summary}")
@@ -190,7 +189,6 @@ def test_nbgrader_autogrades_in_a_container(tmp_path):
     """nbgrader's own autograde, as root in a container: each autograder cell grades its submission with the
     container confinement (the course private to root first), the reference gets full marks and an attack on
     the grader its honest grade."""
-    from test_tamper_nbgrader import expected_scores, scores
 
     from grader.course.build import build
     from grader.course.samples import write_submission

@@ -9,7 +9,7 @@ import json
 
 import nbformat
 import pytest
-from test_nbgrader_course import Nbgrader
+from runs import Nbgrader
 
 from grader.cli import main
 from grader.course.build import Course, build, find_leaks, hidden_test_names, solution_lines

@@ -33,11 +33,11 @@ from stage_names import builds_on
 from tamper import attacked, payload, solution, stealing_wrapper, stub
 
 LIMITS = Limits(check_seconds=1.0, memory_bytes=2 << 30, output_bytes=64 << 10, processes=48)
-# What the README promises on such a machine; kit_tests/test_container.py runs this file in a container as
+# What the README promises on such a machine; kit_tests/sandbox/test_container.py runs this file in a container as
 # Docker makes one (kit_tests/docker_default.sh), where the promise is the container confinement.
 PROMISED = os.environ.get("ATTNKIT_TEST_CONFINEMENT") or ("namespaces" if os.geteuid() == 0 else "userns")
 
-HOSTILE_CALLS = Path(__file__).with_name("tamper_payloads") / "hostile_calls.py"
+HOSTILE_CALLS = Path(__file__).parent.parent / "tamper_payloads" / "hostile_calls.py"
 
 # Stages 2 to 4 misbehave at import; stage 6 is the stub of exercises/.
 HOSTILE_IMPORTS = {

@@ -21,6 +21,8 @@ from collections import Counter
 
 import pytest
 
+from grader.course.build import Course
+from grader.course.gradebook import class_report
 from grader.grading import records as results
 from grader.grading.scoring import label, stage_report
 from grader.kit import marker, stages
@@ -121,7 +123,7 @@ def test_numbers_match_the_gradebook_and_the_results(graded_class):
 
     root, c, records = graded_class
     assert main(["report", ASSIGNMENT, "--course", str(root)]) == 0
-    index, report = build_report(course=root)
+    index, report = class_report(Course.load(root))
     assert index == root / "attnkit-grades" / ASSIGNMENT / "report" / "index.html"
     assert sorted(report.students) == [r["student"] for r in records]
 
@@ -189,7 +191,7 @@ def test_totals_match_nbgrader_export(graded_class):
     with open(csv_path, newline="") as handle:
         exported = {row["student_id"]: row for row in csv.DictReader(handle)}
     assert main(["report", ASSIGNMENT, "--course", str(root)]) == 0
-    index, report = build_report(course=root)
+    index, report = class_report(Course.load(root))
     assert sorted(exported) == sorted(report.students)
     for student, info in report.students.items():
         assert info["total"] == pytest.approx(float(exported[student]["raw_score"]), abs=0.01), student
@@ -202,7 +204,7 @@ def test_plots_are_real_images(graded_class):
     from PIL import Image
 
     root, c, records = graded_class
-    index, report = build_report(course=root)
+    index, report = class_report(Course.load(root))
     page = index.read_text()
     for name in ("scores", "mistakes", "limits"):
         path = index.parent / f"{name}.png"
@@ -252,7 +254,7 @@ def test_a_class_without_mistakes_or_limits(tmp_path):
             for t in s["tests"]:
                 t.update(outcome="passed", message="", mistakes=[], limit=None)
         (tmp_path / f"s{i}.json").write_text(json.dumps(r))
-    index, report = build_report(results=tmp_path)
+    index, report = build_report(tmp_path)
     assert sorted(p.name for p in index.parent.glob("*.png")) == ["scores.png"]
     page = index.read_text()
     assert "No failed test named a likely mistake" in page and "hit a time, memory" in page
@@ -282,7 +284,7 @@ def test_reads_what_grader_results_writes(tmp_path):
     out = tmp_path / "grades"
     results.write_record(out, record)
     results.write_summary(out, ASSIGNMENT, [record])
-    index, report = build_report(results=out)
+    index, report = build_report(out)
     assert report.stages["s02_normalization"].points == {"alice": 4.0}
     assert dict(report.stages["s02_normalization"].mistakes) == {"softmax over dim 0 (each column sums to 1)": 1}
     limits = [(x.student, x.stage, x.kind, x.test) for x in report.limits]
@@ -375,7 +377,7 @@ def test_a_module_that_could_not_run_is_in_the_report(tmp_path):
                                                  ("s05_self_attention", "v2", "failed", syntax),
                                                  ("s02_normalization", "rows", "passed", "")]))
     results.write_record(out, record_of("ok", [("s05_self_attention", "v1", "passed", "")]))
-    index, report = build_report(results=out)
+    index, report = build_report(out)
     assert report.stages["s05_self_attention"].could_not_run == {
         "typo": "s05_self_attention.py has a syntax error on line 34: '(' was never closed"}
     assert not report.stages["s05_self_attention"].mistakes and not report.limits
@@ -452,6 +454,6 @@ def test_students_graded_unconfined_are_named_at_the_top(tmp_path):
         record = synthetic_record(f"s{i}", points, rng)
         record["confinement"] = {"mode": mode, "missing": []}
         (tmp_path / f"s{i}.json").write_text(json.dumps(record))
-    index, report = build_report(results=tmp_path)
+    index, report = build_report(tmp_path)
     assert report.unconfined == ["s1"]
     assert "Graded UNCONFINED" in index.read_text() and "1 of 2 students" in index.read_text()

@@ -1,0 +1,94 @@
+"""How the kit's tests run the kit's commands and read what they leave: ``attnkit`` and nbgrader's command line
+in a subprocess, ``attnkit grade`` of a course (here, or in a container as Docker makes one), the files, gradebook
+rows and scores a run leaves, and what a record says."""
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from grader.grading.scoring import stage_report
+from grader.kit import marker
+
+ATTNKIT = [sys.executable, "-m", "grader.cli"]
+
+
+def attnkit(*args, cwd=None, tmpdir=None, stderr=False):
+    """The command's output (and its error output too, with ``stderr``); it must succeed."""
+    env = dict(os.environ, TMPDIR=str(tmpdir)) if tmpdir else None
+    run = subprocess.run([*ATTNKIT, *args], cwd=cwd, capture_output=True, text=True, env=env)
+    assert run.returncode == 0, f"attnkit {' '.join(args)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    return (run.stdout, run.stderr) if stderr else run.stdout
+
+
+class Nbgrader:
+    """Runs nbgrader's own command line in one course, and keeps how long each run took (the
+    fixture that makes one prints them)."""
+
+    def __init__(self, course: Path):
+        self.course = course
+        self.timings = {}  # command -> seconds of each of its runs, in order
+
+    def __call__(self, *args, cwd=None, env=None):
+        start = time.monotonic()
+        run = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd or self.course, env=env,
+                             capture_output=True, text=True)
+        self.timings.setdefault(args[0], []).append(time.monotonic() - start)
+        assert run.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
+        return run
+
+
+def file_hashes(root: Path, skip=()) -> dict:
+    """sha256 of every file under root (paths relative to root), leaving out the ``skip`` folders."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if path.is_file() and not any(rel.parts[:len(s.parts)] == s.parts for s in skip):
+            out[str(rel)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def gradebook_rows(db: Path) -> set:
+    """Every row of every table, as (table, row) pairs."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        tables = [t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {(t, row) for t in tables for row in con.execute(f'SELECT * FROM "{t}"')}
+
+
+def scores(c, db: Path, students) -> dict:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{db}", c.course_id) as gb:
+        return {s: {stage: gb.find_grade(f"grade_{stage}", c.notebook, c.assignment, s).score for stage in c.points}
+                for s in students}
+
+
+def expected_scores(c, entry) -> dict:
+    return {stage: round(points * float(entry.fraction(marker(stage))), 2) for stage, points in c.points.items()}
+
+
+DOCKER = Path(__file__).with_name("docker_default.sh")  # a command run in a container as Docker makes one
+
+
+def attnkit_grade(root, tmpdir, assignment="attention", container=False):
+    """``attnkit grade`` of the course at ``root``, here or (``container``) in a container like Docker's."""
+    env = dict(os.environ, TMPDIR=str(tmpdir), PYTHON=sys.executable)
+    command = [sys.executable, "-m", "grader.cli", "grade", assignment, "--course", str(root), "--workers", "1",
+               "--quiet"]
+    run = subprocess.run([str(DOCKER), *command] if container else command, capture_output=True, text=True, env=env)
+    assert run.returncode == 0, f"attnkit grade failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    return run
+
+
+def graded_content(record: dict) -> str:
+    """What a record says about the work (not when or how fast it was graded), as bytes to compare."""
+    return json.dumps(record["stages"], sort_keys=True)
+
+
+def feedback(record: dict) -> str:
+    """The record as the student's feedback shows it (what `attnkit grade --notebooks` puts in the cells), its
+    whitespace as single spaces: the report wraps long lines, and a phrase may span two."""
+    return " ".join("\n".join(stage_report(s["marker"], s["max_points"], s["tests"]) for s in record["stages"]).split())
