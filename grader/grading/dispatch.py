@@ -2,7 +2,7 @@
 a Dask cluster (``grader.grading.on_dask``). Either way a job ({"student", "sources", "seed", ...}) meets a
 ``WorkerProcess`` (grader.grading.worker) that grades one submission at a time, and its result comes back as
 
-    {"student", "tests", "output_capped", "confinement", "seconds", "error"}
+    {"student", "tests", "output_capped", "confinement", "seconds", "error", "refused"}  (contracts.Result)
 
 with ``error`` None, or saying why the submission could not be graded (it then gets no record and
 is tried again by the next run). A failed worker is replaced and the job tried once more first.
@@ -14,6 +14,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from ..sandbox.limits import Limits
+from .contracts import ClassJob, Result
 from .worker import WorkerError, WorkerProcess, WorkerRefused
 
 
@@ -28,7 +29,7 @@ class Workers:
             self.free.put(handle)
         self.stopped = threading.Event()  # set by close(): no worker is started any more
 
-    def grade(self, job: dict) -> dict:
+    def grade(self, job: ClassJob) -> Result:
         handle = self.free.get()
         try:
             error = "the run was interrupted"
@@ -39,7 +40,7 @@ class Workers:
                     answer = handle.grade(job)
                     return {"student": job["student"], "tests": answer["tests"],
                             "output_capped": answer["output_capped"], "confinement": answer["confinement"],
-                            "seconds": answer["seconds"], "error": None}
+                            "seconds": answer["seconds"], "error": None, "refused": False}
                 except WorkerRefused as exc:  # the same for every submission: the run stops
                     self.refused = exc
                     self.stopped.set()

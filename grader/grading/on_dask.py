@@ -20,6 +20,7 @@ from distributed import Client, WorkerPlugin, as_completed, get_worker
 
 from ..errors import SchedulerError
 from ..sandbox.limits import Limits
+from .contracts import ClassJob, Result
 from .dispatch import Workers
 
 CONNECT_SECONDS = 10  # for the scheduler to take the connection and answer
@@ -122,6 +123,6 @@ class DaskResults:
         self.client.close()
 
 
-def grade(job: dict, plugin: str) -> dict:
+def grade(job: ClassJob, plugin: str) -> Result:
     """A Dask task: ``job`` graded by the grading workers of the Dask worker it runs on."""
     return get_worker().plugins[plugin].workers.grade(job)

@@ -5,8 +5,9 @@ It answers the suite's ``pytest_attnkit_backend`` hook with an ``IsolatedBackend
 modules run in boxes of the worker's sandbox, never in this process, each stage beside the reference
 versions of the stages it builds on (the kit's solutions/), so that a mistake costs points once. It
 starts each check's time limit once the check's fixtures are set up, and it records a verdict per
-check: the outcome, and the failure (or skip) message a student may read. Verdicts, like every other
-conclusion, are drawn here, in the trusted process.
+check: the outcome, the failure (or skip) message a student may read, and the sandbox limit the check ran into
+(the ``limit`` the backend set on the error it raised). Verdicts, like every other conclusion, are drawn here,
+in the trusted process.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from stage_names import stage_of
 
 from ..kit import SOLUTIONS
 from ..sandbox.backend import IsolatedBackend, reference_imports
-from ..sandbox.limits import Limits
+from ..sandbox.limits import Limit, Limits
 from ..sandbox.template import Sandbox
+from .contracts import Check, Verdict
 from .scoring import check_entry
 
 RECORDED_CHARS = 8000  # of one failure message, kept in the record (a learner's exception can be huge)
@@ -35,7 +37,7 @@ class GradingPlugin:
         # What each stage is run beside, read once for every submission this session grades.
         self.provided = reference_imports(SOLUTIONS)
         self.ceilings: dict[str, int] = {}  # stage -> the MEMORY_HEADROOM its test module declares
-        self.checks: list[dict] = []  # every collected check of a stage, in order
+        self.checks: list[Check] = []  # every collected check of a stage, in order
         self.collection_errors: list[str] = []
         self.begin()
 
@@ -44,7 +46,8 @@ class GradingPlugin:
         self.stages = None if stages is None else frozenset(stages)
         self.backend: IsolatedBackend | None = None
         self.implementations = 0  # how often the suite asked for the implementation (once per submission)
-        self.outcomes: dict[str, dict] = {}
+        self.outcomes: dict[str, dict] = {}  # nodeid -> {"outcome", "message", "limit"} of the checks run so far
+        self.timed_out: set[str] = set()  # stages with a check that ran into its time limit
         self.output_capped: list[str] = []  # checks during which the learner's output was cut
         self.infrastructure: str | None = None  # why the sandbox could not grade, if it could not
         self._dropped = 0
@@ -54,11 +57,19 @@ class GradingPlugin:
         stage = stage_of(nodeid)
         return stage is not None and (self.stages is None or stage in self.stages)
 
-    def verdicts(self) -> list[dict]:
-        """Every check of the graded stages with its verdict; a check that did not run has failed."""
-        missing = {"outcome": "failed", "message": NOT_RUN}
-        return [{**check, **self.outcomes.get(check["nodeid"], missing)} for check in self.checks
-                if self.grades(check["nodeid"])]
+    def verdicts(self) -> list[Verdict]:
+        """Every check of the graded stages with its verdict; a check that did not run has failed. A check that
+        hit no limit but during which the learner's output was cut is marked so (limit "output")."""
+        missing = {"outcome": "failed", "message": NOT_RUN, "limit": None}
+        found = []
+        for check in self.checks:
+            if self.grades(check["nodeid"]):
+                verdict = {**check, **self.outcomes.get(check["nodeid"], missing)}
+                capped = check["nodeid"] in self.output_capped and verdict["outcome"] != "skipped"
+                if verdict["limit"] is None and capped:
+                    verdict["limit"] = "output"
+                found.append(verdict)
+        return found
 
     @property
     def confinement(self) -> dict | None:
@@ -108,17 +119,29 @@ class GradingPlugin:
         if self.backend is not None and "impl" in item.fixturenames:
             self.backend.start_check()
 
+    @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
-        """A sandbox that cannot start is no failure of the learner's: record it and stop, so that the
-        submission is not graded at all rather than failed check by check."""
+        """The limit the check ran into: the one the sandbox set on the error the check failed with (an error
+        the test caught and diagnosed itself is the test's failure, not the limit's). A check the suite failed
+        before its call because an earlier check of its stage hit the time limit hit it too. A sandbox that
+        cannot start is no failure of the learner's: record it and stop, so that the submission is not graded
+        at all rather than failed check by check."""
+        report = yield
         if call.excinfo is not None and call.excinfo.typename == "SandboxUnavailable" and not self.infrastructure:
             self.infrastructure = str(call.excinfo.value)
             item.session.shouldstop = "the sandbox failed"
+        limit: Limit | None = getattr(call.excinfo.value, "limit", None) if call.excinfo is not None else None
+        if report.failed and limit is None and call.when == "setup" and stage_of(item.nodeid) in self.timed_out:
+            limit = "time"
+        if report.failed and limit == "time":
+            self.timed_out.add(stage_of(item.nodeid))
+        report.attnkit_limit = limit
+        return report
 
     def pytest_runtest_logreport(self, report):
-        state = self.outcomes.setdefault(report.nodeid, {"outcome": "passed", "message": ""})
+        state = self.outcomes.setdefault(report.nodeid, {"outcome": "passed", "message": "", "limit": None})
         if report.failed and state["outcome"] != "failed":
-            state.update(outcome="failed", message=_message(report))
+            state.update(outcome="failed", message=_message(report), limit=getattr(report, "attnkit_limit", None))
         elif report.skipped and state["outcome"] == "passed":
             state.update(outcome="skipped", message=_message(report))
 

@@ -22,11 +22,12 @@ One JSON file per student, ``<out>/<student>.json`` (``<out>`` is
                    "mistakes": ["..."],          # the text after each "Likely mistake:" in message
                    "limit": null | "time" | "budget" | "memory" | "crash" | "exit" | "output"}]}]}
 
-``limit`` says which sandbox limit the test ran into: the time limit of one check
-(or a test not run because an earlier one of its stage hit it), the time budget
-of the whole submission (this test and the rest were not run), the memory limit,
-a crash (signal), an exit (``sys.exit``/``os._exit`` in learner code), or the cap
-on captured output (the output was truncated; the verdict stands on its own).
+``limit`` says which sandbox limit the test ran into, as the sandbox set it where it stopped the test
+(grader.sandbox.limits.Limit): the time limit of one check (or a test not run because an earlier one of its
+stage hit it), the time budget of the whole submission (this test and the rest were not run), the memory limit
+(or a stage's memory ceiling), a crash (signal), an exit (``sys.exit``/``os._exit`` in learner code), or the
+cap on an answer or on captured output (the output was truncated; the verdict stands on its own). The records'
+types: grader.grading.contracts.
 
 Beside the per-student files: ``grades.csv`` (one row per student: total and
 points per stage; a cell a spreadsheet would run as a formula starts with ``'``) and
@@ -51,7 +52,8 @@ from pathlib import Path
 from ..kit import marker
 from ..submission import seed_of
 from ..untrusted import csv_cell, id_problem
-from .scoring import limit_of, mistakes, stage_score
+from .contracts import Record, Verdict
+from .scoring import mistakes, stage_score
 
 SCHEMA = 1
 GRADES_DIR = "attnkit-grades"  # in an nbgrader course: GRADES_DIR/<assignment>/<student>.json
@@ -63,13 +65,11 @@ def results_dir(course_root, assignment: str) -> Path:
     return Path(course_root) / GRADES_DIR / assignment
 
 
-def build(*, student, assignment, submission, fingerprint, tests, points, seconds, output_capped=(),
-          confinement=None) -> dict:
-    """The record of one graded submission. ``tests`` are its checks' verdicts (grader.grading.scoring);
-    ``points`` maps stage modules to their points, in order; ``output_capped``: nodeids during which
-    the learner's output was truncated."""
+def build(*, student, assignment, submission, fingerprint, tests: list[Verdict], points, seconds,
+          confinement=None) -> Record:
+    """The record of one graded submission. ``tests`` are its checks' verdicts, each with the limit it hit
+    (grader.grading.contracts.Verdict); ``points`` maps stage modules to their points, in order."""
     submission = Path(submission).resolve()
-    capped = set(output_capped)
     stages = []
     for stage, max_points in points.items():
         mine = [t for t in tests if t["stage"] == stage]
@@ -81,7 +81,7 @@ def build(*, student, assignment, submission, fingerprint, tests, points, second
             "tests": [{
                 "nodeid": t["nodeid"], "label": t["label"], "outcome": t["outcome"], "message": t["message"],
                 "mistakes": mistakes(t["message"]) if t["outcome"] == "failed" else [],
-                "limit": limit_of(t["message"], t["nodeid"] in capped) if t["outcome"] != "skipped" else None,
+                "limit": t["limit"] if t["outcome"] != "skipped" else None,
             } for t in mine],
         })
     return {

@@ -28,6 +28,7 @@ from ..sandbox.confinement import ConfinementRefused, probe
 from ..sandbox.limits import Limits
 from ..untrusted import printable
 from . import records as R
+from .contracts import ClassJob
 from .dispatch import LocalResults
 from .targets import Target
 
@@ -80,7 +81,7 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
             raise GradeError(f"no submission for {', '.join(map(printable, unknown))} "
                              f"(found {len(wanted)} submissions)")
         wanted = {s: wanted[s] for s in students}
-    jobs = []
+    jobs: list[ClassJob] = []
     for student, folder in wanted.items():
         problem = R.student_problem(student)
         if problem is not None:
@@ -188,7 +189,7 @@ def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, bar
             else:
                 record = R.build(student=student, assignment=target.assignment, submission=folder,
                                  fingerprint=job["fingerprint"], tests=result["tests"], points=target.points,
-                                 seconds=result["seconds"], output_capped=result["output_capped"],
+                                 seconds=result["seconds"],
                                  confinement=result["confinement"])
                 R.write_record(target.out, record)
                 pending.append(record)

@@ -1,10 +1,9 @@
 """A stage's points and its feedback, from the verdicts of its checks.
 
 A verdict is one test of the graded suite on one submission: ``{"nodeid", "stage", "marker",
-"label", "outcome": "passed" | "failed" | "skipped", "message"}``. A stage earns
-``points x passed / counted``, where skipped checks (CUDA cases on a machine without CUDA) do not
-count. What a message says is read here too: the mistakes the suite diagnosed, and which limit
-of the sandbox a check ran into.
+"label", "outcome": "passed" | "failed" | "skipped", "message", "limit"}`` (grader.grading.contracts.Verdict).
+A stage earns ``points x passed / counted``, where skipped checks (CUDA cases on a machine without CUDA) do not
+count. The mistakes the suite diagnosed are read from a message here (the text after each "Likely mistake:").
 """
 from __future__ import annotations
 
@@ -13,6 +12,8 @@ import textwrap
 
 from stage_names import marker, stage_of
 
+from .contracts import Check
+
 MESSAGE_LIMIT = 700  # characters of one failure message shown in feedback
 # Columns of a stage report's lines: longer ones are wrapped (at spaces, with a deeper indent), since the formgrader
 # and the feedback page show a cell's output in a box that cuts a line at its width (about 130 columns in a window
@@ -20,18 +21,9 @@ MESSAGE_LIMIT = 700  # characters of one failure message shown in feedback
 REPORT_WIDTH = 100
 DETAILED_FAILURES = 12  # failures per stage shown with their message
 MISTAKE = re.compile(r"Likely mistake:\s*(.*?)(?=\nLikely mistake:|\Z)", re.S)
-TIME_LIMIT = re.compile(r"time limit|pytest-timeout")  # the sandbox's, the suite's and pytest-timeout's words
-LIMITS = [  # (limit, what its message says), checked in this order
-    ("budget", re.compile(r"time budget of this submission ran out")),
-    ("memory", re.compile(r"memory limit of")),
-    ("time", TIME_LIMIT),
-    ("crash", re.compile(r"died with signal|sandbox process died unexpectedly")),
-    ("exit", re.compile(r"exited with code \S+ before answering")),
-    ("output", re.compile(r"answer could not be read: a result of")),
-]
 
 
-def check_entry(nodeid: str) -> dict | None:
+def check_entry(nodeid: str) -> Check | None:
     """A graded check of the suite as the records name it, or None for a test of no stage."""
     stage = stage_of(nodeid)
     if stage is None:
@@ -122,11 +114,3 @@ def _wrapped(line: str) -> list[str]:
 def mistakes(message: str) -> list[str]:
     """The mistakes a failure message names (the text after each "Likely mistake:")."""
     return [m.strip() for m in MISTAKE.findall(message or "") if m.strip()]
-
-
-def limit_of(message: str, output_capped: bool = False) -> str | None:
-    """Which limit of the sandbox a check ran into, from its message (None: none)."""
-    for name, pattern in LIMITS:
-        if pattern.search(message or ""):
-            return name
-    return "output" if output_capped else None

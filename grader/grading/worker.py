@@ -45,6 +45,7 @@ from ..sandbox import scratch
 from ..sandbox.confinement import ConfinementRefused, SandboxUnavailable
 from ..sandbox.limits import ONE_THREAD, Limits
 from ..sandbox.template import Sandbox
+from .contracts import Job, WorkerAnswer
 from .plugin import GradingPlugin
 
 READY_SECONDS = 300  # a worker must be ready (torch, pytest, collection, its sandbox) within this
@@ -113,7 +114,7 @@ class JobLoop:
             self.answer(answer)
         return True
 
-    def grade(self, session, job: dict) -> dict:
+    def grade(self, session, job: Job) -> WorkerAnswer | dict:
         for old in self.staging.iterdir():
             old.unlink()
         for name, data in job["sources"].items():
@@ -231,7 +232,7 @@ class WorkerProcess:
         # Said before the worker ran any learner code: what confines this worker's submissions from now on.
         self.start_seconds, self.confinement = answer.get("seconds"), answer.get("confinement")
 
-    def grade(self, job: dict) -> dict:
+    def grade(self, job: Job) -> WorkerAnswer:
         """Grade ``job`` ({"sources": {file name: bytes}, "seed", "stages"}): {"tests", "output_capped",
         "confinement", "seconds"}. Raises WorkerError if the worker could not grade it."""
         self.busy = True
@@ -240,7 +241,7 @@ class WorkerProcess:
         finally:
             self.busy = False
 
-    def _grade(self, job: dict) -> dict:
+    def _grade(self, job: Job) -> WorkerAnswer:
         if self.proc is None or self.proc.poll() is not None:
             self.close()
             self.start()

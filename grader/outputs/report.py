@@ -41,9 +41,9 @@ from stage_names import teaching_order
 
 from ..errors import ReportError
 from ..grading import records as R
+from ..sandbox.limits import LIMITS
 from ..untrusted import printable
 
-LIMIT_KINDS = ("time", "memory", "crash", "exit", "output")
 TOP_MISTAKES = 8  # mistakes listed per stage
 STUB = re.compile(r"\bNotImplementedError\b")  # what a stub raises (grader/stubs.py writes them)
 # What the suite's adapters say when a stage module cannot be run at all (tests/adapters.py, SubmissionError):
@@ -334,7 +334,7 @@ def plot_limits(report: ClassReport, path: Path) -> Path | None:
         return None
     pairs = {(lim.student, lim.stage, lim.kind) for lim in report.limits}
     stages = [s for s in report.stages if any(p[1] == s for p in pairs)]
-    kinds = [k for k in LIMIT_KINDS if any(p[2] == k for p in pairs)]
+    kinds = [k for k in LIMITS if k != "budget" and any(p[2] == k for p in pairs)]
     kinds += sorted({p[2] for p in pairs} - set(kinds))
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(stages) + 1.5), layout="constrained")
     left = [0] * len(stages)

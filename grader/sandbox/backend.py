@@ -21,9 +21,9 @@ from stage_names import assignment_of, builds_on, is_stage_module, module_files
 from ..kit import SOLUTIONS
 from ..submission import sources
 from . import redaction
-from .channel import BoxGone, OutOfTime, Waiting, receive, send
+from .channel import AnswerTooLarge, BoxGone, OutOfTime, Waiting, receive, send
 from .confinement import Confinement, SandboxUnavailable
-from .limits import LOAD_FACTOR, WALL_FACTOR, Limits
+from .limits import LOAD_FACTOR, WALL_FACTOR, Limit, Limits
 from .template import Box, Sandbox
 from .wire import MESSAGE_CHARS, ProtocolError, clip, decode, encode, pack
 
@@ -156,8 +156,7 @@ class IsolatedBackend:
     # -- the interface
 
     def run(self, op, module, **kwargs):
-        a = self.adapters
-        if op not in a.OPS:
+        if op not in self.adapters.OPS:
             raise KeyError(op)
         if not is_stage_module(module):
             raise ValueError(f"{module!r} is not a stage module name (sNN_topic)")
@@ -167,7 +166,7 @@ class IsolatedBackend:
             if not self._checks_from_caller:
                 self._begin_check()
             if self._exhausted:
-                raise a.SubmissionError(self._time_message(module, "budget"))
+                raise self._error(self._time_message(module, "budget"), "budget")
             box = waited = None
             try:
                 if self._box is None or self._module != module:
@@ -194,16 +193,17 @@ class IsolatedBackend:
                 self._end_box()
                 if exc.what == "budget":
                     self._exhausted = True
-                raise a.SubmissionError(self._time_message(module, exc.what)) from None
+                limit = "budget" if exc.what == "budget" else "time"  # (a check's CPU time or waiting: its time limit)
+                raise self._error(self._time_message(module, exc.what), limit) from None
             except BoxGone:
                 tail = box.capture.last_lines("stderr") if box else ""
                 self._end_box()
-                raise a.SubmissionError(
-                    f"{module}: the sandbox process died unexpectedly" + (f"; its last output:\n{tail}" if tail else "")
-                ) from None
+                said = f"{module}: the sandbox process died unexpectedly"
+                raise self._error(said + (f"; its last output:\n{tail}" if tail else ""), "crash") from None
             except ProtocolError as exc:
                 self._end_box()
-                raise a.SubmissionError(f"{module}: the answer could not be read: {exc}") from None
+                raise self._error(f"{module}: the answer could not be read: {exc}",
+                                  "output" if isinstance(exc, AnswerTooLarge) else None) from None
             except BaseException:
                 self._end_box()  # e.g. interrupted: the box is in an unknown state
                 raise
@@ -226,13 +226,19 @@ class IsolatedBackend:
             counts[module] = counts.get(module, 0) + dropped
             box.capture.reset()
 
+    def _error(self, message: str, limit: Limit | None = None):
+        """The suite's SubmissionError with ``message``, and in its ``limit`` the sandbox limit the operation ran
+        into (grader.sandbox.limits.Limit; None: none): what the check's verdict records, said where it happens."""
+        error = self.adapters.SubmissionError(message)
+        error.limit = limit
+        return error
+
     def _failure(self, module, header):
         """The SubmissionError for a reply that is not a result."""
-        a = self.adapters
         kind = header.get("kind")
         if kind == "submission_error":  # (the adapter's word in the box: an import that failed, a name missing)
             message = self._said(header.get("message"))
-            return a.SubmissionError(message + (DENIED_NOTE if "Operation not permitted" in message else ""))
+            return self._error(message + (DENIED_NOTE if "Operation not permitted" in message else ""))
         if kind == "exception":
             what = f"{self._said(header.get('type'), 200)}: {self._said(header.get('message'))}"
             if header.get("type") == "PermissionError" or "Operation not permitted" in str(header.get("message")):
@@ -244,11 +250,12 @@ class IsolatedBackend:
             elif header.get("memory"):
                 what = f"{module}: memory limit of {self.limits.memory_bytes / 2**30:g} GiB exceeded ({what})"
             trace = self._said(header.get("traceback") or "")
-            return a.SubmissionError(what + (f"\nwhere (most recent call last):\n{trace.rstrip()}" if trace else ""))
+            return self._error(what + (f"\nwhere (most recent call last):\n{trace.rstrip()}" if trace else ""),
+                               "memory" if header.get("memory") else None)
         if kind == "ended":
             self._module = self._token = self._worker = None  # the worker is gone; the next call starts another
-            return a.SubmissionError(self._describe_end(module, header.get("status")))
-        return a.SubmissionError(f"{module}: unexpected answer {kind!r} from the sandbox")
+            return self._error(*self._describe_end(module, header.get("status")))
+        return self._error(f"{module}: unexpected answer {kind!r} from the sandbox")
 
     def _said(self, text, limit=MESSAGE_CHARS) -> str:
         """A text from the box, as a student may read it: cut to ``limit`` characters, and without any stretch
@@ -270,9 +277,10 @@ class IsolatedBackend:
             return type(value)(map(self._said_in, value))
         return value
 
-    def _describe_end(self, module, status):
-        if not (type(status) is int and 0 <= status < 1 << 16):  # the box's word: check it
-            return f"{module}: the child process ended before answering"
+    def _describe_end(self, module, status) -> tuple[str, Limit | None]:
+        """What a worker's end says (its status, the box's word: checked), and the limit it counts as."""
+        if not (type(status) is int and 0 <= status < 1 << 16):
+            return f"{module}: the child process ended before answering", None
         if os.WIFSIGNALED(status):
             number = os.WTERMSIG(status)
             try:
@@ -285,13 +293,13 @@ class IsolatedBackend:
                 "SIGXFSZ": f" (a file larger than {self.limits.tmp_bytes >> 20} MiB was written)",
                 "SIGABRT": " (an abort in native code)",
             }.get(name, "")
-            text = f"{module}: the child process died with signal {name}{hint}"
+            text, limit = f"{module}: the child process died with signal {name}{hint}", "crash"
         else:
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
-            text = (f"{module}: the child process exited with code {code} before answering "
-                    "(sys.exit/os._exit at import or in the function?)")
+            text, limit = (f"{module}: the child process exited with code {code} before answering "
+                           "(sys.exit/os._exit at import or in the function?)"), "exit"
         tail = self._said(self._box.capture.last_lines("stderr")) if self._box else ""
-        return text + (f"\nits last output on stderr:\n{tail}" if tail else "")
+        return text + (f"\nits last output on stderr:\n{tail}" if tail else ""), limit
 
     # -- boxes and stages
 

@@ -37,6 +37,10 @@ class Waiting:
         return time.monotonic() - self.started - (self.box.stalled() - self.stalled)
 
 
+class AnswerTooLarge(ProtocolError):
+    """An answer whose blobs together exceed what one answer may hold (``Limits.result_bytes``)."""
+
+
 class OutOfTime(Exception):
     def __init__(self, what):
         super().__init__(what)
@@ -85,7 +89,7 @@ def receive(box, deadline, charge, result_bytes):
     if not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes):
         raise ProtocolError("bad blob list")
     if sum(sizes) > result_bytes:
-        raise ProtocolError(f"a result of {sum(sizes)} bytes (limit {result_bytes})")
+        raise AnswerTooLarge(f"a result of {sum(sizes)} bytes (limit {result_bytes})")
     return header, [read(box, n, deadline, charge) for n in sizes]
 
 

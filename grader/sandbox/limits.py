@@ -11,6 +11,19 @@ start-up is never counted, and the machine's load changes no CPU time. Other lim
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
+
+# The limits a check can run into, as a grading record names them (the field ``limit`` of each check's verdict). Set
+# by the sandbox's backend where it stops an operation, on the SubmissionError it raises (its ``limit``):
+# "time"    the check's time limit: its CPU time, or its waiting (wall-clock time less the time spent waiting for a
+#           processor); the suite then fails the rest of the stage's checks without running them ("time" too)
+# "budget"  the whole submission's budget: this check and every later one fail at once
+# "memory"  the address space of a process, or a stage's memory ceiling (MEMORY_HEADROOM in its test module)
+# "crash"   a process of the box died from a signal, or the box went away
+# "exit"    learner code ended its process (sys.exit, os._exit) before answering
+# "output"  an answer larger than allowed; or, where nothing else was hit, the learner's output was cut
+Limit = Literal["time", "budget", "memory", "crash", "exit", "output"]
+LIMITS: tuple[Limit, ...] = get_args(Limit)
 
 TEST_TIMEOUT = 10.0  # CPU seconds one check may use, unless a course or a run says otherwise
 

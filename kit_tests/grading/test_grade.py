@@ -54,17 +54,22 @@ def outcomes(record: dict) -> dict[str, str]:
 
 # ---------------------------------------------------------------- the record format (fast)
 
-def test_mistakes_and_limits_are_read_from_messages():
+def test_mistakes_are_read_from_messages_and_limits_come_with_the_verdicts():
     message = "weights differ\nLikely mistake: softmax over dim 0\nLikely mistake: no scaling\n  by sqrt(d_k)"
     assert scoring.mistakes(message) == ["softmax over dim 0", "no scaling\n  by sqrt(d_k)"]
     assert scoring.mistakes("plain failure") == []
-    assert scoring.limit_of("s03_context_vectors: time limit of 20 s exceeded — an infinite loop?") == "time"
-    assert scoring.limit_of("not run: an earlier check of this stage hit the time limit") == "time"
-    assert scoring.limit_of("s02: memory limit of 4 GiB exceeded (MemoryError: )") == "memory"
-    assert scoring.limit_of("s02: the child process died with signal SIGSEGV (a crash)") == "crash"
-    assert scoring.limit_of("s02: the child process exited with code 0 before answering (sys.exit?)") == "exit"
-    assert scoring.limit_of("wrong numbers", output_capped=True) == "output"
-    assert scoring.limit_of("wrong numbers") is None
+    # The limit is the verdict's (the sandbox set it where it stopped the check), never read from words: a message
+    # that speaks of a time limit is no limit hit, and a skipped check has none.
+    check = {"nodeid": "tests/test_s03_context_vectors.py::test_a", "stage": "s03_context_vectors",
+             "marker": "context_vectors", "label": "a"}
+    words = "the time limit of 20 s ... memory limit of 4 GiB"
+    tests = [{**check, "outcome": "failed", "message": words, "limit": None},
+             {**check, "nodeid": check["nodeid"] + "b", "outcome": "failed", "message": "x", "limit": "crash"},
+             {**check, "nodeid": check["nodeid"] + "c", "outcome": "skipped", "message": "x", "limit": "output"}]
+    record = R.build(student="ada", assignment="a1", submission=SOLUTIONS, fingerprint="0" * 64, tests=tests,
+                     points={"s03_context_vectors": 1.0}, seconds=0.5)
+    assert [t["limit"] for t in record["stages"][0]["tests"]] == [None, "crash", None]
+    assert R.limits_hit(record) == ["context_vectors"]
 
 
 def test_a_folder_or_link_named_like_a_module_neither_crashes_nor_counts(tmp_path):
@@ -116,7 +121,7 @@ def test_csv_cells_a_spreadsheet_would_run_are_text(tmp_path):
     kit accepted, or a record written elsewhere); grades.json keeps the ids as they are."""
     ids = ["=HYPERLINK(\"http://evil.example\",\"x\")", "+1+2", "-2+3", "@SUM(A1:A9)", "\tcmd", "\rcmd", "a=b", "ada"]
     tests = [{"nodeid": "tests/test_s01_attention_scores.py::test_a", "stage": "s01_attention_scores",
-              "marker": "attention_scores", "label": "a", "outcome": "passed", "message": ""}]
+              "marker": "attention_scores", "label": "a", "outcome": "passed", "message": "", "limit": None}]
     records = [R.build(student=student, assignment="a1", submission=SOLUTIONS, fingerprint="0" * 64, tests=tests,
                        points={"s01_attention_scores": 4.0}, seconds=0.5) for student in ids]
     csv_path, json_path = R.write_summary(tmp_path, "a1", records)
@@ -129,11 +134,13 @@ def test_csv_cells_a_spreadsheet_would_run_are_text(tmp_path):
 def test_records_are_written_whole_and_summarised(tmp_path):
     tests = [
         {"nodeid": "tests/test_s01_attention_scores.py::test_a", "stage": "s01_attention_scores",
-         "marker": "attention_scores", "label": "a", "outcome": "passed", "message": ""},
+         "marker": "attention_scores", "label": "a", "outcome": "passed", "message": "", "limit": None},
         {"nodeid": "tests/test_s01_attention_scores.py::test_b", "stage": "s01_attention_scores",
-         "marker": "attention_scores", "label": "b", "outcome": "failed", "message": "x\nLikely mistake: y"},
+         "marker": "attention_scores", "label": "b", "outcome": "failed", "message": "x\nLikely mistake: y",
+         "limit": None},
         {"nodeid": "tests/test_s01_attention_scores.py::test_c[cuda]", "stage": "s01_attention_scores",
-         "marker": "attention_scores", "label": "c / cuda", "outcome": "skipped", "message": "no CUDA"},
+         "marker": "attention_scores", "label": "c / cuda", "outcome": "skipped", "message": "no CUDA",
+         "limit": None},
     ]
     fingerprint = S.fingerprint(S.sources(SOLUTIONS))
     record = R.build(student="ada", assignment="a1", submission=SOLUTIONS, fingerprint=fingerprint, tests=tests,

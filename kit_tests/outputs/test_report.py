@@ -267,16 +267,16 @@ def test_reads_what_grader_results_writes(tmp_path):
     folder.mkdir()
     (folder / "s02_normalization.py").write_text("# a submission\n")
 
-    def test(stage, name, outcome, message=""):
+    def test(stage, name, outcome, message="", limit=None):
         return {"nodeid": f"tests/test_{stage}.py::test_{name}", "stage": stage, "marker": marker(stage),
-                "label": name, "outcome": outcome, "message": message}
+                "label": name, "outcome": outcome, "message": message, "limit": limit}
 
     tests = [
         test("s02_normalization", "rows", "failed",
              "values differ\nLikely mistake: softmax over dim 0 (each column sums to 1)"),
         test("s02_normalization", "book", "passed"),
         test("s03_context_vectors", "loop", "failed",
-             "s03_context_vectors: time limit of 10 s exceeded — an infinite loop?"),
+             "s03_context_vectors: time limit of 10 s exceeded — an infinite loop?", "time"),
         test("s03_context_vectors", "matrix", "passed"),
     ]
     record = results.build(student="alice", assignment=ASSIGNMENT, submission=folder, fingerprint="0" * 64,
@@ -334,11 +334,12 @@ def test_a_long_message_is_cut_in_feedback_but_keeps_the_mistakes_it_names():
 
 
 def record_of(student: str, tests: list[tuple], points=None) -> dict:
-    """A record as ``attnkit grade`` writes it (grader.grading.records), from (stage, check, outcome, message)
-    tuples."""
+    """A record as ``attnkit grade`` writes it (grader.grading.records), from (stage, check, outcome, message[,
+    limit]) tuples."""
     points = points or {"s02_normalization": 8.0, "s03_context_vectors": 5.0, "s05_self_attention": 10.0}
     verdicts = [{"nodeid": f"tests/test_{stage}.py::test_{name}", "stage": stage, "marker": marker(stage),
-                 "label": name, "outcome": outcome, "message": message} for stage, name, outcome, message in tests]
+                 "label": name, "outcome": outcome, "message": message, "limit": limit}
+                for stage, name, outcome, message, limit in ((*t, None)[:5] for t in tests)]
     return results.build(student=student, assignment=ASSIGNMENT, submission=".", fingerprint="0" * 64,
                          tests=verdicts, points=points, seconds=1.0)
 
@@ -353,10 +354,12 @@ def test_a_limit_hit_is_counted_once_with_the_checks_it_failed(tmp_path, capsys)
     budget = "s02_normalization: the time budget of this submission ran out (120 s of CPU time, ...)"
     out = tmp_path / "grades"
     for record in (
-        record_of("loops", [("s03_context_vectors", "one", "failed", loop)]
-                  + [("s03_context_vectors", f"n{i}", "failed", skipped) for i in range(4)]),
-        record_of("slow", [("s02_normalization", "one", "passed", ""), ("s02_normalization", "two", "failed", budget),
-                           ("s03_context_vectors", "one", "failed", budget.replace("s02_normalization", "s03"))]),
+        record_of("loops", [("s03_context_vectors", "one", "failed", loop, "time")]
+                  + [("s03_context_vectors", f"n{i}", "failed", skipped, "time") for i in range(4)]),
+        record_of("slow", [("s02_normalization", "one", "passed", ""),
+                           ("s02_normalization", "two", "failed", budget, "budget"),
+                           ("s03_context_vectors", "one", "failed", budget.replace("s02_normalization", "s03"),
+                            "budget")]),
     ):
         results.write_record(out, record)
     assert main(["report", "--results", str(out)]) == 0

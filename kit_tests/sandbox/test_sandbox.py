@@ -279,8 +279,9 @@ def test_the_stub_message_comes_through(hostile):
 
 def test_an_endless_loop_costs_one_check_of_cpu_time(hostile):
     with pytest.raises(SubmissionError, match=r"s01_attention_scores: time limit of 1 s of CPU time for one check "
-                                              r"exceeded — an infinite loop"):
+                                              r"exceeded — an infinite loop") as stopped:
         call(hostile, "spin")
+    assert stopped.value.limit == "time"  # the limit hit, said where it happened (what the verdict records)
     assert 1.0 <= hostile.stats["cpu_seconds"] < 1.5
     good_call_works(hostile)  # in a new box
     assert hostile.stats["boxes"] == 2
@@ -291,8 +292,10 @@ def test_code_that_waits_hits_the_wall_clock_limit(hostile_root, sandbox):
     with IsolatedBackend(hostile_root, limits, sandbox=sandbox) as backend:
         started = time.monotonic()
         with pytest.raises(SubmissionError,
-                           match=r"time limit of 1.5 s \(wall clock, waiting\) exceeded while the code was waiting"):
+                           match=r"time limit of 1.5 s \(wall clock, waiting\) exceeded while the code was waiting") \
+                as stopped:
             call(backend, "nap")
+        assert stopped.value.limit == "time"
         assert time.monotonic() - started < 1.5 + 1.0
         good_call_works(backend)
 
@@ -315,8 +318,10 @@ def test_the_budget_bounds_a_submission_then_every_check_fails_at_once(hostile_r
             backend.start_check()
             call(backend, "burn", 0.4)
         backend.start_check()
-        with pytest.raises(SubmissionError, match=r"the time budget of this submission ran out \(1 s of CPU time"):
+        with pytest.raises(SubmissionError, match=r"the time budget of this submission ran out \(1 s of CPU time") \
+                as stopped:
             call(backend, "burn", 0.4)
+        assert stopped.value.limit == "budget"
         for _ in range(3):  # every later check fails at once, without running anything
             backend.start_check()
             started = time.monotonic()
@@ -358,21 +363,24 @@ def test_start_up_is_not_the_learners_time(hostile_root):
 
 
 def test_memory_bomb_hits_the_memory_limit(hostile):
-    with pytest.raises(SubmissionError, match=r"memory limit of 2 GiB exceeded \((MemoryError|RuntimeError)"):
+    with pytest.raises(SubmissionError, match=r"memory limit of 2 GiB exceeded \((MemoryError|RuntimeError)") as hit:
         call(hostile, "eat_memory")
+    assert hit.value.limit == "memory"
     good_call_works(hostile)
 
 
 @pytest.mark.parametrize("func, code", [("leave_quietly", 0), ("leave_abruptly", 3)])
 def test_exiting_is_reported(hostile, func, code):
-    with pytest.raises(SubmissionError, match=f"exited with code {code} before answering"):
+    with pytest.raises(SubmissionError, match=f"exited with code {code} before answering") as ended:
         call(hostile, func)
+    assert ended.value.limit == "exit"
     good_call_works(hostile)
 
 
 def test_segfault_is_reported(hostile):
-    with pytest.raises(SubmissionError, match="died with signal SIGSEGV"):
+    with pytest.raises(SubmissionError, match="died with signal SIGSEGV") as ended:
         call(hostile, "crash")
+    assert ended.value.limit == "crash"
     good_call_works(hostile)
 
 
@@ -412,8 +420,9 @@ def test_tampering_reaches_only_the_submissions_own_answers(hostile, hostile_roo
     # ...while this process's NumPy and json are untouched.
     assert not np.allclose(np.zeros(2), np.ones(2)) and json.dumps(1) == "1"
     # A forged reply is rejected (and costs a new box).
-    with pytest.raises(SubmissionError, match="the answer could not be read"):
+    with pytest.raises(SubmissionError, match="the answer could not be read") as forged:
         call(hostile, "forge")
+    assert forged.value.limit is None  # (a forgery is no limit; an answer too large is: "output")
     good_call_works(hostile)
 
 
@@ -949,8 +958,9 @@ def test_a_memory_ceiling_is_held_by_the_kernel_whatever_the_stage_hides(sandbox
     q = np.random.default_rng(0).normal(size=(1, 1, 8192, 8)).astype(np.float32)
     ceiling = {m07: 128 << 20}
     with IsolatedBackend(root, LIMITS, sandbox=sandbox, ceilings=ceiling) as held:
-        with pytest.raises(Exception, match="out of memory: when graded, this stage may allocate 128 MiB"):
+        with pytest.raises(Exception, match="out of memory: when graded, this stage may allocate 128 MiB") as hit:
             held.run("call", m07, func="tiled_attention", args=[q, q, q], kwargs={"is_causal": True})
+        assert hit.value.limit == "memory"
         held.run("call", "m06_sliding_window", func="sliding_window_mask", args=[4, 2])
         assert held.stats["leaving"].get("memory ceiling") == 1 and held.stats["workers"] == 2, held.stats
     with IsolatedBackend(root, replace(LIMITS, check_seconds=30.0, memory_bytes=8 << 30), sandbox=sandbox) as free:

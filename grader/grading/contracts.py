@@ -1,0 +1,99 @@
+"""What the grading engine's parts hand each other, typed: a job, each check's verdict, a worker's answer, the
+result a dispatcher gives back, and the record ``attnkit grade`` writes. All plain JSON-able data (a job's
+sources aside, which travel base64-encoded): they cross process boundaries (a grading worker's pipes, a Dask
+cluster) and lie in files (records).
+
+    submission ──Job──> worker (pytest + GradingPlugin) ──WorkerAnswer{tests: [Verdict]}──> dispatch
+        ──Result──> run ──Record (records.build)──> <student>.json, gradebook, report, Gradescope
+"""
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+from ..sandbox.limits import Limit
+
+Outcome = Literal["passed", "failed", "skipped"]
+
+
+class Job(TypedDict):
+    """One submission to grade: its stage modules (file name -> source), the seed of its randomized cases (drawn
+    from its fingerprint, grader.submission) and the stages it is graded on (None: every stage)."""
+    sources: dict[str, bytes]
+    seed: int
+    stages: list[str] | None
+
+
+class ClassJob(Job):
+    """A job of ``attnkit grade``: whose submission, and what it is (its fingerprint names its record)."""
+    student: str
+    fingerprint: str
+
+
+class Check(TypedDict):
+    """A graded check of the suite, as records name it: its test, its stage and the stage's marker, its label."""
+    nodeid: str
+    stage: str
+    marker: str
+    label: str
+
+
+class Verdict(Check):
+    """A check on one submission: its outcome, the failure (or skip) message a student may read, and the sandbox
+    limit it ran into (set by the sandbox where it stopped the check, grader.sandbox.limits.Limit), if any."""
+    outcome: Outcome
+    message: str
+    limit: Limit | None
+
+
+class WorkerAnswer(TypedDict):
+    """A grading worker's answer to a job: every graded check's verdict, the checks during which the learner's
+    output was cut, how the learner's code was confined (grader.sandbox.confinement.Confinement.record()), and
+    how long the job took."""
+    tests: list[Verdict]
+    output_capped: list[str]
+    confinement: dict | None
+    seconds: float
+
+
+class Result(WorkerAnswer):
+    """What a dispatcher gives back for a ClassJob: the worker's answer, or why there is none (``error``; the
+    submission is tried again by the next run); ``refused``: no confinement holds where the workers run."""
+    student: str
+    error: str | None
+    refused: bool
+
+
+class TestRecord(TypedDict):
+    """A check in a record (grader.grading.records): its verdict and the mistakes its message names."""
+    nodeid: str
+    label: str
+    outcome: Outcome
+    message: str
+    mistakes: list[str]
+    limit: Limit | None
+
+
+class StageRecord(TypedDict):
+    stage: str
+    marker: str
+    points: float
+    max_points: float
+    passed: int
+    counted: int
+    tests: list[TestRecord]
+
+
+class Record(TypedDict):
+    """One graded submission, ``<student>.json`` (schema 1: see grader.grading.records)."""
+    schema: int
+    student: str
+    assignment: str
+    submission: str
+    fingerprint: str
+    seed: int
+    graded_at: str
+    seconds: float
+    confinement: dict | None
+    total: float
+    max_total: float
+    stages: list[StageRecord]
