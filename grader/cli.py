@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from shlex import quote
 
-from stage_names import ASSIGNMENTS, is_stage_module
+from stage_names import is_stage_module
 
 from .errors import AttnkitError, GradeError, SampleError
-from .kit import plan_points
+from .kit import assignment, assignments, plan_points
 from .sandbox.confinement import ALLOW_PLAIN
 from .sandbox.limits import BUDGET_CHECKS, TEST_TIMEOUT, budget_problem
 from .untrusted import ID_RULE, printable
@@ -40,14 +40,14 @@ def cmd_fixtures(args):
 
 
 def _points(text):
-    """STAGE=POINTS, STAGE being a stage's marker (causal_attention) or module (s08_causal_attention)."""
+    """STAGE=POINTS, STAGE being a stage's marker (topic) or module (sNN_topic)."""
     name, sep, value = text.partition("=")
     try:
         points = float(value)
     except ValueError:
         points = None
     if not sep or points is None:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected STAGE=POINTS, e.g. causal_attention=12")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected STAGE=POINTS, e.g. {assignment().stages[-1].marker}=12")
     name = name.strip()
     if is_stage_module(name):
         name = name.split("_", 1)[1]
@@ -240,12 +240,12 @@ def main(argv=None):
     )
     b.add_argument("dir", metavar="DIR")
     b.add_argument("--course-id", default="attention-kit", help="nbgrader course id (default: %(default)s)")
-    b.add_argument("--assignment", action="append", choices=list(ASSIGNMENTS),
+    b.add_argument("--assignment", action="append", choices=list(assignments()),
                    help="an assignment to build (repeat for several; default: all of them, %(choices)s)")
     b.add_argument("--total", type=float, default=100,
                    help="total points; stages without --points share what is left (default: %(default)s)")
     b.add_argument("--points", type=_points, action="append", metavar="STAGE=POINTS",
-                   help="fix one stage's points, e.g. --points causal_attention=15 (repeatable)")
+                   help=f"fix one stage's points, e.g. --points {assignment().stages[-1].marker}=15 (repeatable)")
     b.add_argument("--test-timeout", type=float, default=TEST_TIMEOUT,
                    help="seconds of CPU time the learner's code may use in one check when grading, and the "
                         "time limit per check of the students' own pytest runs (default: %(default)s)")
@@ -323,10 +323,11 @@ def main(argv=None):
     p = sub.add_parser(
         "gradescope", help="build Gradescope's autograder zip for an assignment",
         description="Write the autograder zip Gradescope takes: setup.sh, run_autograder and the kit, which grades "
-                    "each submission with the same suite and sandbox as `attnkit grade` (grader/gradescope.py).",
+                    "each submission with the same suite and sandbox as `attnkit grade` "
+                    "(grader/outputs/gradescope.py).",
     )
-    p.add_argument("assignment", nargs="?", default="attention", choices=list(ASSIGNMENTS), metavar="ASSIGNMENT",
-                   help="%(choices)s (default: %(default)s)")
+    p.add_argument("assignment", nargs="?", default=assignment().name, choices=list(assignments()),
+                   metavar="ASSIGNMENT", help="%(choices)s (default: %(default)s)")
     p.add_argument("--out", default="autograder.zip", help="the zip to write (default: %(default)s)")
     p.add_argument("--total", type=_positive(float), default=100, help="total points (default: %(default)s)")
     p.add_argument("--test-timeout", type=_positive(float), default=TEST_TIMEOUT,

@@ -3,7 +3,7 @@ sums of the results.json it writes (https://gradescope-autograders.readthedocs.i
 import zipfile
 from pathlib import Path
 
-from grader.kit import marker, plan_points
+from grader.kit import plan_points, stage_info
 
 ROOT_KEYS = {"score", "output", "visibility", "stdout_visibility", "tests", "output_format", "test_output_format",
              "test_name_format"}
@@ -49,12 +49,12 @@ def validate(found: dict, assignment: str):
     assert abs(sum(t["max_score"] for t in checks(found)) - 100) < len(checks(found)) / 20000 + TOLERANCE
     stage_totals = []
     for stage, max_points in points.items():
-        title = f": {marker(stage)} "
-        mine = [t for t in checks(found) if title in t["name"]]
+        heading = stage_info(stage).heading
+        mine = [t for t in checks(found) if t["name"].startswith(f"{heading} / ")]
         assert mine, f"no checks of {stage} in results.json"
         assert abs(sum(t["max_score"] for t in mine) - max_points) < len(mine) / 20000 + TOLERANCE, stage
         assert len({t["max_score"] for t in mine if t["max_score"]}) == 1, stage  # every check worth the same
-        totals = [t for t in found["tests"] if title in t["name"] and "total:" in t["name"]]
+        totals = [t for t in found["tests"] if t["name"].startswith(f"{heading} total: ")]
         assert len(totals) == 1 and "score" not in totals[0], totals  # unscored: no point counted twice
         score = float(totals[0]["name"].split(" total: ")[1].split(" of ")[0])
         assert abs(sum(t["score"] for t in mine) - score) < worth_tolerance(len(mine)), stage

@@ -91,4 +91,4 @@ def graded_content(record: dict) -> str:
 def feedback(record: dict) -> str:
     """The record as the student's feedback shows it (what `attnkit grade --notebooks` puts in the cells), its
     whitespace as single spaces: the report wraps long lines, and a phrase may span two."""
-    return " ".join("\n".join(stage_report(s["marker"], s["max_points"], s["tests"]) for s in record["stages"]).split())
+    return " ".join("\n".join(stage_report(s["stage"], s["max_points"], s["tests"]) for s in record["stages"]).split())

@@ -26,7 +26,7 @@ import nbformat
 import numpy as np
 
 from grader.course.samples import write_modules
-from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, marker, stages
+from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, marker, stage_info, stages
 
 PAYLOADS = Path(__file__).with_name("tamper_payloads")
 STUB = "this part is still a stub"  # the feedback line under every failure of an untouched stub
@@ -76,6 +76,11 @@ class Tamper:
 
 
 # ---------------------------------------------------------------- building blocks
+
+
+def heading(stage: str) -> str:
+    """The first words of a stage's report in feedback: its heading (its score follows)."""
+    return f"{stage_info(stage).heading}: "
 
 def solution(stage: str) -> str:
     return (SOLUTIONS / f"{stage}.py").read_text()
@@ -157,7 +162,8 @@ def book_causal_attention() -> str:
 
 
 SHADOW_NAMES = ["sitecustomize.py", "usercustomize.py", "pytest.py", "numpy.py", "torch.py", "json.py",
-                "adapters.py", "stage_names.py", "checks.py", "grader/__init__.py",
+                "adapters.py", "stage_names.py", "checks.py", "grader/__init__.py", "grader/course/__init__.py",
+                "notebook_tools.py",
                 "tests/conftest.py"]  # (nbgrader restores the released tests/conftest.py)
 MARK = "[attnkit-tamper]"  # in the docstring of every payload: none may survive into a graded notebook
 
@@ -165,7 +171,7 @@ MARK = "[attnkit-tamper]"  # in the docstring of every payload: none may survive
 def shadow_files() -> dict:
     """Files next to the notebook that would replace what the kernel or the grader imports, if the
     submission folder were ever on sys.path. Each shouts by writing a marker file."""
-    return {**{name: payload("shadow") for name in SHADOW_NAMES}, "grader/cells.py": payload("shadow_grading")}
+    return {**{name: payload("shadow") for name in SHADOW_NAMES}, "grader/course/cells.py": payload("shadow_grading")}
 
 
 # ---------------------------------------------------------------- notebook attacks
@@ -254,7 +260,7 @@ def corpus() -> list[Tamper]:
         Tamper("print-flood", "a correct s01 that prints 1 GiB on stdout and 1 GiB on stderr at import "
                "(honest work: correct, the output is dropped)",
                fixed(**armed(solution, s01_attention_scores="print_flood")),
-               reason="Stage attention_scores: "),
+               reason=heading("s01_attention_scores")),
         Tamper("extra-cells", "s05 stub; code cells added to the notebook patch the grader, one with the "
                "metadata of an autograder cell", fixed(s05_self_attention=stub("s05_self_attention")),
                reason=STUB, expected={"self_attention": 0}, notebook=add_cells),
@@ -278,7 +284,7 @@ def corpus() -> list[Tamper]:
                "may start no process); s03 raises an 8 MB exception message at import", fixed(**armed(
                    solution, s01_attention_scores="jam_channel", s02_normalization="hidden_cpu",
                    s03_context_vectors="huge_message")),
-               reason=("Stage attention_scores: 9 of 9", "may not run programs, start processes",
+               reason=(heading("s01_attention_scores") + "9 of 9", "may not run programs, start processes",
                        "failed with RuntimeError: xxxx"),
                expected={"normalization": 0, "context_vectors": 0}),
         # -- aimed at the submissions graded after them (the victims are named LATE + ...) --
@@ -290,7 +296,7 @@ def corpus() -> list[Tamper]:
                reason="time limit", expected={"attention_scores": 0}),
         Tamper("hijack-gc", "the same as hijack-frames, the sandbox's objects found through gc.get_objects()",
                fixed(**armed(solution, s01_attention_scores="hijack_gc")),
-               reason="Stage attention_scores: "),
+               reason=heading("s01_attention_scores")),
         Tamper("hijack-patch", "s01 solution that rebinds the sandbox's own functions (os._exit, the trace "
                "check, the stage server) so that its worker goes on serving whatever comes next; s02 solution "
                "that rewrites the submission path in its parent's memory through /proc/<pid>/mem. Graded code may "
@@ -302,14 +308,14 @@ def corpus() -> list[Tamper]:
                "folder), /dev/shm, the home folder, SysV shared memory, a SysV message queue, POSIX shared "
                "memory, a POSIX message queue, an abstract unix socket and a TCP socket (setsid daemons), "
                "the session and the user keyrings", fixed(**armed(solution, **PLANTED)),
-               reason="Stage other_forms: "),
+               reason=heading("s11_other_forms")),
         Tamper("processes", "the solutions; s08 shrinks its parent's address-space limit to what it uses; s09 "
                "gives its parent the idle scheduling class and nice 19; s10 leaves 1 GiB of SysV shared memory "
                "allocated; s11 leaves a setsid daemon SIGSTOPping, ptracing and SIGKILLing every process it can "
                "see, for two minutes", fixed(**armed(
                    solution, s08_causal_attention="zygote_prlimit", s09_multihead_wrapper="zygote_sched_idle",
                    s10_multihead_attention="hold_sysv_memory", s11_other_forms="signal_ptrace_daemon")),
-               reason="Stage other_forms: "),
+               reason=heading("s11_other_forms")),
         Tamper("steal-reference", "the s08 stub, which looks for the reference s08 through s09 (imported, "
                "reloaded) and sys.modules, and in every channel for a source of s08; the s09 solution, which takes "
                "the reference s08 grading runs it beside and plants it, as the source of s08, in every channel of "
@@ -368,7 +374,7 @@ def modern_corpus() -> list[Tamper]:
                fixed(m07_tiled_attention=payload("exec_matrix")),
                reason="may not run programs", expected={"tiled_attention": Fraction(0, 22)}),
         Tamper("m-print-flood", "a correct m01 that prints 1 GiB on stdout and 1 GiB on stderr at import",
-               fixed(**armed(solution, m01_pytorch_attention="print_flood")), reason="Stage pytorch_attention: "),
+               fixed(**armed(solution, m01_pytorch_attention="print_flood")), reason=heading("m01_pytorch_attention")),
         Tamper(LATE + "m-stubs", "victim: the stubs, untouched, graded after every attacker",
                lambda ctx: {stage: stub(stage) for stage in stages("modern-attention")},
                reason=STUB, expected={marker(stage): 0 for stage in stages("modern-attention")}),

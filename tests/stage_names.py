@@ -1,36 +1,59 @@
 """What stages are called: one definition for the suite, the grader (``attnkit``) and the kit's tests.
 
-A stage is a module named ``sNN_topic`` (``s08_causal_attention``) in a folder of stage modules
-(``solutions/``, ``exercises/``, a student's submission). Its checks are the tests in
-``tests/test_sNN_topic.py``, all marked with the pytest marker ``topic`` (``causal_attention``),
-which is what ``pytest -m causal_attention`` selects. Markers are unique across the kit.
+A stage is a module named ``<letter>NN_topic`` (``s08_causal_attention``) in a folder of stage
+modules (``solutions/``, ``exercises/``, a student's submission). Its checks are the tests in
+``tests/test_s08_causal_attention.py``, all marked with the pytest marker ``topic``
+(``causal_attention``), which is what ``pytest -m causal_attention`` selects. Markers are unique
+across the kit.
 
-The kit has two assignments; the letter a stage's name starts with says which one it belongs to
-(``ASSIGNMENTS``): chapter 3 of the book (``s01``-``s11``) and the attention of today's LLMs
-(``m01_pytorch_attention``, ...).
+The letter a stage's name starts with says which assignment it belongs to. The kit keeps one record per
+assignment (``assignments/<name>/assignment.toml``: its name, its letter, its stages in teaching order);
+``records`` reads them, for the suite's order of stages across assignments and for the grader
+(``grader.kit``). A student's release has one assignment and no records: nothing here needs them but
+that order.
 
-Standard library only, so that the grader can read names without importing torch.
+Standard library only (and tomli on Python 3.10, which pytest requires there), so that the grader can
+read names without importing torch.
 """
 from __future__ import annotations
 
 import re
+from functools import cache
 from pathlib import Path
 
-# Assignment -> the letter its stage modules' names start with, in the order the course teaches them.
-ASSIGNMENTS = {"attention": "s", "modern-attention": "m"}
-_LETTERS = "".join(ASSIGNMENTS.values())
-MODULE = re.compile(rf"[{_LETTERS}]\d\d_\w+")  # a stage module's name
-TEST_FILE = re.compile(rf"test_([{_LETTERS}]\d\d_\w+)\.py")  # the name of its test file
+MODULE = re.compile(r"[a-z]\d\d_\w+")  # a stage module's name
+TEST_FILE = re.compile(r"test_([a-z]\d\d_\w+)\.py")  # the name of its test file
+# The kit's assignment records (a student's release has no such folder: its stages share one letter).
+ASSIGNMENTS_FOLDER = Path(__file__).resolve().parent.parent / "assignments"
+RECORD = "assignment.toml"
+
+
+@cache
+def records() -> tuple[dict, ...]:
+    """The kit's assignment records, each as its assignment.toml holds it (plus ``folder``), in the order the
+    course teaches them: by ``order`` (those without one last), then by name. None in a release."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+        import tomli as tomllib
+
+    if not ASSIGNMENTS_FOLDER.is_dir():
+        return ()
+    found = []
+    for path in sorted(ASSIGNMENTS_FOLDER.glob(f"*/{RECORD}")):
+        try:
+            record = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path} is not valid TOML: {exc}") from None
+        found.append({**record, "folder": str(path.parent)})
+    return tuple(sorted(found, key=lambda r: (r.get("order", float("inf")), str(r.get("name")))))
 
 
 def teaching_order(stage: str) -> tuple:
-    """Sort key of stage module names in teaching order: chapter 3's stages, then modern-attention's."""
-    return _LETTERS.index(stage[0]), stage
-
-
-def assignment_of(stage: str) -> str:
-    """The assignment a stage belongs to: s08_causal_attention -> attention."""
-    return next(name for name, letter in ASSIGNMENTS.items() if stage[:1] == letter)
+    """Sort key of stage module names in teaching order: assignment by assignment (the kit's records' order),
+    each assignment's stages by number."""
+    letters = [record.get("letter") for record in records()]
+    return (letters.index(stage[0]) if stage[:1] in letters else len(letters)), stage
 
 
 def is_stage_module(name: str) -> bool:
@@ -62,9 +85,9 @@ def stage_of(nodeid) -> str | None:
 
 
 def module_files(folder) -> list[Path]:
-    """The stage modules in ``folder``: regular files named ``sNN_topic.py`` (or ``mNN_topic.py``), in
-    teaching order, assignment by assignment. A symbolic link is not one (it could point anywhere), nor
-    is a folder named like a module."""
+    """The stage modules in ``folder``: regular files named ``<letter>NN_topic.py``, in teaching order,
+    assignment by assignment. A symbolic link is not one (it could point anywhere), nor is a folder named
+    like a module."""
     found = [p for p in Path(folder).iterdir()
              if p.suffix == ".py" and is_stage_module(p.stem) and p.is_file() and not p.is_symlink()]
     return sorted(found, key=lambda p: teaching_order(p.stem))

@@ -11,7 +11,7 @@ comment lines right above each region say what the region does:
 In the stub, that comment becomes the TODO and the region a raise that points at it:
 
         # TODO: Project, score every query against every key, scale, softmax, mix the values.
-        raise NotImplementedError("s05_self_attention: SelfAttention_v1.forward: see its TODO")
+        raise NotImplementedError("sNN_topic: SelfAttention_v1.forward: see its TODO")
 """
 from __future__ import annotations
 

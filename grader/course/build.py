@@ -36,7 +36,7 @@ import os
 import re
 import shlex
 import shutil
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict
 from pathlib import Path
 
 try:
@@ -44,12 +44,10 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
+from .. import kit
 from ..authoring.stubs import out_of_sync
 from ..errors import CourseError
-from ..grading.worker import READY_SECONDS
 from ..kit import (
-    ASSIGNMENT,
-    ASSIGNMENTS,
     EXERCISES,
     FIXTURES,
     KIT,
@@ -63,83 +61,14 @@ from ..kit import (
     stages,
     suite_files,
 )
-from ..sandbox.limits import TEST_TIMEOUT, Limits, budget_problem
+from ..sandbox.limits import TEST_TIMEOUT, budget_problem
 from ..suite import public_tests
 from .gradebook import GradebookError, check_database, has_password
+from .settings import MARKER_FILE, Course
 
-MARKER_FILE = "attnkit-course.json"
 SUPPORT_FILES = ("conftest.py", "adapters.py", "checks.py")
-
-@dataclass
-class Course:
-    """A course and one of its assignments (``assignment``, with its ``points``): ``Course.load(root, name)``."""
-    root: Path
-    course_id: str = "attention-kit"
-    assignment: str = ASSIGNMENT
-    points: dict = field(default_factory=dict)  # the assignment's stage modules -> points
-    assignments: dict = field(default_factory=dict)  # every assignment of the course -> its points
-    test_timeout: float = TEST_TIMEOUT  # CPU seconds per check (also the students' own limit per check)
-    time_budget: float | None = None  # CPU seconds per submission when grading (None: from test_timeout)
-    exchange_root: str | None = None
-    db_url: str | None = None
-    allow_plain: bool = False  # grade where no confinement holds, learner code unconfined (the instructor's choice)
-
-    @property
-    def source(self) -> Path:
-        return self.root / "source" / self.assignment
-
-    @property
-    def exchange(self) -> Path:
-        """The exchange folder nbgrader_config.py names (release, fetch, submit and collect go through it)."""
-        return Path(self.exchange_root).expanduser() if self.exchange_root else self.root / "exchange"
-
-    @property
-    def gradebook_url(self) -> str:
-        """nbgrader's gradebook, as nbgrader_config.py names it: ``db_url``, else gradebook.db in the course."""
-        return self.db_url or f"sqlite:///{self.root / 'gradebook.db'}"
-
-    @property
-    def notebook(self) -> str:
-        """The assignment's notebook, named after it (attention.ipynb)."""
-        return self.assignment
-
-    @property
-    def total(self) -> float:
-        return round(sum(self.points.values()), 2)
-
-    def stage_files(self) -> list[str]:
-        return [f"{s}.py" for s in self.points]
-
-    def of(self, assignment: str) -> Course:
-        """The same course, describing ``assignment`` (one of ``assignments``)."""
-        return replace(self, assignment=assignment, points=dict(self.assignments[assignment]))
-
-    @classmethod
-    def load(cls, root, assignment: str | None = None) -> Course:
-        """The course in ``root``, describing ``assignment`` (default: its first); an assignment the
-        course does not have is a CourseError naming those it has."""
-        root = Path(root).resolve()
-        path = root / MARKER_FILE
-        if not path.is_file():
-            raise CourseError(f"{shlex.quote(str(root))} is not an attnkit course (no {MARKER_FILE}): give the folder "
-                              f"`attnkit course build` made (or run from inside it), or make one: "
-                              f"`attnkit course build {shlex.quote(str(root))}`")
-        try:
-            data = json.loads(path.read_text())
-        except ValueError as exc:
-            raise CourseError(f"{path} is not readable JSON ({exc}): rebuild the course with "
-                              f"`attnkit course build {shlex.quote(str(root))}` (it keeps the gradebook and "
-                              "submissions)") from None
-        if "assignments" not in data:  # a course built before the kit had two assignments
-            data["assignments"] = {data.get("assignment", ASSIGNMENT): data.pop("points", {})}
-        data = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)} - {"root", "assignment", "points"}}
-        course = cls(root=root, **data)
-        name = assignment or next(iter(course.assignments))
-        if name not in course.assignments:
-            raise CourseError(f"the course in {shlex.quote(str(root))} has no assignment {name!r}; its assignments: "
-                              f"{', '.join(course.assignments)}")
-        return course.of(name)
-
+NOTEBOOK_TOOLS = Path(__file__).with_name("notebook_tools.py")  # the release's copy: notebook_tools.py
+NBGRADER_CONFIG = Path(__file__).parent / "templates" / "nbgrader_config.py"  # every course's
 
 # ---------------------------------------------------------------- leaks
 
@@ -190,84 +119,6 @@ def find_leaks(folder: Path, hidden_names, sol_lines=None) -> list[str]:
 
 
 # ---------------------------------------------------------------- building
-
-def _steps(*names: str) -> list[str]:
-    """Lines of a list of import strings in nbgrader_config.py."""
-    return [f'    "{name}",' for name in names]
-
-
-def nbgrader_config(course: Course) -> str:
-    exclude = {name: [f"{s}.py" for s in points] for name, points in course.assignments.items()}
-    # The first autograder cell starts a grading worker and grades the whole submission.
-    limits = Limits(check_seconds=course.test_timeout, budget_seconds=course.time_budget)
-    execute_timeout = int(READY_SECONDS + limits.run_wall + 60)
-    lines = [
-        '"""nbgrader configuration of an attention-kit course (written by `attnkit course build`;',
-        'a rebuild overwrites it: change the build options instead of editing this file)."""',
-        "import os",
-        "import sys",
-        "",
-        "HERE = os.path.dirname(os.path.abspath(__file__))",
-        "c = get_config()  # noqa: F821 (provided by nbgrader)",
-        "",
-        "# nbgrader runs `alembic` when it creates the gradebook: find it next to this Python even when",
-        "# the virtual environment is not activated.",
-        'os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")',
-        "",
-        f"c.CourseDirectory.course_id = {course.course_id!r}",
-        "c.CourseDirectory.root = HERE",
-        'c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".pytest_cache",',
-        '                            "attnkit-grading.json"]',
-    ]
-    if course.db_url:
-        lines.append(f"c.CourseDirectory.db_url = {course.db_url!r}")
-    else:
-        lines.append("# The gradebook is HERE/gradebook.db (SQLite); "
-                     "set c.CourseDirectory.db_url for another database.")
-    exchange = repr(course.exchange_root) if course.exchange_root else 'os.path.join(HERE, "exchange")'
-    lines += [
-        f"c.Exchange.root = {exchange}",
-        "",
-        "# Students write code in the stage modules; the notebook has no solution cells.",
-        'c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}',
-        "",
-        "# Autograde: the kernel is python3; each autograder cell may run the whole suite (first cell).",
-        'c.Execute.kernel_name = "python3"',
-        f"c.Execute.timeout = {execute_timeout}",
-        "c.OverwriteCells.add_missing_cells = True",
-        "# Keep the student's modules: nbgrader otherwise overwrites every file with the source's.",
-        f"c.Autograde.exclude_overwriting = {exclude!r}",
-        "# Steps are named by import strings, which nbgrader resolves as it uses them: the formgrader shows",
-        "# this configuration as JSON, and a class in it would not serialize (a warning on every visit).",
-        "c.Autograde.sanitize_preprocessors = [",
-        *_steps("nbgrader.preprocessors.ClearOutput", "grader.course.preprocessors.KeepCourseCells",
-                "nbgrader.preprocessors.DeduplicateIds", "nbgrader.preprocessors.OverwriteKernelspec",
-                "nbgrader.preprocessors.OverwriteCells", "nbgrader.preprocessors.CheckCellMetadata"),
-        "]",
-        "c.Autograde.autograde_preprocessors = [",
-        *_steps("grader.course.preprocessors.SafePathExecute", "nbgrader.preprocessors.IgnorePattern",
-                "nbconvert.preprocessors.ClearMetadataPreprocessor", "nbgrader.preprocessors.LimitOutput",
-                "nbgrader.preprocessors.SaveAutoGrades", "nbgrader.preprocessors.AssignLatePenalties",
-                "nbgrader.preprocessors.CheckCellMetadata"),
-        "]",
-        "# Feedback: each autograder cell named by its stage, without the hidden tests (grader.course.feedback).",
-        'c.GenerateFeedback.exporter_class = "grader.course.feedback.FeedbackPage"',
-        "c.GenerateFeedback.preprocessors = [",
-        *_steps("nbgrader.preprocessors.GetGrades", "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
-                "grader.course.feedback.FeedbackCells"),
-        "]",
-        "",
-        "# The formgrader would show its whole configuration on Manage Assignments, and Jupyter's own settings",
-        "# in it cannot be shown as JSON: 'Formgrader config is not serializable' on every visit. True shows it.",
-        "c.FormgradeExtension.debug = False",
-        "",
-        "# zip_collect (LMS downloads): files named <student>_<file>, e.g. alice_s08_causal_attention.py",
-        'c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/_]+)_(?P<file_id>[^/]+)$"',
-        'c.FileNameCollectorPlugin.valid_ext = [".ipynb", ".py"]  # the notebook and the stage modules',
-        "",
-    ]
-    return "\n".join(lines)
-
 
 def student_requirements() -> dict[str, str]:
     """STUDENT_PACKAGES -> each one's requirement, with the versions the kit's pyproject.toml asks for
@@ -353,16 +204,16 @@ def _check_target(root: Path):
 
 def build(root, *, course_id="attention-kit", assignments=None, total=100, points=None,
           test_timeout=TEST_TIMEOUT, time_budget=None, exchange_root=None, db_url=None, allow_plain=False) -> Course:
-    """(Re)create the course at ``root`` with ``assignments`` (names in ``ASSIGNMENTS``; default: all of
+    """(Re)create the course at ``root`` with ``assignments`` (names of the kit's assignments; default: all of
     them), keeping any other assignment it had; returns it, describing the first assignment built.
     ``total`` and ``points`` (marker -> points) apply to each assignment. Raises CourseError on bad input."""
     root = Path(root).expanduser().resolve()
     _check_target(root)
-    chosen = list(dict.fromkeys(assignments or ASSIGNMENTS))
-    unknown = [a for a in chosen if a not in ASSIGNMENTS]
+    chosen = list(dict.fromkeys(assignments or kit.assignments()))
+    unknown = [a for a in chosen if a not in kit.assignments()]
     if unknown:
         raise CourseError(f"no assignment {', '.join(map(repr, unknown))} in the kit; its assignments: "
-                          f"{', '.join(ASSIGNMENTS)}")
+                          f"{', '.join(kit.assignments())}")
     if not test_timeout > 0:
         raise CourseError("test_timeout must be positive")
     if budget_problem(test_timeout, time_budget):
@@ -389,21 +240,20 @@ def build(root, *, course_id="attention-kit", assignments=None, total=100, point
             raise CourseError(str(exc)) from None
     every = {**planned, **kept}
     course = Course(root=root, course_id=course_id, assignment=chosen[0], points=planned[chosen[0]],
-                    assignments={name: every[name] for name in ASSIGNMENTS if name in every},
+                    assignments={name: every[name] for name in kit.assignments() if name in every},
                     test_timeout=float(test_timeout),
                     time_budget=None if time_budget is None else float(time_budget),
                     exchange_root=exchange_root, db_url=db_url, allow_plain=bool(allow_plain))
     root.mkdir(parents=True, exist_ok=True)
     for name in chosen:
         write_release_source(course.of(name))
-    (root / "nbgrader_config.py").write_text(nbgrader_config(course))
+    shutil.copyfile(NBGRADER_CONFIG, root / NBGRADER_CONFIG.name)  # the same in every course: it reads MARKER_FILE
     data = asdict(course)
     for key in ("root", "assignment", "points"):
         data.pop(key)
     (root / MARKER_FILE).write_text(json.dumps(data, indent=1) + "\n")
-    if has_password(db_url):  # the course's files hold the gradebook's password: for the instructor's eyes only
-        for name in ("nbgrader_config.py", MARKER_FILE):
-            (root / name).chmod(0o600)
+    if has_password(db_url):  # the course's settings hold the gradebook's password: for the instructor's eyes only
+        (root / MARKER_FILE).chmod(0o600)
     make_exchange(course.exchange)
     return course
 
@@ -460,8 +310,9 @@ def write_release_source(course: Course):
 
     from .notebook import build_notebook
 
-    nbformat.write(build_notebook(course.points, course.test_timeout, course.time_budget, course.assignment),
+    nbformat.write(build_notebook(course.assignment, course.points, course.test_timeout, course.time_budget),
                    src / f"{course.notebook}.ipynb")
+    shutil.copyfile(NOTEBOOK_TOOLS, src / NOTEBOOK_TOOLS.name)  # what the notebook's setup cell imports
 
     # A hidden name that is also public somewhere (another stage) is not a leak.
     public_names = {n for p in suite_files(list(course.points)) for n in public_tests(p).public}

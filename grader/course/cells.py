@@ -4,8 +4,8 @@ The course notebook's first autograder cell grades the submission, and every aut
 reports one stage of it:
 
     from grader.course.cells import Grading
-    grading = Grading(test_timeout=10.0)          # the first autograder cell only
-    grading.stage("causal_attention", points=12)
+    grading = Grading("ASSIGNMENT", test_timeout=10.0)   # the first autograder cell only
+    grading.stage("MARKER", points=12)                   # a stage's marker, and its points
 
 ``Grading`` grades the folder nbgrader runs the notebook in (the autograded copy of the
 submission) once, through a grading worker (``grader.grading.worker``): the same suite, sandbox and seed as
@@ -36,8 +36,8 @@ class Grading:
     """The grades of the submission in ``folder`` (default: the working folder, where nbgrader runs
     the notebook). ``test_timeout``: CPU seconds per check; ``time_budget``: for the whole submission."""
 
-    def __init__(self, test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None, folder=None,
-                 assignment: str = "attention"):
+    def __init__(self, assignment: str, test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None,
+                 folder=None):
         self.folder = Path(folder or os.getcwd()).resolve()
         self.error: WorkerError | None = None
         course = course_of(self.folder)
@@ -62,7 +62,7 @@ class Grading:
             tests = [t for t in self.graded["tests"] if t["marker"] == marker]
             if not tests:
                 raise WorkerError(f"the suite has no graded tests for stage {marker!r}")
-            report, score = stage_report(marker, points, tests), stage_score(tests, points)
+            report, score = stage_report(tests[0]["stage"], points, tests), stage_score(tests, points)
         print(report)
         return score
 
@@ -70,7 +70,8 @@ class Grading:
 def course_of(folder: Path):
     """The attnkit course whose autograded/<student>/<assignment>/ ``folder`` is (its settings: whether plain
     confinement is allowed; its root: what boxes must not reach), or None."""
-    from .build import MARKER_FILE, Course, CourseError
+    from ..errors import CourseError
+    from .settings import MARKER_FILE, Course
 
     root = folder.parents[2] if len(folder.parents) > 2 else None
     if root is None or folder.parents[1].name != "autograded" or not (root / MARKER_FILE).is_file():

@@ -18,9 +18,11 @@ import warnings
 from pathlib import Path
 from shlex import quote
 
+from ..errors import CourseError
 from ..kit import marker
-from . import build as course_mod
-from .samples import SAMPLES, load_into
+from .build import build
+from .samples import load_into, samples
+from .settings import Course
 
 DEMO_FILE = ".attnkit-demo"  # marks a directory the demo may wipe and rebuild
 NBGRADER_OUTPUTS = ("release", "submitted", "autograded", "feedback", "exchange", "gradebook.db", "grades.csv",
@@ -43,7 +45,7 @@ def check(result: dict, what: str):
         raise RuntimeError(f"nbgrader {what} failed:\n{result.get('error') or result.get('log')}")
 
 
-def stage_scores(c: course_mod.Course, students) -> dict:
+def stage_scores(c: Course, students) -> dict:
     """{student: {stage module: score}} of ``c``'s assignment, read from the course's gradebook (nbgrader's
     Gradebook API)."""
     from nbgrader.api import Gradebook
@@ -62,7 +64,7 @@ def prepare(root: Path):
     """Make ``root`` ready for a fresh demo: new or empty, or a previous demo (wiped)."""
     if root.exists() and any(root.iterdir()):
         if not (root / DEMO_FILE).is_file():
-            raise course_mod.CourseError(
+            raise CourseError(
                 f"{root} is not empty and was not made by `attnkit demo`; choose another --dir"
             )
         for name in NBGRADER_OUTPUTS:
@@ -96,7 +98,7 @@ def run(root="attnkit-demo", out=print) -> dict:
     start = time.monotonic()
     prepare(root)
     out(f"[  0.0s] building the course in {quote(str(root))}", flush=True)
-    c = course_mod.build(root)
+    c = build(root)
     (root / DEMO_FILE).write_text("made by `attnkit demo`; the demo may wipe and rebuild this directory\n")
     with stderr_to(root / "nbgrader.log"):
         result = _run(root, c, start, out)
@@ -104,7 +106,7 @@ def run(root="attnkit-demo", out=print) -> dict:
     return result
 
 
-def _run(root: Path, course: course_mod.Course, start: float, out) -> dict:
+def _run(root: Path, course: Course, start: float, out) -> dict:
     """Every assignment of the course through nbgrader's round, then again through ``attnkit grade``."""
 
     def step(message):
@@ -153,7 +155,7 @@ def _run(root: Path, course: course_mod.Course, start: float, out) -> dict:
     out(f"grades.csv:     {quote(str(grades_csv))}")
     for report in reports.values():
         out(f"class report:   {quote(str(report))}")
-    example = next(s.student for s in SAMPLES if s.breaks and "*" not in s.breaks)
+    example = next(s.student for s in samples(course.assignment) if s.breaks and "*" not in s.breaks)
     out(f"feedback HTML:  {quote(str(root / 'feedback'))}/<student>/<assignment>/<assignment>.html, e.g.")
     out(f"                {quote(str(root / 'feedback' / example / course.assignment / (course.notebook + '.html')))}")
     out(f"autograde: {sum(timings) / len(timings):.1f} s per submission on average; "
@@ -162,7 +164,7 @@ def _run(root: Path, course: course_mod.Course, start: float, out) -> dict:
             "fast_path_differs": differ}
 
 
-def _nbgrader_round(api, root: Path, c: course_mod.Course, step) -> tuple:
+def _nbgrader_round(api, root: Path, c: Course, step) -> tuple:
     """nbgrader's generate_assignment, autograde and generate_feedback of one assignment on its samples:
     (the course describing it, {student: {stage: score}}, {student: autograde seconds})."""
     t = time.monotonic()
@@ -186,16 +188,16 @@ def _nbgrader_round(api, root: Path, c: course_mod.Course, step) -> tuple:
     return c, stage_scores(c, [s.student for s in samples]), timings
 
 
-def table(c: course_mod.Course, scores: dict) -> str:
+def table(c: Course, scores: dict) -> str:
     """Students x stages with totals; the last column says whether the sample lost points exactly
     on the stages it was written to break."""
     stages = list(c.points)
     width = max([18, *(len(student) + 2 for student in scores)])
     head = f"{'student':<{width}}" + "".join(f"{s[:3]:>7}" for s in stages) + f"{'total':>8}  as expected?"
     lines = [head, f"{'(max)':<{width}}" + "".join(f"{c.points[s]:>7g}" for s in stages) + f"{c.total:>8g}"]
-    samples = {s.student: s for s in SAMPLES if s.assignment == c.assignment}
+    by_id = {s.student: s for s in samples(c.assignment)}
     for student, row in scores.items():
-        sample = samples.get(student)
+        sample = by_id.get(student)
         lost = {marker(s) for s in stages if (row[s] or 0) < c.points[s] - 1e-9}
         if sample and "*" in sample.breaks:
             expected = set(marker(s) for s in stages)

@@ -173,7 +173,7 @@ class RecordedResults(NbGraderPreprocessor):
             stage = stages.get(cell.metadata.get("nbgrader", {}).get("grade_id"))
             cell.outputs = [] if stage is None else [
                 nbformat.v4.new_output("stream", name="stdout",
-                                       text=stage_report(stage["marker"], stage["max_points"], stage["tests"]) + "\n"),
+                                       text=stage_report(stage["stage"], stage["max_points"], stage["tests"]) + "\n"),
                 nbformat.v4.new_output("execute_result", data={"text/plain": repr(stage["points"])},
                                        execution_count=count),
             ]

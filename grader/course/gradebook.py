@@ -363,7 +363,7 @@ def stage_grades(db_url: str, course_id: str, assignment: str) -> dict:
 
 
 def class_report(course, assignment: str | None = None, out=None) -> tuple[Path, ClassReport]:
-    """The class report of ``course``'s assignment (a grader.course.build.Course; default: the one it describes):
+    """The class report of ``course``'s assignment (a grader.course.settings.Course; default: the one it describes):
     its records in attnkit-grades/, with the points nbgrader's gradebook holds. Returns (index.html, the report)."""
     assignment = assignment or course.assignment
     if not course.db_url and not (course.root / "gradebook.db").is_file():

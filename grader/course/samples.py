@@ -2,19 +2,21 @@
 
 A made-up submission is the reference solutions (or the untouched stubs) with a few small source
 edits, the way real mistakes look (``edited``), written out as a folder of stage modules
-(``write_modules``). The samples below are graded by ``attnkit demo`` and the kit's tests, and
-``attnkit samples`` puts them into an instructor's own course for a trial run (``load_into``); the
-kit's tests also build their catalogue of mistakes and their tamper corpus this way.
-``breaks`` names the stages a sample should lose points on; every other stage must get full marks.
+(``write_modules``). Each assignment's samples (``samples``: its reference, its untouched stubs, and the
+typical mistakes of its samples.py) are graded by ``attnkit demo`` and the kit's tests, and ``attnkit samples``
+puts them into an instructor's own course for a trial run (``load_into``); the kit's tests also build their
+catalogue of mistakes and their tamper corpus this way. ``breaks`` names the stages a sample should lose points
+on; every other stage must get full marks.
 """
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from shlex import quote
 
+from .. import kit
 from ..errors import SampleError
 from ..kit import EXERCISES, SOLUTIONS, stages
 
@@ -26,7 +28,7 @@ class Sample:
     base: str = "solutions"  # or "exercises"
     edits: dict = field(default_factory=dict)  # stage module -> [(old, new), ...] (see ``edited``)
     breaks: tuple = ()  # markers of the stages this sample should lose points on ("*": all)
-    assignment: str = "attention"  # the assignment it is a submission of (stage_names.ASSIGNMENTS)
+    assignment: str = ""  # the assignment it is a submission of (set where it is read: ``samples``)
 
     @property
     def base_folder(self) -> Path:
@@ -48,104 +50,26 @@ class Sample:
         return f"loses points on {', '.join(self.breaks)} only" if self.breaks else "full marks"
 
 
-SAMPLES = [
-    Sample("reference", "the reference solutions"),
-    Sample("untouched", "the stubs as released, nothing written", base="exercises", breaks=("*",)),
-    Sample(
-        "softmax-dim0", "all-pairs softmax over dim 0 (columns sum to 1)",
-        edits={"s02_normalization": [
-            ("torch.softmax(all_pairs_scores(inputs), dim=-1)", "torch.softmax(all_pairs_scores(inputs), dim=0)"),
-        ]},
-        breaks=("normalization",),
-    ),
-    Sample(
-        "no-scaling", "forgot to divide the scores by sqrt(d_k)",
-        edits={"s04_trainable_projections": [
-            ("torch.softmax(scores / d_k**0.5, dim=-1)", "torch.softmax(scores, dim=-1)"),
-        ]},
-        breaks=("trainable_projections",),
-    ),
-    Sample(
-        "tril-for-triu", "efficient causal mask built with tril: hides the past instead of the future",
-        edits={"s06_causal_mask": [(
-            "torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=1)",
-            "torch.tril(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=-1)",
-        )]},
-        breaks=("causal_mask",),
-    ),
-    Sample(
-        "no-head-transpose", "split the heads with one view(b, heads, tokens, head_dim), no transpose",
-        edits={"s10_multihead_attention": [(
-            ".view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)",
-            ".view(b, self.num_heads, num_tokens, self.head_dim)",
-        )]},
-        breaks=("multihead_attention",),
-    ),
-    Sample(
-        "syntax-error", "a missing closing parenthesis in SelfAttention_v1.forward",
-        edits={"s05_self_attention": [(
-            "attn_scores = queries @ keys.transpose(-2, -1)  # (num_tokens, num_tokens)",
-            "attn_scores = queries @ keys.transpose(-2, -1  # (num_tokens, num_tokens)",
-        )]},
-        breaks=("self_attention",),
-    ),
-    Sample(
-        "endless-loop", "a while loop that never advances its index in context_vector",
-        edits={"s03_context_vectors": [(
-            "    for weight, x_i in zip(attn_weights, inputs):\n        context += weight * x_i\n",
-            "    i = 0\n    while i < len(inputs):\n        context += attn_weights[i] * inputs[i]\n",
-        )]},
-        breaks=("context_vectors",),
-    ),
-    Sample(
-        "noisy-correct", "correct, but warns and prints to stderr (must still get full marks)",
-        edits={"s01_attention_scores": [(
-            "import torch\n",
-            "import sys\nimport warnings\n\nimport torch\n\n"
-            "warnings.warn('s01 imported: this message goes to stderr', UserWarning)\n"
-            "print('debug output on stderr', file=sys.stderr)\n",
-        ), (
-            "    return inputs @ query\n",
-            "    warnings.warn('attention_scores_matmul called', RuntimeWarning)\n    return inputs @ query\n",
-        )]},
-    ),
-]
-
-# The second assignment's samples (the same student ids: one student submits each assignment).
-M = "modern-attention"
-SAMPLES += [
-    Sample("reference", "the reference solutions", assignment=M),
-    Sample("untouched", "the stubs as released, nothing written", base="exercises", breaks=("*",), assignment=M),
-    Sample(
-        "sdpa-mask-inverted", "SDPA's boolean attn_mask passed as the 'future' mask (True = masked out)",
-        edits={"m01_pytorch_attention": [(
-            "allowed = ~mha.mask.bool()[:num_tokens, :num_tokens]",
-            "allowed = mha.mask.bool()[:num_tokens, :num_tokens]",
-        )]},
-        breaks=("pytorch_attention",), assignment=M,
-    ),
-    Sample(
-        "cache-positions-restart", "the causal mask of a cached step taken from row 0, not after the cached tokens",
-        edits={"m03_kv_cache": [(
-            "future = self.mask[start:start + num_new, :num_keys]", "future = self.mask[:num_new, :num_keys]",
-        )]},
-        breaks=("kv_cache",), assignment=M,
-    ),
-    Sample(
-        "kv-repeat", "key/value heads copied with repeat (h % groups) where repeat_interleave (h // size) is meant",
-        edits={"m04_grouped_query": [
-            ("keys = keys.repeat_interleave(self.group_size, dim=1)", "keys = keys.repeat(1, self.group_size, 1, 1)"),
-            ("values = values.repeat_interleave(self.group_size, dim=1)",
-             "values = values.repeat(1, self.group_size, 1, 1)"),
-        ]},
-        breaks=("grouped_query",), assignment=M,
-    ),
-]
+# Every assignment's first samples: its reference solutions, and its stubs as released.
+GENERIC = (Sample("reference", "the reference solutions"),
+           Sample("untouched", "the stubs as released, nothing written", base="exercises", breaks=("*",)))
 
 
-def by_student(student: str, assignment: str = "attention") -> Sample:
-    for sample in SAMPLES:
-        if sample.student == student and sample.assignment == assignment:
+def samples(assignment: str | None = None) -> list[Sample]:
+    """The samples of ``assignment`` (None: of every assignment): the reference, the untouched stubs, then those
+    of its samples.py (assignments/<name>/samples.py, SAMPLES), each told its assignment."""
+    found = []
+    for a in ([kit.assignment(assignment)] if assignment else kit.assignments().values()):
+        module = a.module("samples")
+        own = list(getattr(module, "SAMPLES", [])) if module is not None else []
+        found += [replace(sample, assignment=a.name) for sample in [*GENERIC, *own]]
+    return found
+
+
+def by_student(student: str, assignment: str | None = None) -> Sample:
+    """The sample ``student`` of ``assignment`` (default: the kit's first)."""
+    for sample in samples(assignment or kit.assignment().name):
+        if sample.student == student:
             return sample
     raise KeyError(student)
 
@@ -188,7 +112,7 @@ def write_submission(sample: Sample, release: Path, dest: Path) -> Path:
 
 def samples_of(assignment: str, students=None) -> list[Sample]:
     """The samples of ``assignment`` (those of the ids in ``students``, if given)."""
-    mine = [s for s in SAMPLES if s.assignment == assignment]
+    mine = samples(assignment)
     if students:
         unknown = sorted(set(students) - {s.student for s in mine})
         if unknown:

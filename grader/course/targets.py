@@ -9,8 +9,8 @@ from shlex import quote
 from ..errors import TargetError
 from ..grading import records as R
 from ..grading.targets import Target, chosen_assignment, folder_target
-from .build import Course
 from .gradebook import GradebookSync
+from .settings import Course
 
 
 def assignments(course) -> list[str]:

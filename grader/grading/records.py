@@ -13,7 +13,7 @@ One JSON file per student, ``<out>/<student>.json`` (``<out>`` is
      "confinement": {"mode": "namespaces", "missing": []},   # how its code was kept apart (grader.sandbox.confinement)
      "total": 87.5, "max_total": 100.0,
      "stages": [               # teaching order
-       {"stage": "s08_causal_attention", "marker": "causal_attention",
+       {"stage": "s08_topic", "marker": "topic",
         "points": 9.0, "max_points": 12.0,       # points = max_points x passed / counted
         "passed": 9, "counted": 12,              # skipped tests (CUDA cases on a CPU) do not count
         "tests": [{"nodeid": "tests/test_s08_....py::test_x[cpu]", "label": "x / cpu",

@@ -12,6 +12,7 @@ import textwrap
 
 from stage_names import marker, stage_of
 
+from ..kit import stage_info
 from .contracts import Check
 
 MESSAGE_LIMIT = 700  # characters of one failure message shown in feedback
@@ -71,12 +72,14 @@ def stage_score(tests: list[dict], points: float) -> float:
     return round(points * passed / len(counted), 2)
 
 
-def stage_report(marker: str, points: float, tests: list[dict]) -> str:
-    """What a stage's autograder cell prints: a line per check, the failures' messages, the score."""
+def stage_report(stage: str, points: float, tests: list[dict]) -> str:
+    """What a stage's autograder cell prints (and Gradescope shows, and the feedback page): the stage's heading
+    with its score, a line per check, the failures' messages."""
     counted = [t for t in tests if t["outcome"] in ("passed", "failed")]
     passed = [t for t in counted if t["outcome"] == "passed"]
     score = stage_score(tests, points)
-    lines = [f"Stage {marker}: {len(passed)} of {len(counted)} checks pass -> {score:g} of {points:g} points"]
+    lines = [f"{stage_info(stage).heading}: {len(passed)} of {len(counted)} checks pass -> {score:g} of {points:g} "
+             "points"]
     shown = 0
     for t in tests:
         if t["outcome"] == "passed":

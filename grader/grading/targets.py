@@ -8,10 +8,10 @@ from pathlib import Path
 from shlex import quote
 from typing import Protocol
 
-from stage_names import assignment_of, module_files
+from stage_names import module_files
 
 from ..errors import TargetError
-from ..kit import ASSIGNMENT, ASSIGNMENTS, plan_points
+from ..kit import assignment_of, assignments, module_patterns, plan_points
 from ..sandbox.limits import TEST_TIMEOUT
 
 
@@ -70,7 +70,7 @@ def modules_by_assignment(folders) -> dict[str, int]:
     """assignment -> how many of the submission ``folders`` hold stage modules of it."""
     found = Counter()
     for folder in folders:
-        found.update({assignment_of(path.stem) for path in module_files(folder)})
+        found.update({assignment_of(path.stem) for path in module_files(folder)} - {None})
     return dict(found)
 
 
@@ -94,16 +94,16 @@ def folder_target(submissions_dir, out, assignment: str | None = None, points=No
     chosen = ""
     if assignment is None and points is None:
         held = modules_by_assignment(found.values())
-        assignment, chosen = chosen_assignment({name: held.get(name, 0) for name in (names or ASSIGNMENTS)},
+        assignment, chosen = chosen_assignment({name: held.get(name, 0) for name in (names or assignments())},
                                                f"stage modules in {quote(str(root))}", "grade")
     if points_of is not None and points is None:
         points = points_of(assignment)
-    assignment = assignment or ASSIGNMENT
-    if points is None and assignment not in ASSIGNMENTS:
-        raise TargetError(f"the kit has no assignment {assignment!r}: its assignments are {', '.join(ASSIGNMENTS)} "
+    assignment = assignment or next(iter(assignments()))
+    if points is None and assignment not in assignments():
+        raise TargetError(f"the kit has no assignment {assignment!r}: its assignments are {', '.join(assignments())} "
                           "(or give --course, whose assignment's points are used)")
     return Target(submissions=found, assignment=assignment, out=out,
-                  points=dict(points or plan_points(assignment=assignment)), test_timeout=test_timeout,
+                  points=dict(points or plan_points(name=assignment)), test_timeout=test_timeout,
                   time_budget=time_budget, submissions_root=root, chosen=chosen,
                   where=f"{quote(str(root))} holds no submission folder (it should hold one folder per student, "
-                        "named after the student, with the student's stage modules, sNN_*.py or mNN_*.py)")
+                        f"named after the student, with the student's stage modules, {module_patterns()})")

@@ -43,12 +43,11 @@ from .. import submission as S
 from ..kit import KIT, suite_files
 from ..sandbox import scratch
 from ..sandbox.confinement import ConfinementRefused, SandboxUnavailable
-from ..sandbox.limits import ONE_THREAD, Limits
+from ..sandbox.limits import ONE_THREAD, READY_SECONDS, Limits
 from ..sandbox.template import Sandbox
 from .contracts import Job, WorkerAnswer
 from .plugin import GradingPlugin
 
-READY_SECONDS = 300  # a worker must be ready (torch, pytest, collection, its sandbox) within this
 ANSWER_BYTES = 256 << 20  # a worker's answer for one submission is far smaller
 CLOSE_SECONDS = 10  # a worker asked to stop ends its session (its sandbox's template too) within this
 # pytest plugins a grading run goes without. The learner's code runs in the sandbox, so nothing it

@@ -12,7 +12,8 @@ image, and for every submission copies the student's files into ``/autograder/su
     requirements.txt          those versions, pinned (torch apart: it comes from PyTorch's CPU index)
     run_autograder            python3 -m grader.outputs.gradescope run, with kit/ on the path
     attnkit-gradescope.json   the assignment, its points per stage and the time limits
-    kit/                      the kit's source: grader/, tests/, solutions/, fixtures/ (hidden ones too), ...
+    kit/                      the kit's source: grader/, tests/, solutions/, fixtures/ (hidden ones too),
+                              assignments/, ...
 
 A submission is graded as ``attnkit grade`` grades one: its stage modules are read the way
 ``grader.submission`` reads them (a module submitted as a symbolic link fails on import, saying so),
@@ -33,8 +34,8 @@ nbgrader give them, and the checks of a stage add up to it within half a hundred
 Checks that need CUDA are skipped on Gradescope's machines and count for nothing, as in ``attnkit grade``:
 they are not listed, and the stage's report says how many there were. Public checks (marked ``public``,
 the ones students have) are ``visible``; hidden ones ``after_published``, with their failure message (the diagnosis,
-never test code). Each stage also gets an unscored entry named with its total ("Stage 8:
-causal_attention total: 9 of 12 points") whose output is the stage's report and whose status says whether
+never test code). Each stage also gets an unscored entry named with its heading and total ("Stage 8: Causal
+attention, batched total: 9 of 12 points") whose output is the stage's report and whose status says whether
 every check passed: unscored, so that the entries never count a point twice whether Gradescope adds up
 the tests or takes the top-level score; ``after_published`` too, since the report names the hidden
 checks. The top-level output, shown to the student at once, lists the stage totals in columns; every
@@ -54,7 +55,7 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from stage_names import assignment_of, module_files, stage_test_file
+from stage_names import module_files, stage_test_file
 
 from ..errors import UploadError
 from ..grading.records import write_atomic
@@ -62,7 +63,7 @@ from ..grading.scoring import needs_cuda, stage_report, stage_score
 
 # Everything this process will use is imported before any learner code runs (no lazy imports).
 from ..grading.worker import grade_folder
-from ..kit import KIT, SUITE, marker, plan_points
+from ..kit import KIT, SUITE, assignment_of, plan_points, stage_info
 from ..sandbox.limits import TEST_TIMEOUT, Limits
 from ..submission import MAX_MODULE_BYTES, linked_modules
 from ..suite import public_tests
@@ -71,7 +72,8 @@ from ..untrusted import printable
 ROOT_ENV = "ATTNKIT_GRADESCOPE_ROOT"  # Gradescope's container root, /autograder unless set (the kit's test sets it)
 SETTINGS = "attnkit-gradescope.json"
 KIT_FOLDER = "kit"  # where the zip holds the kit's source
-SHIPPED = ("pyproject.toml", "README.md", "conftest.py", "grader", "tests", "solutions", "exercises", "fixtures")
+SHIPPED = ("pyproject.toml", "README.md", "conftest.py", "grader", "tests", "solutions", "exercises", "fixtures",
+           "assignments")
 SKIPPED_NAMES = ("__pycache__", ".pytest_cache")
 CPU_TORCH = "https://download.pytorch.org/whl/cpu"
 # What grading imports (the suite's and the grader's side); the kit's other dependencies (nbgrader, Dask,
@@ -210,10 +212,6 @@ def check_worth(points: float, counted: int) -> float:
     return round(points / counted, 4) if counted else 0.0
 
 
-def stage_title(stage: str) -> str:
-    return f"Stage {int(stage[1:3])}: {marker(stage)}"
-
-
 def stage_entries(stage: str, points: float, tests: list[dict], public: set[str]) -> tuple[float, list[dict]]:
     """(the stage's score, its results.json entries: its total, then one per counted or non-CUDA skipped check)."""
     score = stage_score(tests, points)
@@ -223,7 +221,7 @@ def stage_entries(stage: str, points: float, tests: list[dict], public: set[str]
         if t["outcome"] == "skipped" and needs_cuda(t["nodeid"]):
             continue  # not run without a GPU, counts for nothing: the stage's report says so
         counted = t["outcome"] in ("passed", "failed")
-        entry = {"name": f"{stage_title(stage)} / {t['label']}",
+        entry = {"name": f"{stage_info(stage).heading} / {t['label']}",
                  "score": worth if t["outcome"] == "passed" else 0.0, "max_score": worth if counted else 0.0,
                  "visibility": "visible" if is_public(t["nodeid"], public) else "after_published"}
         if t["outcome"] == "failed":
@@ -240,20 +238,22 @@ def stage_entries(stage: str, points: float, tests: list[dict], public: set[str]
 def total_entry(stage: str, points: float, tests: list[dict]) -> dict:
     """A stage's unscored entry: its total in the name, its report as output, passed when every check did."""
     failed = any(t["outcome"] == "failed" for t in tests)
-    return {"name": f"{stage_title(stage)} total: {stage_score(tests, points):g} of {points:g} points",
-            "status": "failed" if failed else "passed", "output": stage_report(marker(stage), points, tests),
+    return {"name": f"{stage_info(stage).heading} total: {stage_score(tests, points):g} of {points:g} points",
+            "status": "failed" if failed else "passed", "output": stage_report(stage, points, tests),
             "visibility": "after_published"}
 
 
 def results(graded: dict, points: dict[str, float]) -> dict:
     """Gradescope's results.json of the verdicts ``graded`` (grader.grading.worker.grade_folder) on ``points``."""
-    tests, lines, total = [], [], 0.0
+    tests, rows, total = [], [], 0.0
     for stage, max_points in points.items():
         score, entries = stage_entries(stage, max_points, [t for t in graded["tests"] if t["stage"] == stage],
                                        public_names(stage))
         total += score
         tests.extend(entries)
-        lines.append(f"{stage_title(stage):<36} {score:>6g} of {max_points:g}")
+        rows.append((stage_info(stage).heading, f"{score:>6g} of {max_points:g}"))
+    width = max(len(heading) for heading, _ in rows)  # (the stage totals in columns)
+    lines = [f"{heading:<{width}} {score}" for heading, score in rows]
     confinement = graded.get("confinement") or {}
     lines += ["", f"Total: {round(total, 2):g} of {round(sum(points.values()), 2):g} points. Checks marked hidden "
               "show their results when the grades are published.",

@@ -16,9 +16,9 @@ import signal
 import threading
 from pathlib import Path
 
-from stage_names import assignment_of, builds_on, is_stage_module, module_files
+from stage_names import builds_on, is_stage_module, module_files
 
-from ..kit import SOLUTIONS
+from ..kit import SOLUTIONS, assignment_of
 from ..submission import sources
 from . import redaction
 from .channel import AnswerTooLarge, BoxGone, OutOfTime, Waiting, receive, send

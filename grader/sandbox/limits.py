@@ -35,6 +35,7 @@ LOAD_FACTOR = 4  # an operation is stopped after this many times its waiting lim
 # the load (a backstop: a box whose processes always seem to wait for a processor)
 BUDGET_CHECKS = 12  # the default budget of a submission: this many checks at their limit
 START_SECONDS = 180.0  # a template must be ready within this (importing torch on a loaded machine)
+READY_SECONDS = 300  # a grading worker must be ready (torch, pytest, collection, its sandbox) within this
 
 # Learner code computes with one thread. Its time limits are CPU seconds, and a thread pool's
 # workers spin while they wait: with torch's default of a thread per core, the same suite cost a

@@ -24,10 +24,11 @@ import sys
 import urllib.parse
 from pathlib import Path
 
-from ..kit import FIXTURES, KIT, SOLUTIONS, SUITE
+from ..kit import ASSIGNMENTS_FOLDER, FIXTURES, KIT, SOLUTIONS, SUITE
 
 # The kit's own files a learner must not reach: the reference, the hidden tests and fixtures, the grader.
-KIT_FOLDERS = tuple(path.relative_to(KIT) for path in (SOLUTIONS, SUITE, FIXTURES, KIT / "grader", KIT / "kit_tests"))
+KIT_FOLDERS = tuple(path.relative_to(KIT) for path in (SOLUTIONS, SUITE, FIXTURES, ASSIGNMENTS_FOLDER, KIT / "grader",
+                                                      KIT / "kit_tests"))
 SYSTEM = ("/", "/usr", "/usr/local", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/dev", "/proc",
           "/sys", "/tmp", "/var", "/run", "/home", "/root", "/opt", "/srv", "/mnt", "/media")  # never made private
 

@@ -25,9 +25,9 @@ import re
 from functools import cache
 from pathlib import Path
 
-from stage_names import assignment_of, module_files, stage_of
+from stage_names import module_files, stage_of
 
-from ..kit import EXERCISES, FIXTURES, SOLUTION_BEGIN, SOLUTION_END, SOLUTIONS, SUITE
+from ..kit import EXERCISES, FIXTURES, SOLUTION_BEGIN, SOLUTION_END, SOLUTIONS, SUITE, assignment_of
 from ..suite import public_tests
 
 WINDOW = 40  # characters (whitespace left out) that make a quote

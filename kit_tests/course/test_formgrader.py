@@ -27,8 +27,9 @@ import pytest
 from runs import Nbgrader, attnkit
 from servers import free_port
 
-from grader.course.build import Course, build, exchange_hint
+from grader.course.build import build, exchange_hint
 from grader.course.samples import by_student, write_submission
+from grader.course.settings import Course
 from grader.grading import records as R
 
 ASSIGNMENT = "attention"

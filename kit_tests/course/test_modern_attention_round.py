@@ -12,15 +12,18 @@ import pytest
 from runs import Nbgrader
 
 from grader.cli import main
-from grader.course.build import Course, build, find_leaks, hidden_test_names, solution_lines
+from grader.course.build import build, find_leaks, hidden_test_names, solution_lines
 from grader.course.demo import stage_scores
-from grader.course.samples import SAMPLES, by_student, write_submission
-from grader.kit import ASSIGNMENTS, marker, stages
+from grader.course.samples import by_student, samples, write_submission
+from grader.course.settings import Course
+from grader.kit import assignments, marker, stages
+
+ASSIGNMENTS = list(assignments())  # the kit's assignments, in teaching order
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ASSIGNMENT = "modern-attention"
-SAMPLE_STUDENTS = [s.student for s in SAMPLES if s.assignment == ASSIGNMENT]
+SAMPLE_STUDENTS = [s.student for s in samples(ASSIGNMENT)]
 BOTH = "reference"  # also submits chapter 3's assignment
 
 
@@ -32,7 +35,7 @@ def graded(tmp_path_factory):
     nbgrader = Nbgrader(root)
     for name in ASSIGNMENTS:
         nbgrader("generate_assignment", name)
-    for sample in SAMPLES:
+    for sample in samples():
         if sample.assignment == ASSIGNMENT or sample.student == BOTH:
             write_submission(sample, root / "release" / sample.assignment,
                              root / "submitted" / sample.student / sample.assignment)
@@ -51,7 +54,8 @@ def test_the_course_holds_both_assignments_each_with_its_own_stages(graded):
     assert list(c.points) == stages(ASSIGNMENT) and sum(c.points.values()) == pytest.approx(100)
     assert list(Course.load(c.root).points) == stages("attention")
     release = c.root / "release" / ASSIGNMENT
-    assert sorted(p.name for p in release.glob("*.py")) == sorted(["conftest.py"] + [f"{s}.py" for s in c.points])
+    assert sorted(p.name for p in release.glob("*.py")) == \
+        sorted(["conftest.py", "notebook_tools.py"] + [f"{s}.py" for s in c.points])
     assert sorted(p.stem for p in (release / "fixtures" / "public").glob("*.npz")) == \
         sorted(s for s in c.points if (release / "fixtures" / "public" / f"{s}.npz").is_file())
     assert all(p.stem in c.points for p in (release / "fixtures" / "public").glob("*.npz"))
@@ -94,7 +98,7 @@ def test_feedback_names_each_stage_and_hides_the_hidden_tests(graded):
         page = html.unescape((root / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text())
         assert "BEGIN HIDDEN TESTS" not in page and "Grading(" not in page, student
         assert "Stage 1: " in page and f"Stage {len(stages(ASSIGNMENT))}: " in page, student
-    broken = next(s for s in SAMPLES if s.assignment == ASSIGNMENT and s.breaks and "*" not in s.breaks)
+    broken = next(s for s in samples(ASSIGNMENT) if s.breaks and "*" not in s.breaks)
     page = html.unescape((root / "feedback" / broken.student / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text())
     assert "Likely mistake" in page, broken.student
 
@@ -106,4 +110,7 @@ def test_rebuilding_one_assignment_keeps_the_other(graded, tmp_path):
     build(root, assignments=[ASSIGNMENT])
     assert list(Course.load(root).assignments) == ["attention", ASSIGNMENT]
     assert (root / "source" / "attention" / "attention.ipynb").is_file()
-    assert "'modern-attention': ['m01" in (root / "nbgrader_config.py").read_text()
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()  # (it reads the course's settings)
+    assert config.Autograde.exclude_overwriting[ASSIGNMENT] == [f"{s}.py" for s in stages(ASSIGNMENT)]

@@ -54,9 +54,10 @@ def tamper(folder: Path):
     (edited,) = [cell for cell in nb.cells if cell.metadata.get("nbgrader", {}).get("grade_id") == EDITED_CELL]
     edited.source += "\nprint('tampered: full marks please')"
     nbformat.write(nb, path)
-    (folder / "grader").mkdir()
+    (folder / "grader" / "course").mkdir(parents=True)
     (folder / "grader" / "__init__.py").write_text("")
-    (folder / "grader" / "cells.py").write_text(
+    (folder / "grader" / "course" / "__init__.py").write_text("")
+    (folder / "grader" / "course" / "cells.py").write_text(
         "class Grading:\n    def stage(self, marker, points):\n        return points\n")
 
 
@@ -263,9 +264,9 @@ def test_feedback_names_each_stage_and_shows_no_grading_code(graded):
     """The page's index and each autograder cell carry the stage's heading, not nbgrader's "Test cell"
     and the grade_id; the hidden region is out, markers included; the CUDA twins of checks are not
     shown as something the student should go and do."""
-    from grader.course.notebook import STAGES, stage_heading
+    from grader.kit import stage_info
 
-    headings = [stage_heading(n, STAGES[s][0]) for n, s in enumerate(stages(ASSIGNMENT), start=1)]
+    headings = [stage_info(s).heading for s in stages(ASSIGNMENT)]
     for student in STUDENTS:
         page = html.unescape((graded["root"] / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text())
         text = html.unescape(re.sub(r"<[^>]+>", "", page))

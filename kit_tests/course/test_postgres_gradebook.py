@@ -18,19 +18,21 @@ import servers
 from runs import Nbgrader
 
 from grader.cli import main
-from grader.course.build import Course, build
+from grader.course.build import build
 from grader.course.demo import stage_scores
 from grader.course.gradebook import CONNECT_SECONDS, GradebookSync
-from grader.course.samples import SAMPLES, write_submission
+from grader.course.samples import samples, write_submission
+from grader.course.settings import Course
 from grader.grading import records as R
-from grader.kit import ASSIGNMENTS
+from grader.kit import assignments
+
+ASSIGNMENTS = list(assignments())  # the kit's assignments, in teaching order
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 # Four students who each submit both assignments: chapter 3's first four samples, each paired with a
 # modern-attention sample (the reference, the stubs, two with mistakes).
-PAIRED = list(zip([s for s in SAMPLES if s.assignment == "attention"][:4],
-                  [s for s in SAMPLES if s.assignment == "modern-attention"][:4]))
+PAIRED = list(zip(samples("attention")[:4], samples("modern-attention")[:4]))
 STUDENTS = [first.student for first, _ in PAIRED]
 LATE = ["late-1", "late-2", "late-3"]  # new to the gradebook in the concurrent runs
 
@@ -185,9 +187,12 @@ def test_a_rebuild_keeps_the_course_s_postgresql_gradebook(server, tmp_path):
     build(tmp_path / "course", db_url=url)
     build(tmp_path / "course", assignments=["modern-attention"])  # without --db-url
     assert Course.load(tmp_path / "course").db_url == url
-    assert f"c.CourseDirectory.db_url = {url!r}" in (tmp_path / "course" / "nbgrader_config.py").read_text()
-    for name in ("nbgrader_config.py", "attnkit-course.json"):  # they hold the password
-        assert (tmp_path / "course" / name).stat().st_mode & 0o777 == 0o600, name
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(tmp_path / "course")).load_config()
+    assert config.CourseDirectory.db_url == url  # (nbgrader's config reads it from the course's settings)
+    assert (tmp_path / "course" / "attnkit-course.json").stat().st_mode & 0o777 == 0o600  # it holds the password
+    assert servers.PASSWORD not in (tmp_path / "course" / "nbgrader_config.py").read_text()
 
 
 REFUSED = ["no such database", "wrong password", "driver not installed", "not a URL", "password not encoded",

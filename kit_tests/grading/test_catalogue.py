@@ -12,11 +12,11 @@ import pytest
 from verdicts import verdicts
 
 from catalogue import BUGS, VARIANTS
-from grader.course.samples import SAMPLES
+from grader.course.samples import samples
 from grader.grading.run import grade
 from grader.grading.scoring import stage_score
 from grader.grading.targets import folder_target
-from grader.kit import ASSIGNMENTS, SUITE, stages
+from grader.kit import SUITE, assignments, stages
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SAMPLE = "sample-"  # the demo's samples are graded in the same run, under this prefix
@@ -28,14 +28,13 @@ def records(tmp_path_factory):
     warm workers (torch imported once per worker)."""
     root = tmp_path_factory.mktemp("catalogue")
     records = {}
-    for assignment in ASSIGNMENTS:  # each graded on its own assignment's stages, as a course grades it
+    for assignment in assignments():  # each graded on its own assignment's stages, as a course grades it
         folder = root / assignment
         for entry in BUGS + VARIANTS:
             if entry.assignment == assignment:
                 entry.build(folder / "submissions" / entry.name)
-        for sample in SAMPLES:
-            if sample.assignment == assignment:
-                sample.write(folder / "submissions" / (SAMPLE + assignment + "-" + sample.student))
+        for sample in samples(assignment):
+            sample.write(folder / "submissions" / (SAMPLE + assignment + "-" + sample.student))
         target = folder_target(folder / "submissions", folder / "grades", assignment,
                                points={stage: 1.0 for stage in stages(assignment)})
         outcome = grade(target, quiet=True)

@@ -8,6 +8,7 @@ here, and on a plain folder of submissions, each run with a TMPDIR of its own.
 from __future__ import annotations
 
 import csv
+import html as html_module
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from grader.grading import scoring
 from grader.grading.run import grade
 from grader.grading.targets import folder_target
 from grader.grading.worker import grade_folder
-from grader.kit import SOLUTIONS, stages
+from grader.kit import SOLUTIONS, stage_info, stages
 from grader.sandbox.limits import Limits
 from grader.untrusted import ID_RULE, printable
 from load import cpu_hogs
@@ -356,7 +357,8 @@ def test_notebooks_give_nbgrader_feedback_with_the_same_grades(course):
     for student, record in found.items():
         html = (root / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
         for stage in record["stages"]:
-            assert f"Stage {stage['marker']}: {stage['passed']} of {stage['counted']} checks pass" in html, student
+            said = f"{stage_info(stage['stage']).heading}: {stage['passed']} of {stage['counted']} checks pass"
+            assert said in html_module.unescape(html), student
     assert "Likely mistake" in (root / "feedback" / "tril-for-triu" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
     # Up to date now: nothing to write again.
     assert "autograded notebooks: 0 written, 0 failed" in attnkit("grade", "--course", str(root), "--quiet",

@@ -21,7 +21,7 @@ from gradescope_results import checks, unzip, validate
 from grader.course.samples import by_student
 from grader.grading.scoring import stage_score
 from grader.grading.worker import grade_folder
-from grader.kit import SOLUTIONS, marker, plan_points, stages
+from grader.kit import SOLUTIONS, marker, plan_points, stage_info, stages
 from grader.outputs.gradescope import GRADING_NEEDS, ROOT_ENV, check_worth
 from grader.sandbox.limits import Limits
 
@@ -87,8 +87,9 @@ def autograded(container):
 
 
 def lost(found: dict) -> set[str]:
-    """Markers of the stages some check of which failed."""
-    return {t["name"].split(": ")[1].split(" / ")[0] for t in checks(found) if t["score"] < t["max_score"]}
+    """Markers of the stages some check of which failed (a check is named by its stage's heading, then its own)."""
+    by_heading = {stage_info(s).heading: stage_info(s).marker for s in stages()}
+    return {by_heading[t["name"].split(" / ")[0]] for t in checks(found) if t["score"] < t["max_score"]}
 
 
 def test_reference_gets_full_marks(autograded):
@@ -123,7 +124,7 @@ def test_a_mistake_costs_its_stage_only(container, autograded):
                 for stage in points}
     assert found["score"] == round(sum(expected.values()), 2)
     for stage, score in expected.items():
-        assert f"{marker(stage)} total: {score:g} of" in "\n".join(t["name"] for t in found["tests"])
+        assert f"{stage_info(stage).heading} total: {score:g} of" in "\n".join(t["name"] for t in found["tests"])
 
 
 def test_a_check_is_worth_the_same_in_every_submission(autograded):
@@ -134,7 +135,7 @@ def test_a_check_is_worth_the_same_in_every_submission(autograded):
     assert worth[0] == worth[1]
     points = plan_points(100, None, "attention")
     for stage, max_points in points.items():
-        mine = [v for name, v in worth[0].items() if f": {marker(stage)} " in name and v]
+        mine = [v for name, v in worth[0].items() if name.startswith(f"{stage_info(stage).heading} / ") and v]
         assert set(mine) == {check_worth(max_points, len(mine))}, stage
 
 

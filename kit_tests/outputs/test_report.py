@@ -21,8 +21,8 @@ from collections import Counter
 
 import pytest
 
-from grader.course.build import Course
 from grader.course.gradebook import class_report
+from grader.course.settings import Course
 from grader.grading import records as results
 from grader.grading.scoring import label, stage_report
 from grader.kit import marker, stages
@@ -306,11 +306,12 @@ def test_check_names_and_cuda_checks_in_words():
         return {"nodeid": nodeid, "label": label(nodeid), "outcome": outcome, "message": message}
 
     skip = "CUDA case: no CUDA device on this machine (its CPU twin ran; run on a GPU to check this one)"
-    text = stage_report("multihead_attention", 16, [
+    text = stage_report("s10_multihead_attention", 16, [
         check("test_other_sizes[cpu-case0]", "passed"), check("test_other_sizes[cuda-case0]", "skipped", skip),
         check("test_random_cases[cpu]", "failed", "values differ"), check("test_random_cases[cuda]", "skipped", skip),
     ])
-    assert text.splitlines()[0] == "Stage multihead_attention: 1 of 2 checks pass -> 8 of 16 points"
+    assert text.splitlines()[0] == "Stage 10: Multi-head attention with weight splits: 1 of 2 checks pass -> 8 of 16 " \
+                                   "points"
     assert "PASS  other sizes (case 1, CPU)" in text and "FAIL  random cases (CPU)" in text
     assert "CUDA)" not in text and "run on a GPU" not in text
     assert text.splitlines()[-1] == "  (2 more checks need a CUDA GPU: not run here, so they count for no points)"
@@ -322,13 +323,13 @@ def test_a_long_message_is_cut_in_feedback_but_keeps_the_mistakes_it_names():
     message = ("out differs from the expected values\n" + "  expected: [" + "0.1234, " * 200 + "]\n"
                "Likely mistake: the running max is not carried from one tile of keys to the next\n"
                "a hint after the mistake")
-    text = stage_report("tiled_attention", 16, [
+    text = stage_report("m07_tiled_attention", 16, [
         {"nodeid": nodeid, "label": label(nodeid), "outcome": "failed", "message": message}])
     assert " [...]" in text and len(text) < len(message)
     assert text.splitlines()[-1].strip() == \
         "Likely mistake: the running max is not carried from one tile of keys to the next"
     shown = "Likely mistake: the max is off"  # within the cut: shown once
-    text = stage_report("tiled_attention", 16, [{"nodeid": nodeid, "label": label(nodeid), "outcome": "failed",
+    text = stage_report("m07_tiled_attention", 16, [{"nodeid": nodeid, "label": label(nodeid), "outcome": "failed",
                                                  "message": f"{shown}\n{message}"}])
     assert text.count(shown) == 1 and text.count("running max is not carried") == 1
 
@@ -403,7 +404,7 @@ def test_student_text_is_inert_in_the_report(tmp_path, capsys):
     for number, text in enumerate(HOSTILE):
         record = record_of(f"student{number}", [
             ("s02_normalization", "rows", "failed", f"differ\nLikely mistake: {text}"),
-            ("s03_context_vectors", "loop", "failed", f"{text}: time limit hit")])
+            ("s03_context_vectors", "loop", "failed", f"{text}: time limit hit", "time")])
         record["student"] = f"<b>{number}</b>{text}"  # a record's id as another tool might have written it
         (out / f"student{number}.json").write_text(json.dumps(record))
     with warnings.catch_warnings():

@@ -37,7 +37,7 @@ def _atk_copy_stage_modules(submission, cache, readonly=False):
 
 def _atk_requests(wire, requests, deadline):
     """The grader's requests, read from the pipe ``requests`` with the sandbox's own wire format
-    (``wire``: sandbox_child's namespace) until ``deadline`` or until the grader closes the pipe:
+    (``wire``: the child.py namespace) until ``deadline`` or until the grader closes the pipe:
     (header, blobs) pairs. It waits a second at most between checks of the deadline."""
     import select
     import time

@@ -4,7 +4,7 @@ Append to a stage module that is imported first (base: the solution of s01_atten
 the attacker's submission is the reference solutions with this payload on s01.
 
 How: at import, walk ``sys._getframe()`` up to the sandbox's serving code (``serve_stage`` and
-``serve`` of sandbox_child.py). Their locals hold the request/reply pipe fds that the warm zygote
+``serve`` of the sandbox's child.py). Their locals hold the request/reply pipe fds that the warm zygote
 shares with the trusted grader, the adapter module (``adapters.OPS``), the config, the module
 being imported and the worker's "open" header (its token); their globals hold the wire format
 (``read_message``, ``write_message``, ``encode``, ``decode``). Then:

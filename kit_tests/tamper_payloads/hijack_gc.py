@@ -11,7 +11,7 @@ over every container object of the worker, among them
   "module"}``): tokens the grader may wait for in "ended" (best effort: a dict holding only
   strings can be untracked by gc; the daemon does not need them, see "leaving" below),
 * the functions of the wire format (``read_message``/``write_message``/``encode``/``decode``, their
-  ``__globals__`` is sandbox_child's namespace) and the adapter module (``OPS``,
+  ``__globals__`` is the sandbox's child.py namespace) and the adapter module (``OPS``,
   ``load_stage_module``).
 
 With those it forks the same impersonating ``setsid`` daemon (signals ignored and blocked): "op"

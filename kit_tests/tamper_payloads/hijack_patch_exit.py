@@ -3,7 +3,7 @@
 Append to the first stage module graded (base: the solution of s01_attention_scores); the
 attacker's submission is the reference solutions with this payload on s01.
 
-How: the worker runs sandbox_child.py's own code (it is ``sys.modules["__main__"]``), and looks
+How: the worker runs the sandbox's child.py (it is ``sys.modules["__main__"]``), and looks
 its helpers up by name at call time. At import the payload rebinds, in that namespace:
 
 * ``changes`` -> always "no change": the state check never makes the worker leave, whatever it did;

@@ -200,7 +200,7 @@ def forge():
 def impersonate():
     """Answer for the sandbox on every file descriptor this process holds: 'ended', 'parked' and a
     forged result, with every token found in the stack frames of the serving code."""
-    from sandbox_child import write_message
+    from wire import write_message
 
     tokens = set()
     frame = sys._getframe()

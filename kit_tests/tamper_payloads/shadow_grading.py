@@ -1,4 +1,4 @@
-"""[attnkit-tamper] shadow_grading: a grader/cells.py next to the notebook. If the kernel ever
+"""[attnkit-tamper] shadow_grading: a grader/course/cells.py next to the notebook. If the kernel ever
 imported it instead of the kit's, it would leave a marker file and give every stage its points."""
 import pathlib
 

@@ -1,23 +1,18 @@
-"""Fixture generators of the second assignment, modern-attention (``attnkit fixtures`` writes them
-with chapter 3's, see grader/fixtures.py).
+"""The fixtures of modern-attention's stages (``attnkit fixtures`` writes them, grader.authoring.fixtures).
 
-One function per stage, named after the stage module: ``m03_kv_cache(ref, public, hidden)`` fills the
-two ``fixtures.Arrays`` it is given (``public/<stage>.npz`` ships to students, ``hidden/`` never does)
-from the reference implementation ``ref``. Inputs and weights come from NumPy's PCG64 generator with
-fixed seeds, the same numbers on every platform.
+One generator per stage module, ``m03_kv_cache(ref, public, hidden)``: it fills the two ``Arrays`` it is given
+(``public/<stage>.npz`` ships to students, ``hidden/`` never does) from the reference implementation ``ref``.
+Inputs and weights come from NumPy's PCG64 generator with fixed seeds, the same numbers on every platform;
+the public ones start from the book's running example (chapter 3's, assignments/attention/book.py).
 """
-from __future__ import annotations
-
 import numpy as np
 
 from cases import draw_weights, linear_shapes, mha_shapes, random_weights
-from stage_names import is_stage_module
+from grader.authoring.fixtures import decoding_case, module_case, rng, seeded_weights
+from grader.kit import assignment
 
-from .book import BATCH, BOOK_SEED_MODULES, JOURNEY, book_state
-
-
-def rng(seed):
-    return np.random.default_rng(seed)
+example = assignment("attention").module("book")  # the book's running example
+BATCH, BOOK_SEED_MODULES, JOURNEY = example.BATCH, example.BOOK_SEED_MODULES, example.JOURNEY
 
 
 # ---------------------------------------------------------------- m01, m02
@@ -41,7 +36,8 @@ def m01_pytorch_attention(ref, public, hidden):
 
     x = public.add("x", BATCH, "the book's batch of two copies of the journey embeddings (2, 6, 3)")
     init = dict(d_in=3, d_out=2, context_length=6, dropout=0.0, num_heads=2)
-    case(public, "book/", init, x, book_state("m01_pytorch_attention", "MultiHeadAttention", BOOK_SEED_MODULES, **init),
+    book = seeded_weights("m01_pytorch_attention", "MultiHeadAttention", BOOK_SEED_MODULES, **init)
+    case(public, "book/", init, x, book,
          "MultiHeadAttention(3, 2, 6, 0.0, 2) at torch.manual_seed(123), the book's example of section 3.6.2")
     init = dict(d_in=3, d_out=3, context_length=6, dropout=0.0, num_heads=3, qkv_bias=True)
     case(public, "square/", init, x, random_weights(rng(10100), mha_shapes(3, 3, True)),
@@ -106,17 +102,6 @@ def m02_padding_and_cross(ref, public, hidden):
 
 # ---------------------------------------------------------------- m03, m04
 
-def _decoding_case(out, prefix, stage, cls, init, x, chunks, weights):
-    """A sequence decoded in chunks (their lengths add up to x's tokens): constructor arguments, x,
-    the chunk lengths, the weights, and the full causal forward that every cached step must match."""
-    out.add_init(prefix, init)
-    x = out.add(f"{prefix}x", x, f"input batch {x.shape}")
-    out.add(f"{prefix}chunks", np.asarray(chunks, np.int64), "tokens per forward(use_cache=True) step, in order")
-    weights = out.add_weights(prefix, weights, cls)
-    out.add(f"{prefix}output", stage.forward(cls, init, x, weights),
-            f"{cls} full causal forward (use_cache=False): step k of the cached decoding gives its chunk's rows")
-
-
 # b, num_tokens, d_in, d_out, context_length, num_heads, qkv_bias, chunks
 M03_HIDDEN = [
     (2, 9, 5, 12, 12, 3, True, (4, 1, 1, 3)),
@@ -132,7 +117,7 @@ def m03_kv_cache(ref, public, hidden):
                     qkv_bias=qkv_bias)
         x = r.normal(size=(b, t, d_in)).astype(np.float32) if x is None else x
         weights = draw_weights(r, stage, cls, init)
-        _decoding_case(out, prefix, stage, cls, init, x, chunks, weights)
+        decoding_case(out, prefix, stage, cls, init, x, chunks, weights)
         return init, weights
 
     # The book's batch of two "Your journey starts with one step" sequences: a prompt of 3 tokens, then 1 by 1.
@@ -164,7 +149,7 @@ def m04_grouped_query(ref, public, hidden):
         init = dict(d_in=d_in, d_out=d_out, context_length=context_length, num_heads=num_heads,
                     num_kv_groups=num_kv_groups, dropout=0.0, qkv_bias=qkv_bias)
         x = r.normal(size=(b, t, d_in)).astype(np.float32) if x is None else x
-        _decoding_case(out, prefix, stage, cls, init, x, chunks, draw_weights(r, stage, cls, init))
+        decoding_case(out, prefix, stage, cls, init, x, chunks, draw_weights(r, stage, cls, init))
 
     # The journey batch through 4 query heads that share 2 key/value heads in pairs.
     case(public, "", rng(4000), *BATCH.shape, 8, 6, 4, 2, False, (3, 1, 1, 1), x=BATCH)
@@ -175,13 +160,11 @@ def m04_grouped_query(ref, public, hidden):
 # ---------------------------------------------------------------- m05, m06
 
 def stored_module_case(out, prefix, stage, cls, init, x, seed, owner):
-    """Store a module case (constructor, x, weights drawn for every parameter of the reference ``cls``,
-    eval-mode output); keyword arguments that are None (a default) are left out of the stored init."""
+    """A module case with weights drawn for every parameter of the reference ``cls`` (arguments that are None, a
+    default, are left out of the stored init); its output is the full forward."""
     init = {k: v for k, v in init.items() if v is not None}
-    out.add_init(prefix, init)
-    x = out.add(f"{prefix}x", x, f"input batch {tuple(np.shape(x))}")
-    weights = out.add_weights(prefix, random_weights(rng(seed), stage.inspect(cls, init)["parameters"]), owner)
-    out.add(f"{prefix}output", stage.forward(cls, init, x, weights), f"{cls} output, the full forward")
+    weights = random_weights(rng(seed), stage.inspect(cls, init)["parameters"])
+    module_case(out, prefix, stage, cls, init, x, weights, owner, output=f"{cls} output, the full forward")
 
 
 # b, num_tokens, d_in, d_out, context_length, num_heads, num_kv_groups, qkv_bias, theta_base
@@ -267,7 +250,3 @@ def m07_tiled_attention(ref, public, hidden):
     for prefix, q_scale in (("large_1e3/", 1e3), ("large_1e4/", 1e4)):
         # (small: a failure prints both arrays whole when one holds NaN)
         qkv(hidden, prefix, r, 1, 2, 24, 24, 4, 6, q_scale=q_scale, what=f", scaled by {q_scale:g}")
-
-
-
-GENERATORS = {name: make for name, make in dict(globals()).items() if is_stage_module(name) and callable(make)}
