@@ -2,7 +2,7 @@
 
 Each entry is the reference solutions with one or more stage modules replaced (and, for the
 notebook attacks, an edited notebook). Each says which grade its honest work deserves, stage by
-stage, and which words its feedback must contain. ``kit_tests/test_tamper_nbgrader.py`` grades the
+stage, and which words its feedback must contain. ``kit_tests/course/test_tamper_nbgrader.py`` grades the
 whole corpus with nbgrader's own ``autograde`` next to honest "bystander" submissions and checks
 that every entry gets exactly that grade, that the run completes and that nothing else changes.
 
@@ -30,7 +30,7 @@ from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, marker, stage_info, 
 
 PAYLOADS = Path(__file__).with_name("tamper_payloads")
 STUB = "this part is still a stub"  # the feedback line under every failure of an untouched stub
-BYSTANDERS = ("reference", "tril-for-triu")  # honest samples (grader/samples.py): full marks; one real mistake
+BYSTANDERS = ("reference", "tril-for-triu")  # honest samples (grader/course/samples.py): full marks; one real mistake
 LATE = "zz-"  # students are graded in the order of their names: this prefix puts one after every attacker
 
 
@@ -349,7 +349,7 @@ def corpus() -> list[Tamper]:
 
 def modern_corpus() -> list[Tamper]:
     """Entries aimed at the stages of modern-attention (graded in a course of its own by
-    kit_tests/test_tamper_modern.py), the same attacks on other modules, and one of its own: a stage-7
+    kit_tests/grading/test_tamper_modern.py), the same attacks on other modules, and one of its own: a stage-7
     module that computes the full score matrix where no measurement in its process can see it."""
     return [
         Tamper("m-reach-outside", "stubs that look for the solutions and run theirs (m01, m03); write into the "

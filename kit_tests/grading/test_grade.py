@@ -686,6 +686,18 @@ def test_hostile_student_ids_are_refused_and_the_others_graded(tmp_path):
     assert sorted(r["student"] for r in json.loads((out / "grades.json").read_text())["students"]) == ["Zoë Ng", "ada"]
 
 
+def test_dask_not_installed_is_one_plain_line(tmp_path):
+    """distributed is an extra ([dask]): without it, --executor dask says how to install it (exit 2)."""
+    submissions, out = tmp_path / "submissions", tmp_path / "grades"
+    by_student("reference").write(submissions / "ada")
+    without = "import sys; sys.modules['distributed'] = None; from grader.cli import main; sys.exit(main())"
+    run = subprocess.run([sys.executable, "-c", without, "grade", "attention", "--submissions", str(submissions),
+                          "--out", str(out), "--quiet", "--executor", "dask", "--scheduler", "tcp://127.0.0.1:1"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "pip install 'attention-kit[dask]'" in run.stderr and not out.exists(), run.stderr
+
+
 def test_an_unreachable_dask_scheduler_is_one_plain_line(tmp_path):
     """Nothing listens at the address: said at once, in one line (exit 2), before anything is written."""
     submissions, out = tmp_path / "submissions", tmp_path / "grades"

@@ -1,5 +1,5 @@
 """The tamper corpus of modern-attention (``tamper.modern_corpus``) graded by ``attnkit grade``, as
-kit_tests/test_tamper_grade.py grades chapter 3's: an honest bystander graded alone, then the corpus
+kit_tests/grading/test_tamper_grade.py grades chapter 3's: an honest bystander graded alone, then the corpus
 and a late copy of the bystander in one run with one worker (one sandbox template serves everybody).
 Each entry gets the grade its honest work deserves, with the reason in its feedback; the late
 bystander's record is byte-identical to the early one; nothing outside the records changed.
