@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from runs import ATTNKIT, attnkit
 from servers import free_port
 
 from grader import submission as S
@@ -37,6 +36,7 @@ from grader.kit import SOLUTIONS, stage_info, stages
 from grader.sandbox.limits import Limits
 from grader.untrusted import ID_RULE, printable
 from load import cpu_hogs
+from runs import ATTNKIT, attnkit
 
 pytestmark = [pytest.mark.timeout(600)]
 
