@@ -11,6 +11,7 @@ import os
 import select
 import time
 
+from .procfs import own_run_delay
 from .wire import LENGTH, ProtocolError
 
 MAX_HEADER_BYTES = 1 << 20  # an answer's JSON (arrays travel as blobs beside it)
@@ -26,15 +27,18 @@ def first_message(box, deadline) -> dict:
 
 
 class Waiting:
-    """The time an operation on ``box`` has waited so far: wall-clock seconds since it began, less
-    the time the box's processes were ready to run but waited for a processor. On a loaded machine
-    a working box waits for a processor; that is the machine's load, not the learner's time."""
+    """The time an operation on ``box`` has waited so far: wall-clock seconds since it began, less the time
+    the box's processes were ready to run but waited for a processor, and less the time the thread that
+    waits on the box (this one: a Waiting is read by the thread that made it) waited for one. On a loaded
+    machine a working box, and the grader that reads its answer, wait for a processor; that is the machine's
+    load, not the learner's time."""
 
     def __init__(self, box):
-        self.box, self.started, self.stalled = box, time.monotonic(), box.stalled()
+        self.box, self.started, self.stalled, self.delayed = box, time.monotonic(), box.stalled(), own_run_delay()
 
     def __call__(self) -> float:
-        return time.monotonic() - self.started - (self.box.stalled() - self.stalled)
+        return (time.monotonic() - self.started - (self.box.stalled() - self.stalled)
+                - (own_run_delay() - self.delayed))
 
 
 class AnswerTooLarge(ProtocolError):

@@ -65,6 +65,15 @@ def run_delays(init) -> dict[int, float]:
     return delays
 
 
+def own_run_delay() -> float:
+    """Seconds the calling thread has waited on a run queue (Linux schedstat; 0 where the kernel does not keep it)."""
+    try:
+        with open("/proc/thread-self/schedstat") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def ns_pids(pid) -> list[int]:
     """The pids of process ``pid`` in each pid namespace it belongs to, outermost first (Linux)."""
     try:

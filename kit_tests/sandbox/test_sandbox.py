@@ -799,11 +799,6 @@ def test_the_reference_stage_9_plants_reaches_no_stage_8(tmp_path, sandbox):
 # ---------------------------------------------------------------- what the kernel counts and bounds
 
 
-
-
-
-
-
 def test_a_busy_machine_s_delays_are_not_the_learner_s_waiting(hostile_root, sandbox):
     """Sixteen boxes compute at once, each for 0.3 s of CPU time, on this machine's cores: each box (a
     cgroup with one share of the processors) gets a fraction of a core, so its check takes longer in
@@ -839,9 +834,6 @@ def test_a_busy_machine_s_delays_are_not_the_learner_s_waiting(hostile_root, san
             backend.close()
     assert not errors, errors[:2]
     assert max(took) > limits.check_wall, f"the slowest check took {max(took):.2f} s: no box waited (test void)"
-
-
-
 
 
 # ---------------------------------------------------------------- a box's word is data
