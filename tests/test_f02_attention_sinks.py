@@ -45,21 +45,20 @@ OVERFLOW = ("exp overflowed: subtract the larger of the row's max score and its 
 
 def np_mask(query_positions, key_positions, window=None, num_sink_tokens=0, *, window_le=False, causal=True):
     i, j = np.asarray(query_positions)[:, None], np.asarray(key_positions)[None, :]
-    allowed = j <= i if causal else np.ones((i.size, j.size), bool)
-    if window is not None:
-        inside = i - j <= window if window_le else i - j < window
-        allowed = allowed & ((j < num_sink_tokens) | inside)
-    return allowed
+    keep = j <= i if causal else np.ones((i.size, j.size), bool)
+    if window is None:
+        return keep
+    inside = i - j <= window if window_le else i - j < window
+    return keep & ((j < num_sink_tokens) | inside)
 
 
 def mask_mistakes(query_positions, key_positions, window, num_sink_tokens):
     run = partial(np_mask, query_positions, key_positions)
     found = {NOT_CAUSAL: run(window, num_sink_tokens, causal=False)}
-    if window is not None:
-        found[WINDOW_OFF] = run(window, num_sink_tokens, window_le=True)
-        found[SINK_TOKENS_OFF] = run(window, num_sink_tokens + 1)
-        found[NO_SINK_TOKENS] = run(window, 0)
-    return found
+    if window is None:
+        return found
+    return found | {WINDOW_OFF: run(window, num_sink_tokens, window_le=True),
+                    SINK_TOKENS_OFF: run(window, num_sink_tokens + 1), NO_SINK_TOKENS: run(window, 0)}
 
 
 def np_softmax_with_sinks(scores, sinks, *, use_sinks=True, shift=True, dtype=np.float64):

@@ -171,9 +171,7 @@ def cap_mistakes(q, k, v, cap, window=None):
     found = {CAP_NO_DIVIDE: np_attention(q, k, v, allowed, cap=cap, cap_form="no_divide"),
              CAP_NO_MULTIPLY: np_attention(q, k, v, allowed, cap=cap, cap_form="no_multiply"),
              NO_MASK: np_attention(q, k, v, cap=cap)}
-    if window is not None:
-        found |= window_mistakes(q, k, v, window, cap)
-    return found
+    return found if window is None else found | window_mistakes(q, k, v, window, cap)
 
 
 def document_mistakes(q, k, v, ids):

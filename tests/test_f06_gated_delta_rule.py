@@ -89,7 +89,7 @@ def np_chunked(q, k, v, g, beta, chunk_size, state=None, mistake=None):
         c = slice(start, min(start + chunk_size, t))
         qc, kc, vc, bc = q[..., c, :], k[..., c, :], v[..., c, :], beta[..., c]
         gamma = np.cumsum(g[..., c], axis=-1)
-        size = gamma.shape[-1]
+        size = c.stop - c.start  # (the last chunk may be shorter)
         below = np.tril(np.ones((size, size), bool))
         decay = np.where(below, np.exp(np.where(below, gamma[..., :, None] - gamma[..., None, :], 0)), 0)
         a = bc[..., :, None] * (kc @ kc.swapaxes(-1, -2)) * decay

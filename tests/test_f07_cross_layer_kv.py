@@ -45,7 +45,7 @@ def kv_shapes(init):
     shapes = {}
     for layer, source in enumerate(init["kv_sources"]):
         shapes |= {f"layers.{layer}.W_query.weight": (d, d), **linear_shapes(f"layers.{layer}.out_proj", d, d)}
-        if source == layer:
+        if layer == source:
             shapes |= {f"layers.{layer}.W_key.weight": (kv, d), f"layers.{layer}.W_value.weight": (kv, d)}
     return shapes
 
@@ -67,7 +67,7 @@ def np_stack(x, weights, init, chunks=None, mistake=None):
     for a, e in spans(chunks or [x.shape[1]]):
         h, fresh = x[:, a:e], {}
         for layer, source in enumerate(sources):
-            if source == layer:
+            if layer == source:
                 fresh[layer] = kv_of(h, layer)
                 old = cache.get(layer)
                 cache[layer] = fresh[layer] if old is None else [np.concatenate(p, axis=2)
@@ -261,7 +261,7 @@ def torch_stack(x, weights, init, device):
     heads, kv = init["num_heads"], init["num_kv_groups"]
     shared = {}
     for layer, source in enumerate(init["kv_sources"]):
-        if source == layer:
+        if layer == source:
             shared[layer] = tuple((h @ w[f"layers.{layer}.{n}.weight"].T).view(b, t, kv, -1).transpose(1, 2)
                                   for n in ("W_key", "W_value"))
         q = (h @ w[f"layers.{layer}.W_query.weight"].T).view(b, t, heads, -1).transpose(1, 2)
