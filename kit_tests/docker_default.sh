@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run a command as root the way Docker's default profile leaves root in a container (Gradescope, most
 # Kubernetes pods and CI runners): Docker's default capability set only (no CAP_SYS_ADMIN, so no namespaces
-# can be made), and no cgroup tree (an empty /sys/fs/cgroup). Used by kit_tests/test_container.py.
+# can be made), and no cgroup tree (an empty /sys/fs/cgroup). Used by kit_tests/sandbox/test_container.py.
 #
 #   kit_tests/docker_default.sh COMMAND [ARG...]
 #

@@ -1,6 +1,8 @@
 """How the kit's tests run the kit's commands and read what they leave: ``attnkit`` and nbgrader's command line
 in a subprocess, ``attnkit grade`` of a course (here, or in a container as Docker makes one), the files, gradebook
 rows and scores a run leaves, and what a record says."""
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -11,9 +13,33 @@ import time
 from pathlib import Path
 
 from grader.grading.scoring import stage_report
-from grader.kit import marker
+from grader.kit import KIT, marker
+from grader.sandbox.lockdown import kit_private
 
 ATTNKIT = [sys.executable, "-m", "grader.cli"]
+MODES_HELD = "ATTNKIT_TEST_KIT_MODES_HELD"  # set for the processes of a test that holds kit_modes_kept
+
+
+@contextlib.contextmanager
+def kit_modes_kept():
+    """The permissions of the kit's secrets as they were, once the block ends: the container confinement makes
+    them private to root. One such block at a time on this machine (pytest-xdist runs test files side by side:
+    one giving the modes back must not open them under another's boxes); a process started inside the block
+    (``MODES_HELD`` in its environment) leaves them to the block."""
+    if os.environ.get(MODES_HELD):
+        yield
+        return
+    lock = Path("/tmp") / f"attnkit-kit-modes-{hashlib.sha256(str(KIT).encode()).hexdigest()[:12]}.lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        modes = {path: path.stat().st_mode for path in kit_private() if path.exists()}
+        os.environ[MODES_HELD] = "1"
+        try:
+            yield
+        finally:
+            del os.environ[MODES_HELD]
+            for path, mode in modes.items():
+                path.chmod(mode)
 
 
 def attnkit(*args, cwd=None, tmpdir=None, stderr=False):

@@ -2,7 +2,7 @@
 
 Each entry is the reference solutions with one or more stage modules replaced (and, for the
 notebook attacks, an edited notebook). Each says which grade its honest work deserves, stage by
-stage, and which words its feedback must contain. ``kit_tests/test_tamper_nbgrader.py`` grades the
+stage, and which words its feedback must contain. ``kit_tests/course/test_tamper_nbgrader.py`` grades the
 whole corpus with nbgrader's own ``autograde`` next to honest "bystander" submissions and checks
 that every entry gets exactly that grade, that the run completes and that nothing else changes.
 
@@ -30,7 +30,7 @@ from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, marker, stage_info, 
 
 PAYLOADS = Path(__file__).with_name("tamper_payloads")
 STUB = "this part is still a stub"  # the feedback line under every failure of an untouched stub
-BYSTANDERS = ("reference", "tril-for-triu")  # honest samples (grader/samples.py): full marks; one real mistake
+BYSTANDERS = ("reference", "tril-for-triu")  # honest samples (grader/course/samples.py): full marks; one real mistake
 LATE = "zz-"  # students are graded in the order of their names: this prefix puts one after every attacker
 
 

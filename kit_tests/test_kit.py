@@ -194,8 +194,8 @@ def test_check_labels_read_as_english():
 
 
 def test_a_stage_report_wraps_long_lines_to_fit_the_formgrader_s_box():
-    """A cell's output box in the formgrader cuts lines at its width (kit_tests/test_formgrader.py looks at it in a
-    browser): the report's lines are wrapped at spaces, and say the same."""
+    """A cell's output box in the formgrader cuts lines at its width (kit_tests/course/test_formgrader.py looks at it
+    in a browser): the report's lines are wrapped at spaces, and say the same."""
     from grader.grading.scoring import REPORT_WIDTH, label, stage_report
 
     nodeid = "tests/test_s02_normalization.py::test_random_cases"

@@ -564,7 +564,7 @@ ERROR_READINGS = [
                  "the mask as registered buffers (self.register_buffer), which module.to(device) moves"),
     ErrorReading(r"time limit", "the code ran past the time limit: an infinite loop?"),
     ErrorReading(r"maximum recursion depth", "a function or forward() calls itself without end"),
-    # What the kit's stubs raise (grader/stubs.py), and nbgrader's: NotImplementedError() with no message.
+    # What the kit's stubs raise (grader/authoring/stubs.py), and nbgrader's: NotImplementedError() with no message.
     ErrorReading(r"\ANotImplementedError(:\s*(\w+: .*see its TODO)?)?\s*\Z", STUB),
 ]
 

@@ -112,7 +112,8 @@ def test_torch_mha_on_the_example(stage, public_fx):
 
 # ---------------------------------------------------------------- hidden
 
-OTHER_SIZES = [  # hidden cases (grader/fixtures_modern.py M01_HIDDEN); nn.MultiheadAttention only where d_in == d_out
+# Hidden cases (assignments/modern-attention/fixtures.py M01_HIDDEN); nn.MultiheadAttention only where d_in == d_out.
+OTHER_SIZES = [
     *[(case, SDPA, use_mask) for case in ("case0", "case1", "case2") for use_mask in (False, True)],
     ("case1", TORCH_MHA, None), ("case2", TORCH_MHA, None),
 ]

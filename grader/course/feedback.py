@@ -70,75 +70,13 @@ class FeedbackCells(NbGraderPreprocessor):
         return nb, resources
 
 
-# nbgrader's feedback template (server_extensions/formgrader/templates/feedback/index.html.j2), two
-# parts changed: the index and each grade cell's heading name the cell by its heading (FeedbackCells),
-# where nbgrader says "Test cell" and shows the grade_id; and long lines of verdicts wrap. The index
-# lists grade cells only: the course notebook has no solution, task or manually graded cells.
-FEEDBACK_TEMPLATE = """\
-{%- extends 'index.html.j2' -%}
-
-{%- macro name(cell) -%}
-{{ resources.get('__HEADINGS__', {}).get(cell.metadata.nbgrader.grade_id) or 'Test cell' }}
-{%- endmacro -%}
-
-{%- macro points(cell) -%}
-Score: {{ cell.metadata.nbgrader.score | float | round(2) }} / {{ cell.metadata.nbgrader.points | float | round(2) }}
-{%- endmacro -%}
-
-{% block body %}
-<body>
-  <style>div.output_area pre { white-space: pre-wrap; }</style>
-  <a name="top"></a>
-  <div class="container">
-    <div class="panel panel-default">
-      <div class="panel-heading">
-        <h4>{{ resources.nbgrader.notebook }} (Score: {{ resources.nbgrader.score | float | round(2) }} / \
-{{ resources.nbgrader.max_score | float | round(2) }})</h4>
-        <div id="toc">
-          <ol>
-          {%- for cell in nb.cells %}
-            {%- if cell.metadata.nbgrader and cell.metadata.nbgrader.grade %}
-            <li><a href="#{{ cell.metadata.nbgrader.grade_id }}">{{ name(cell) }}</a> ({{ points(cell) }})</li>
-            {%- endif %}
-          {%- endfor %}
-          {%- if resources.nbgrader.late_penalty > 0 %}
-            <li class="late-penalty">Late submission penalty (Score: -{{ resources.nbgrader.late_penalty \
-| float | round(2) }})</li>
-          {%- endif %}
-          </ol>
-        </div>
-      </div>
-      <div class="panel-body">
-        <div id="notebook" class="border-box-sizing">
-          <div class="container" id="notebook-container">
-            {{ super.super() }}
-          </div>
-        </div>
-      </div>
-    </div>
-  </div>
-</body>
-{%- endblock body %}
-
-{% block input %}
-  {%- if 'nbgrader' in cell.metadata and cell.metadata.nbgrader.grade and not cell.metadata.nbgrader.solution -%}
-  <a name="{{ cell.metadata.nbgrader.grade_id }}"></a>
-  <div class="panel panel-primary nbgrader_cell">
-    <div class="panel-heading">
-      <span class="nbgrader-label">{{ name(cell) }}</span>
-      <span class="pull-right">{{ points(cell) }} <a href="#top">(Top)</a></span>
-    </div>
-    <div class="panel-body">
-      <div class="input_area">
-        {{ cell.source | highlight_code(metadata=cell.metadata) }}
-      </div>
-    </div>
-  </div>
-  {%- else -%}
-  {{ super() }}
-  {%- endif -%}
-{% endblock input %}
-""".replace("__HEADINGS__", HEADINGS)
+# templates/feedback.html.j2: nbgrader's feedback template
+# (server_extensions/formgrader/templates/feedback/index.html.j2), two parts changed: the index and each grade
+# cell's heading name the cell by its heading (FeedbackCells), where nbgrader says "Test cell" and shows the
+# grade_id; and long lines of verdicts wrap. The index lists grade cells only: the course notebook has no
+# solution, task or manually graded cells.
+FEEDBACK_TEMPLATE = (Path(__file__).parent / "templates" / "feedback.html.j2").read_text().replace(
+    "__HEADINGS__", HEADINGS)
 
 
 class FeedbackPage(HTMLExporter):

@@ -142,8 +142,14 @@ def _start(jobs, limits: Limits, target: Target, executor: str, scheduler, worke
     if not jobs:
         return None
     if executor == "dask":
-        from . import on_dask
-
+        try:
+            from . import on_dask
+        except ModuleNotFoundError as exc:
+            if exc.name not in ("distributed", "dask"):
+                raise
+            raise GradeError("--executor dask needs Dask's distributed, which the kit installs as an extra: "
+                             "pip install 'attention-kit[dask]' (or pip install distributed); nothing was graded "
+                             "or changed") from None
         try:
             stream = on_dask.DaskResults(jobs, limits, scheduler, target.allow_plain)
         except on_dask.SchedulerError as exc:

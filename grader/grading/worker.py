@@ -133,7 +133,7 @@ class JobLoop:
         if grading.implementations != 1:
             return {"error": f"pytest {pytest.__version__} set up the implementation {grading.implementations} "
                              "times for one submission instead of once: grading stopped rather than give "
-                             "grades it cannot vouch for (see grader/worker.py)"}
+                             "grades it cannot vouch for (see grader/grading/worker.py)"}
         return {"tests": grading.verdicts(), "output_capped": grading.output_capped,
                 "confinement": grading.confinement, "seconds": round(time.monotonic() - started, 3)}
 

@@ -55,6 +55,8 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
+import jinja2
+
 from stage_names import module_files, stage_test_file
 
 from ..errors import UploadError
@@ -77,44 +79,19 @@ SHIPPED = ("pyproject.toml", "README.md", "conftest.py", "grader", "tests", "sol
 SKIPPED_NAMES = ("__pycache__", ".pytest_cache")
 CPU_TORCH = "https://download.pytorch.org/whl/cpu"
 # What grading imports (the suite's and the grader's side); the kit's other dependencies (nbgrader, Dask,
-# matplotlib, tqdm) serve the instructor's commands. kit_tests/test_gradescope.py grades with these alone.
+# matplotlib, tqdm) serve the instructor's commands. kit_tests/outputs/test_gradescope.py grades with these alone.
 GRADING_NEEDS = ("torch", "numpy", "pytest", "pytest-timeout")
 REQUIREMENTS = "requirements.txt"
 TEXT_OUTPUT = {"output_format": "text", "test_output_format": "text", "test_name_format": "text"}
 
-SETUP_SH = """#!/usr/bin/env bash
-# Gradescope runs this once, in /autograder/source, to build the autograder's image: what grading needs and
-# nothing else, at the versions the kit was tested with on the machine that built this zip ({built}).
-set -euo pipefail
-cd "$(dirname "$0")"
-python3 -m pip --version || {{ apt-get update && apt-get install -y python3-pip; }}
-python3 -c 'import sys; assert sys.version_info >= {floor}, "these versions need Python {floor_text} or later: \
-choose a base image that has it (Ubuntu 24.04: Python 3.12)"'
-export PIP_BREAK_SYSTEM_PACKAGES=1   # the image is the autograder's alone (Ubuntu 24.04's pip refuses otherwise)
-export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-python3 -m pip install --no-deps torch=={torch} --index-url {index}   # CPU only: Gradescope has no GPU
-python3 -m pip install -r {requirements}   # the rest of what grading imports, and what torch needs, pinned
-python3 -m pip install --no-deps -e {kit}/   # editable: the kit finds its suite, solutions and fixtures in {kit}/
-"""
+# The two scripts are templates in grader/outputs/templates/ (bash, with the names below filled in).
+TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("grader.outputs", "templates"), keep_trailing_newline=True,
+                               undefined=jinja2.StrictUndefined)
 
-RUN_AUTOGRADER = f"""#!/usr/bin/env bash
-# Gradescope runs this for every submission: grade $ROOT/submission/ into $ROOT/results/results.json.
-# Everything is in one function that bash reads whole before it runs any of it, and the line that calls it
-# exits: nothing written into this file while it runs is ever read.
-main() {{
-  ROOT="${{{ROOT_ENV}:-/autograder}}"
-  KIT="$ROOT/source/{KIT_FOLDER}"
-  export PYTHONPATH="$KIT:$KIT/tests${{PYTHONPATH:+:$PYTHONPATH}}"
-  python3 -m grader.outputs.gradescope run --root "$ROOT" --settings "$ROOT/source/{SETTINGS}"
-  status=$?
-  if [ ! -s "$ROOT/results/results.json" ]; then   # python3 itself failed: Gradescope still gets a verdict
-    mkdir -p "$ROOT/results"
-    printf '{{"score": 0, "output": "The autograder failed before grading (exit status %s); please tell your \
-instructor.", "tests": []}}\\n' "$status" > "$ROOT/results/results.json"
-  fi
-}}
-main "$@"; exit 0
-"""
+
+def run_autograder() -> str:
+    """run_autograder: the same for every zip but for the names of the kit's folder and settings."""
+    return TEMPLATES.get_template("run_autograder.j2").render(root_env=ROOT_ENV, kit=KIT_FOLDER, settings=SETTINGS)
 
 
 # ---------------------------------------------------------------- the zip
@@ -133,7 +110,7 @@ def build_zip(out, assignment: str = "attention", points: dict[str, float] | Non
         _add(zf, "setup.sh", setup_sh(versions), executable=True)
         _add(zf, REQUIREMENTS, "".join(f"{name}=={version}\n" for name, version in sorted(versions.items())
                                        if name != "torch"))
-        _add(zf, "run_autograder", RUN_AUTOGRADER, executable=True)
+        _add(zf, "run_autograder", run_autograder(), executable=True)
         _add(zf, SETTINGS, json.dumps(settings, indent=1) + "\n")
         for name in SHIPPED:
             path = KIT / name
@@ -182,8 +159,9 @@ def setup_sh(versions: dict[str, str]) -> str:
     """setup.sh for ``versions`` (``tested_versions``): torch from the CPU index, the rest from REQUIREMENTS."""
     floor = python_floor(versions)
     built = f"Python {sys.version_info.major}.{sys.version_info.minor}, torch {versions['torch']}"
-    return SETUP_SH.format(built=built, floor=floor, floor_text=".".join(map(str, floor)), torch=versions["torch"],
-                           index=CPU_TORCH, requirements=REQUIREMENTS, kit=KIT_FOLDER)
+    return TEMPLATES.get_template("setup.sh.j2").render(
+        built=built, floor=floor, floor_text=".".join(map(str, floor)), torch=versions["torch"], index=CPU_TORCH,
+        requirements=REQUIREMENTS, kit=KIT_FOLDER)
 
 
 def _add(zf: zipfile.ZipFile, name: str, text: str, executable: bool = False):

@@ -27,7 +27,6 @@ shown as escapes (``grader.untrusted``).
 from __future__ import annotations
 
 import contextlib
-import html
 import json
 import re
 import statistics
@@ -37,6 +36,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import jinja2
+
 from stage_names import teaching_order
 
 from ..errors import ReportError
@@ -45,7 +46,7 @@ from ..sandbox.limits import LIMITS
 from ..untrusted import printable
 
 TOP_MISTAKES = 8  # mistakes listed per stage
-STUB = re.compile(r"\bNotImplementedError\b")  # what a stub raises (grader/stubs.py writes them)
+STUB = re.compile(r"\bNotImplementedError\b")  # what a stub raises (grader/authoring/stubs.py writes them)
 # What the suite's adapters say when a stage module cannot be run at all (tests/adapters.py, SubmissionError):
 COULD_NOT_RUN = re.compile(r"\S+\.py (has a syntax error on line|is missing from )|\S+ contains null bytes|"
                            r"importing \S+\.py failed with ")
@@ -363,124 +364,32 @@ def top_mistakes(s: StageSummary, n: int = TOP_MISTAKES) -> list[tuple[str, int,
 
 # ---------------------------------------------------------------- the page
 
-STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; padding: 0 1em; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
-th { background: #f0f0f0; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-img { max-width: 100%; border: 1px solid #eee; }
-.warn { background: #fff4e5; border-left: 4px solid #e69500; padding: 0.5em 1em; }
-.small { color: #666; font-size: 0.85em; }
-"""
-
-
-def _e(value) -> str:
-    """``value`` as HTML text: markup escaped, control characters shown as escapes."""
-    return html.escape(printable(value))
-
-
-def _table(head: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
-    out = ["<table>", "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>"]
-    for row in rows:
-        cells = "".join(f"<td class=num>{_e(v)}</td>" if i in numeric else f"<td>{_e(v)}</td>"
-                        for i, v in enumerate(row))
-        out.append(f"<tr>{cells}</tr>")
-    out.append("</table>")
-    return "\n".join(out)
+# The page is a template, grader/outputs/templates/report.html.j2: autoescaped, every value shown through `text`.
+PAGE = jinja2.Environment(loader=jinja2.PackageLoader("grader.outputs", "templates"), autoescape=True,
+                          undefined=jinja2.StrictUndefined, trim_blocks=True)
+PAGE.filters["text"] = printable
 
 
 def render_html(report: ClassReport, images: dict) -> str:
-    n = len(report.students)
-    parts = [
-        "<!doctype html>", "<html lang=en><head><meta charset=utf-8>",
-        f"<title>Class report: {_e(report.assignment)}</title><style>{STYLE}</style></head><body>",
-        f"<h1>Class report: {_e(report.assignment)}</h1>",
-        f"<p>{n} students. Points from {_e(report.source)}. "
-        f"Written {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by <code>attnkit report</code>.</p>",
-    ]
-    if report.unconfined:
-        parts.append(f"<div class=warn><b>Graded UNCONFINED:</b> the code of {len(report.unconfined)} of {n} "
-                     "students ran without confinement (plain, as the instructor allowed with --allow-plain): it "
-                     "could read the solutions and hidden tests and reach the grader, so their grades are only as "
-                     "good as their code is honest: " + _e(", ".join(report.unconfined)) + "</div>")
-    if report.mismatches:
-        parts.append("<div class=warn><b>The gradebook and the result files disagree:</b><ul>"
-                     + "".join(f"<li>{_e(m)}</li>" for m in report.mismatches) + "</ul></div>")
-    parts.append("<p>Contents: <a href='#scores'>scores per stage</a> · <a href='#mistakes'>frequent mistakes</a>"
-                 " · <a href='#limits'>limits hit</a> · <a href='#students'>students</a></p>")
-
-    parts.append("<h2 id=scores>Scores per stage</h2>")
-    if images.get("scores"):
-        parts.append(f"<img src='{_e(images['scores'])}' alt='histograms of the score per stage'>")
-    rows = [[s.stage, f"{s.max_points:g}", f"{s.mean:.2f}",
-             f"{(s.mean / s.max_points * 100) if s.max_points else 0:.0f} %",
-             f"{s.median:g}", s.full_marks, s.zero, len(s.students_with_mistakes), len(s.stubs), len(s.could_not_run)]
-            for s in report.stages.values()]
-    parts.append(_table(["stage", "max", "mean", "mean %", "median", "full marks", "zero", "named mistakes",
-                         "still stubs", "could not run"], rows, numeric={1, 2, 3, 4, 5, 6, 7, 8, 9}))
-    parts.append("<p class=small>full marks, zero, named mistakes, still stubs, could not run: numbers of "
-                 "students. Named mistakes: students with at least one failed check that names a likely mistake; "
-                 "still stubs: students with a part of the stage not written yet (its TODO still raises "
-                 "NotImplementedError), not counted as a mistake; could not run: students whose module of the "
-                 "stage could not be run at all (a syntax error, a failing import, a missing file), listed "
-                 "below.</p>")
-
-    parts.append("<h2 id=mistakes>Most frequent diagnosed mistakes</h2>")
-    parts.append("<p class=small>From the “Likely mistake:” lines of failed tests. Students: how many students' "
-                 "code made it; tests: how many failed tests named it. A part still a stub is not a mistake: "
-                 "those students are listed after the charts.</p>")
-    if images.get("mistakes"):
-        parts.append(f"<img src='{_e(images['mistakes'])}' alt='bar charts of the most frequent mistakes per stage'>")
-    any_mistake = False
-    for s in report.stages.values():
-        top = top_mistakes(s)
-        if not top:
-            continue
-        any_mistake = True
-        parts.append(f"<h3>{_e(s.stage)}</h3>")
-        parts.append(_table(["mistake", "students", "tests", "who"],
-                            [[text, len(who), count, ", ".join(who[:10]) + (" …" if len(who) > 10 else "")]
-                             for text, count, who in top], numeric={1, 2}))
-    if not any_mistake:
-        parts.append("<p>No failed test named a likely mistake.</p>")
-    stubs = [s for s in report.stages.values() if s.stubs]
-    if stubs:
-        parts.append("<h3>Still stubs</h3>")
-        parts.append(_table(["stage", "students", "who"],
-                            [[s.stage, len(s.stubs), ", ".join(sorted(s.stubs))] for s in stubs], numeric={1}))
-
-    unrun = [(s.stage, who, why) for s in report.stages.values() for who, why in sorted(s.could_not_run.items())]
-    if unrun:
-        parts.append("<h3 id=not-run>Modules that could not be run</h3>")
-        parts.append("<p class=small>Every check of the stage failed before the student's code ran: the stage's "
-                     "score is 0 whatever the rest of the module holds.</p>")
-        parts.append(_table(["stage", "student", "why"], [[stage, who, why[:300]] for stage, who, why in unrun]))
-
-    parts.append("<h2 id=limits>Students who hit limits</h2>")
-    if images.get("limits"):
-        parts.append(f"<img src='{_e(images['limits'])}' alt='students per stage who hit a limit'>")
-    if report.limits:
-        parts.append(f"<p class=small>{_e(report.limit_summary())}. One hit per student, stage and limit (the "
-                     "submission's time budget: one in all); checks: the checks failed by it, the ones not run "
-                     "after it included.</p>")
-        parts.append(_table(["student", "stage", "limit", "test", "checks", "message"],
-                            [[x.student, x.stage, x.kind, x.test, x.checks, x.message[:200]] for x in
-                             sorted(report.limits, key=lambda x: (x.student, x.stage, x.test))], numeric={4}))
-    else:
-        parts.append("<p>No student's code hit a time, memory, crash, exit or output limit.</p>")
-
-    parts.append("<h2 id=students>Students</h2>")
     stages = list(report.stages.values())
-    head = ["student"] + [s.stage[:3] for s in stages] + ["total", "seconds"]
-    rows = [[name] + [f"{s.points.get(name, 0):g}" for s in stages]
-            + [f"{info['total']:g}", "" if info.get("seconds") is None else f"{info['seconds']:.1f}"]
-            for name, info in sorted(report.students.items())]
-    rows.insert(0, ["(max)"] + [f"{s.max_points:g}" for s in stages] + [f"{sum(s.max_points for s in stages):g}", ""])
-    parts.append(_table(head, rows, numeric=set(range(1, len(head)))))
-    parts.append("<p class=small>" + " · ".join(f"{_e(s.stage[:3])} = {_e(s.stage)}" for s in stages) + "</p>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    scores = [[s.stage, f"{s.max_points:g}", f"{s.mean:.2f}",
+               f"{(s.mean / s.max_points * 100) if s.max_points else 0:.0f} %", f"{s.median:g}", s.full_marks, s.zero,
+               len(s.students_with_mistakes), len(s.stubs), len(s.could_not_run)] for s in stages]
+    mistakes = [(s.stage, [[text, len(who), count, ", ".join(who[:10]) + (" …" if len(who) > 10 else "")]
+                           for text, count, who in top_mistakes(s)]) for s in stages if top_mistakes(s)]
+    stubs = [[s.stage, len(s.stubs), ", ".join(sorted(s.stubs))] for s in stages if s.stubs]
+    not_run = [[s.stage, who, why[:300]] for s in stages for who, why in sorted(s.could_not_run.items())]
+    limits = [[x.student, x.stage, x.kind, x.test, x.checks, x.message[:200]]
+              for x in sorted(report.limits, key=lambda x: (x.student, x.stage, x.test))]
+    students_head = ["student"] + [s.stage[:3] for s in stages] + ["total", "seconds"]
+    students = [["(max)"] + [f"{s.max_points:g}" for s in stages] + [f"{sum(s.max_points for s in stages):g}", ""]]
+    students += [[name] + [f"{s.points.get(name, 0):g}" for s in stages]
+                 + [f"{info['total']:g}", "" if info.get("seconds") is None else f"{info['seconds']:.1f}"]
+                 for name, info in sorted(report.students.items())]
+    return PAGE.get_template("report.html.j2").render(
+        report=report, n=len(report.students), images=images,
+        written=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), scores=scores, mistakes=mistakes,
+        stubs=stubs, not_run=not_run, limits=limits, students_head=students_head, students=students)
 
 
 def write_report(report: ClassReport, out_dir) -> Path:

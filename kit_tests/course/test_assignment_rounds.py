@@ -11,7 +11,6 @@ import json
 
 import nbformat
 import pytest
-from runs import Nbgrader
 
 from grader.cli import main
 from grader.course.build import build, find_leaks, hidden_test_names, solution_lines
@@ -19,6 +18,7 @@ from grader.course.demo import stage_scores
 from grader.course.samples import by_student, samples, write_submission
 from grader.course.settings import Course
 from grader.kit import assignments, marker, stages
+from runs import Nbgrader
 
 ASSIGNMENTS = list(assignments())  # the kit's assignments, in teaching order
 FIRST, LATER = ASSIGNMENTS[0], ASSIGNMENTS[1:]

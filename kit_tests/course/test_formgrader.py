@@ -24,13 +24,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from runs import Nbgrader, attnkit
 from servers import free_port
 
 from grader.course.build import build, exchange_hint
 from grader.course.samples import by_student, write_submission
 from grader.course.settings import Course
 from grader.grading import records as R
+from runs import Nbgrader, attnkit
 
 ASSIGNMENT = "attention"
 STUDENTS = ("reference", "tril-for-triu", "softmax-dim0")  # full marks, one stage partly, several stages

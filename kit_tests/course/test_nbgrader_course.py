@@ -18,7 +18,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from runs import Nbgrader
 
 from grader.course.build import build, hidden_test_names, solution_lines
 from grader.course.demo import stage_scores
@@ -27,6 +26,7 @@ from grader.grading.scoring import stage_score
 from grader.grading.worker import grade_folder
 from grader.kit import FIXTURES, SOLUTIONS, marker, stages, suite_files
 from grader.sandbox.limits import Limits
+from runs import Nbgrader
 from stage_names import module_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import servers
-from runs import Nbgrader
 
 from grader.cli import main
 from grader.course.build import build
@@ -25,6 +24,7 @@ from grader.course.samples import samples, write_submission
 from grader.course.settings import Course
 from grader.grading import records as R
 from grader.kit import assignments
+from runs import Nbgrader
 
 ASSIGNMENTS = list(assignments())  # the kit's assignments, in teaching order
 

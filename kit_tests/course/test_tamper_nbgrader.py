@@ -22,13 +22,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from runs import expected_scores, file_hashes, gradebook_rows, scores
 
 from grader.course.build import build
 from grader.course.samples import by_student, write_submission
 from grader.kit import KIT, stages
 from grader.submission import LINK_NOTE
 from load import cpu_hogs
+from runs import expected_scores, file_hashes, gradebook_rows, scores
 from tamper import BYSTANDERS, LATE, MARK, Context, corpus, write_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]

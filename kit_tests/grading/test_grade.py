@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from runs import ATTNKIT, attnkit
 from servers import free_port
 
 from grader import submission as S
@@ -37,6 +36,7 @@ from grader.kit import SOLUTIONS, stage_info, stages
 from grader.sandbox.limits import Limits
 from grader.untrusted import ID_RULE, printable
 from load import cpu_hogs
+from runs import ATTNKIT, attnkit
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -684,6 +684,18 @@ def test_hostile_student_ids_are_refused_and_the_others_graded(tmp_path):
     assert {k: v for k, v in snapshot(out).items() if k not in ("grades.csv", "grades.json")} == \
         {k: v for k, v in before.items() if k not in ("grades.csv", "grades.json")}
     assert sorted(r["student"] for r in json.loads((out / "grades.json").read_text())["students"]) == ["Zoë Ng", "ada"]
+
+
+def test_dask_not_installed_is_one_plain_line(tmp_path):
+    """distributed is an extra ([dask]): without it, --executor dask says how to install it (exit 2)."""
+    submissions, out = tmp_path / "submissions", tmp_path / "grades"
+    by_student("reference").write(submissions / "ada")
+    without = "import sys; sys.modules['distributed'] = None; from grader.cli import main; sys.exit(main())"
+    run = subprocess.run([sys.executable, "-c", without, "grade", "attention", "--submissions", str(submissions),
+                          "--out", str(out), "--quiet", "--executor", "dask", "--scheduler", "tcp://127.0.0.1:1"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "pip install 'attention-kit[dask]'" in run.stderr and not out.exists(), run.stderr
 
 
 def test_an_unreachable_dask_scheduler_is_one_plain_line(tmp_path):

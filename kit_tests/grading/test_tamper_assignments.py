@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs import attnkit_grade, expected_scores, feedback, file_hashes, graded_content
 
 from grader.course.build import build
 from grader.course.samples import by_student, write_submission
 from grader.course.settings import Course
 from grader.grading import records as R
 from grader.kit import KIT, marker, stages
+from runs import attnkit_grade, expected_scores, feedback, file_hashes, graded_content
 from tamper import ASSIGNMENT_CORPORA, LATE, Context, write_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

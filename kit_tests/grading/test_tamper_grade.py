@@ -26,16 +26,15 @@ import time
 from pathlib import Path
 
 import pytest
-from runs import attnkit_grade, expected_scores, feedback, file_hashes, gradebook_rows, graded_content
 from verdicts import verdicts
 
 from grader.course.build import build
 from grader.course.samples import by_student, write_submission
 from grader.grading import records as R
 from grader.kit import KIT, SOLUTIONS, marker, stages
-from grader.sandbox import lockdown
 from grader.sandbox.redaction import solution_regions
 from load import cpu_hogs
+from runs import attnkit_grade, expected_scores, feedback, file_hashes, gradebook_rows, graded_content, kit_modes_kept
 from tamper import BYSTANDERS, LATE, Context, corpus, write_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -57,12 +56,10 @@ def graded_in_a_container(tmp_path_factory, unavailable):
     # The boxes are other users there: TMPDIR must let them through (pytest's own folders do not).
     tmpdir = Path(tempfile.mkdtemp(prefix="tamper-container-", dir="/tmp"))
     tmpdir.chmod(0o711)
-    modes = {path: path.stat().st_mode for path in lockdown.kit_private() if path.exists()}
     try:
-        yield grade_the_corpus(tmp_path_factory, tmpdir, container=True)
+        with kit_modes_kept():  # (the container confinement makes them private to root)
+            yield grade_the_corpus(tmp_path_factory, tmpdir, container=True)
     finally:
-        for path, mode in modes.items():  # (the container confinement made them private to root)
-            path.chmod(mode)
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 

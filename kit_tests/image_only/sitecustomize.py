@@ -1,5 +1,5 @@
 """The autograder's image, within this machine's Python: imported at start-up by every Python whose
-PYTHONPATH holds this folder (kit_tests/test_gradescope.py runs ``run_autograder`` so), it makes every
+PYTHONPATH holds this folder (kit_tests/outputs/test_gradescope.py runs ``run_autograder`` so), it makes every
 installed distribution but those named in ATTNKIT_ONLY_INSTALLED (comma-separated) look absent, as in an
 image that installs only those: their modules cannot be imported, and their metadata (pytest's plugins,
 entry points) is not found. The sandbox's boxes (``python -I``) do not read it: they run learner code

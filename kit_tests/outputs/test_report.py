@@ -387,7 +387,7 @@ def test_a_module_that_could_not_run_is_in_the_report(tmp_path):
     assert not report.stages["s05_self_attention"].mistakes and not report.limits
     page = index.read_text()
     assert ("<td>s05_self_attention</td><td>typo</td><td>s05_self_attention.py has a syntax error on line 34: "
-            "&#x27;(&#x27; was never closed</td>") in page
+            "&#39;(&#39; was never closed</td>") in page
 
 
 HOSTILE = ["$\\kitbroken{$", "$x^2$ and \\frac{1}{0}", "<script>alert('mistake')</script>", "\x1b[2J\x1b]0;owned\x07",
@@ -414,7 +414,7 @@ def test_student_text_is_inert_in_the_report(tmp_path, capsys):
     assert not any(c in printed.out + printed.err for c in "\x1b\x07\u202e")
     page = (out / "report" / "index.html").read_text()
     assert "<script>" not in page and "<b>" not in page and "\x1b" not in page
-    assert "&lt;script&gt;alert(&#x27;mistake&#x27;)&lt;/script&gt;" in page and "$\\kitbroken{$" in page
+    assert "&lt;script&gt;alert(&#39;mistake&#39;)&lt;/script&gt;" in page and "$\\kitbroken{$" in page
     report = summarize(load_results(out))
     assert set(report.stages["s02_normalization"].mistakes) == {first_line(text) for text in HOSTILE}
     from PIL import Image

@@ -24,13 +24,12 @@ from pathlib import Path
 
 import pytest
 from gradescope_results import unzip, validate
-from runs import DOCKER, expected_scores, scores
 
 from grader.course.samples import by_student, write_modules
 from grader.kit import KIT, SOLUTIONS, marker, plan_points, stages
 from grader.outputs.gradescope import ROOT_ENV
-from grader.sandbox.lockdown import kit_private
 from grader.sandbox.redaction import solution_regions
+from runs import DOCKER, expected_scores, kit_modes_kept, scores
 from tamper import Context, corpus, reading_solutions
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -52,10 +51,8 @@ def docker_like(unavailable):
     check = in_container(["true"])
     if check.returncode != 0:
         unavailable(f"cannot make a container like Docker's here: {check.stderr.strip()}")
-    modes = {path: path.stat().st_mode for path in kit_private() if path.exists()}
-    yield
-    for path, mode in modes.items():  # (the container confinement made them private to root)
-        path.chmod(mode)
+    with kit_modes_kept():  # (the container confinement makes them private to root)
+        yield
 
 
 def test_the_sandbox_holds_in_a_container():

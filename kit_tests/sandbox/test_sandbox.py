@@ -8,7 +8,6 @@ a fresh uid, the learner's filter, the kit private to root), which this machine 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from grader.sandbox.backend import IsolatedBackend, reference_imports
 from grader.sandbox.confinement import Confinement, SandboxUnavailable, SandboxWarning, probe
 from grader.sandbox.limits import Limits
 from grader.sandbox.template import Sandbox
+from runs import kit_modes_kept
 from stage_names import builds_on
 from tamper import attacked, payload, solution, stealing_wrapper, stub
 
@@ -74,20 +74,9 @@ def same(actual, expected, where="result"):
 def sandbox():
     """One template for the module, as a grading worker keeps one for all its submissions (the container
     confinement makes the kit's secrets private to root: given back after)."""
-    with kept_modes(lockdown.kit_private()), Sandbox() as sandbox:
+    with kit_modes_kept(), Sandbox() as sandbox:
         sandbox.start()
         yield sandbox
-
-
-@contextlib.contextmanager
-def kept_modes(paths):
-    """The permissions of ``paths`` as they were, once the block ends."""
-    modes = {path: path.stat().st_mode for path in map(Path, paths) if path.exists()}
-    try:
-        yield
-    finally:
-        for path, mode in modes.items():
-            path.chmod(mode)
 
 
 @pytest.fixture(scope="module")
