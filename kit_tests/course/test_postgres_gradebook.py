@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 # Four students who each submit every assignment: each assignment's first four samples (the reference, the stubs,
 # two with mistakes), the i-th student the i-th of each, under the id of chapter 3's.
 PAIRED = list(zip(*(samples(name)[:4] for name in ASSIGNMENTS)))
-STUDENTS = [first.student for first, _ in PAIRED]
+STUDENTS = [pair[0].student for pair in PAIRED]
 LATE = ["late-1", "late-2", "late-3"]  # new to the gradebook in the concurrent runs
 
 
