@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from grader.course.samples import edited, write_modules
+from grader.course.samples import by_student, edited, write_modules
 from grader.kit import SOLUTIONS, assignment_of
 
 
@@ -746,4 +746,439 @@ VARIANTS += [
                 ("for k_start in range(0, kv_end, block_size):",
                  "for k_start in reversed(range(0, kv_end, block_size)):")),
                "every key tile, last to first: tiles above the diagonal masked, not skipped"),
+]
+
+# ---------------------------------------------------------------- frontier-attention
+F01, F02, F03, F04 = "f01_latent_attention", "f02_attention_sinks", "f03_paged_kv_cache", "f04_flex_attention"
+F05, F06, F07 = "f05_sparse_indexer", "f06_gated_delta_rule", "f07_cross_layer_kv"
+
+
+# (what f03's feedback said once, on any error of two checks, whether the error had anything to do with freeing)
+NOT_RETURNED = "give the sequence's blocks back to the free list"
+
+
+def sample_edits(student: str, stage: str) -> tuple:
+    """The edits of the demo's sample ``student`` to ``stage`` (assignments/<name>/samples.py): a mistake that is
+    both a sample and a catalogue entry."""
+    return tuple(by_student(student, assignment_of(stage)).edits[stage])
+
+
+BUGS += [
+    # f01_latent_attention
+    Submission("mla_scaled_by_head_dim", F01,
+               (("torch.softmax(attn_scores / (self.head_dim + self.rope_dim) ** 0.5, dim=-1)",
+                 "torch.softmax(attn_scores / self.head_dim ** 0.5, dim=-1)"),),
+               "the scores scaled by 1/sqrt(head_dim), as in multi-head attention, in both forms",
+               "scaled by 1/sqrt(head_dim)"),
+    Submission("mla_latent_not_normalised", F01,
+               (("return self.kv_norm(self.W_kv_down(x)),", "return self.W_kv_down(x),"),),
+               "the latent cached and expanded without kv_norm", "kv_norm was not applied"),
+    Submission("mla_positions_restart", F01, sample_edits("mla-positions-restart", F01),
+               "every cached step rotates its tokens from position 0", "positions restart at 0"),
+    Submission("mla_no_rotary_score", F01,
+               (("        attn_scores = attn_scores + q_rope @ k_rope.unsqueeze(1).transpose(2, 3)  # (b, 1, rope_dim, "
+                 "num_keys)\n", ""),
+                ("        attn_scores = attn_scores + q_rope @ k_rope.unsqueeze(1).transpose(2, 3)\n", "")),
+               "the decoupled rotary part of the scores left out: content scores only", "rotary part of the scores"),
+    Submission("mla_up_projection_split_by_columns", F01,
+               (("self.W_key_up.weight.view(self.num_heads, self.head_dim, self.kv_latent_dim)",
+                 "self.W_key_up.weight.view(self.head_dim, self.num_heads, self.kv_latent_dim).transpose(0, 1)"),
+                ("self.W_value_up.weight.view(self.num_heads, self.head_dim, self.kv_latent_dim)",
+                 "self.W_value_up.weight.view(self.head_dim, self.num_heads, self.kv_latent_dim).transpose(0, 1)")),
+               "the absorbed form takes head h's rows of the up-projections as every num_heads-th row",
+               "split into heads the wrong way"),
+    Submission("mla_cache_bytes_latent_twice", F01,
+               (("return (kv_latent_dim + rope_dim) * num_layers * bytes_per_element",
+                 "return 2 * (kv_latent_dim + rope_dim) * num_layers * bytes_per_element"),),
+               "the latent counted twice, once for the keys and once for the values", "the latent was counted twice"),
+    # f02_attention_sinks
+    Submission("sinks_left_out", F02,
+               (("total = exps.sum(dim=-1, keepdim=True) + torch.exp(sinks - row_max)",
+                 "total = exps.sum(dim=-1, keepdim=True)"),),
+               "softmax_with_sinks is a plain softmax: the sink logits never reach the denominator",
+               "the sink logits were left out"),
+    Submission("sink_logits_scaled", F02,
+               (("attn_scores = queries @ keys.transpose(2, 3) / self.head_dim**0.5",
+                 "attn_scores = queries @ keys.transpose(2, 3)"),
+                ("return softmax_with_sinks(attn_scores, self.sinks) @ values",
+                 "scale = self.head_dim**0.5\n"
+                 "        return softmax_with_sinks(attn_scores / scale, self.sinks / scale) @ values")),
+               "the sink logits divided by sqrt(head_dim) together with the scores", "sink logits were scaled"),
+    Submission("sink_window_off_by_one", F02,
+               (("allowed = allowed & ((j < num_sink_tokens) | (i - j < window))",
+                 "allowed = allowed & ((j < num_sink_tokens) | (i - j <= window))"),),
+               "the window lets window + 1 tokens take part", "the window is off by one"),
+    Submission("sink_tokens_evicted", F02,
+               (("keep = (key_positions < self.num_sink_tokens) | (key_positions[-1] - key_positions < self.window)",
+                 "keep = key_positions[-1] - key_positions < self.window"),),
+               "the cache keeps the last window positions only: the sink tokens leave it like any other",
+               "sink tokens were evicted from the cache"),
+    Submission("sink_softmax_without_max", F02,
+               (("row_max = torch.maximum(scores.amax(dim=-1, keepdim=True), sinks)  # (b, num_heads, n_q, 1)",
+                 "row_max = torch.zeros_like(scores[..., :1])"),),
+               "exp of the raw logits: right until a score or a sink logit is large enough to overflow",
+               "exp overflowed"),
+    # f03_paged_kv_cache
+    Submission("paged_whole_blocks", F03,
+               (("return blocks.transpose(0, 1).reshape(self.num_heads, -1, self.head_dim)[:, :length]",
+                 "return blocks.transpose(0, 1).reshape(self.num_heads, -1, self.head_dim)"),),
+               "gather returns whole blocks: unwritten or stale slots join the keys",
+               "not cut at the sequence's length"),
+    Submission("paged_blocks_without_transpose", F03,
+               (("return blocks.transpose(0, 1).reshape(self.num_heads, -1, self.head_dim)[:, :length]",
+                 "return blocks.reshape(self.num_heads, -1, self.head_dim)[:, :length]"),),
+               "the gathered blocks reshaped to (num_heads, tokens, head_dim) without moving the head axis first",
+               "without moving the head axis first"),
+    Submission("paged_new_block_every_step", F03,
+               (("        while len(table) * self.block_size < length:\n",
+                 "        table.append(self.free_blocks.pop(0))  # a fresh block for the new tokens\n"
+                 "        while len(table) * self.block_size < length:\n"),),
+               "a block taken at every step, the last one's free slots left empty", "a new block was taken",
+               not_said=(NOT_RETURNED,)),
+    Submission("paged_free_keeps_blocks", F03, sample_edits("paged-blocks-lost", F03),
+               "free() forgets the table but never returns its blocks: the pool runs dry",
+               "give the sequence's blocks back to the free list"),
+    Submission("paged_free_keeps_table", F03,
+               (("self.free_blocks.extend(self.block_tables.pop(seq_id))",
+                 "self.free_blocks.extend(self.block_tables[seq_id])"),),
+               "free() returns the blocks but keeps the table: the id's next sequence writes into blocks others get",
+               "free() kept the sequence's block table", not_said=(NOT_RETURNED,)),
+    Submission("paged_written_from_position_zero", F03,
+               (("        start = self.seq_lens[seq_id]\n", "        start = 0\n"),),
+               "every step writes its tokens from position 0 and counts only them", "wrote its keys from position 0"),
+    # f04_flex_attention
+    Submission("flex_causal_strict", F04, (("    return q_idx >= kv_idx\n", "    return q_idx > kv_idx\n"),),
+               "the causal mask_mod leaves out the diagonal", "the diagonal was masked"),
+    Submission("flex_window_both_ways", F04, sample_edits("flex-window-both-ways", F04),
+               "the sliding window as a distance both ways: it sees the next window - 1 tokens too",
+               "the window is not causal"),
+    Submission("flex_alibi_bonus", F04,
+               (("return score - slopes[h] * (q_idx - kv_idx)", "return score + slopes[h] * (q_idx - kv_idx)"),),
+               "ALiBi's bias added with the wrong sign: distant tokens get a bonus",
+               "the ALiBi bias has the wrong sign"),
+    Submission("flex_alibi_one_geometric_sequence", F04,
+               (("slopes = geometric(n) + geometric(2 * n)[0::2][:num_heads - n]", "slopes = geometric(num_heads)"),),
+               "the power-of-2 formula used for every head count", "the slopes follow the ALiBi paper's rule"),
+    Submission("flex_soft_cap_without_division", F04,
+               (("return cap * torch.tanh(score / cap)", "return cap * torch.tanh(score)"),),
+               "soft-capping as cap * tanh(score)", "the score was not divided by cap"),
+    Submission("flex_documents_not_causal", F04,
+               (("return (document_ids[q_idx] == document_ids[kv_idx]) & (q_idx >= kv_idx)",
+                 "return document_ids[q_idx] == document_ids[kv_idx]"),),
+               "the document mask alone: a token sees the later tokens of its document",
+               "the document mask must be causal"),
+    # f05_sparse_indexer
+    Submission("indexer_without_relu", F05,
+               (("torch.einsum(\"bth,bths->bts\", head_weights, torch.relu(dots))",
+                 "torch.einsum(\"bth,bths->bts\", head_weights, dots)"),),
+               "the indexer heads' dot products summed without the ReLU", "the ReLU is missing"),
+    Submission("indexer_heads_unweighted", F05,
+               (("torch.einsum(\"bth,bths->bts\", head_weights, torch.relu(dots))",
+                 "torch.relu(dots).sum(dim=2)"),),
+               "the indexer heads summed without their per-token weights", "summed without their weights"),
+    Submission("top_k_before_the_mask", F05,
+               (("        return scores.masked_fill(self.mask[:num_tokens, :num_tokens], -torch.inf)\n",
+                 "        return scores\n"),),
+               "top-k over every key, the future masked only afterwards: early queries keep fewer keys",
+               "the top-k was taken before the future was masked"),
+    Submission("top_k_smallest", F05,
+               (("best = scores.topk(min(self.top_k, num_tokens), dim=-1).indices",
+                 "best = scores.masked_fill(scores == -torch.inf, torch.inf)"
+                 ".topk(min(self.top_k, num_tokens), dim=-1, largest=False).indices"),),
+               "the lowest index scores kept", "the keys with the LOWEST index scores were kept"),
+    Submission("sparse_selection_ignored", F05,
+               (("attn_scores = (queries @ keys.transpose(2, 3)).masked_fill(~chosen, -torch.inf)",
+                 "attn_scores = (queries @ keys.transpose(2, 3)).masked_fill(self.mask[:num_tokens, :num_tokens], "
+                 "-torch.inf)"),),
+               "the selection computed, the attention left dense and causal", "the attention ignores the selection"),
+    # f06_gated_delta_rule
+    Submission("delta_rule_without_the_correction", F06,
+               (("update = beta[..., t, None] * (v[..., t, :] - predicted)  # (b, h, d_v)",
+                 "update = beta[..., t, None] * v[..., t, :]  # (b, h, d_v)"),),
+               "the recurrence writes beta v_t: gated linear attention, not the delta rule",
+               "the delta rule's correction is missing"),
+    Submission("delta_rule_decays_after_writing", F06,
+               (("""        state = state * torch.exp(g[..., t])[..., None, None]  # forget
+        predicted = (k[..., t, :, None] * state).sum(dim=-2)  # (b, h, d_v): what S holds for k_t
+        update = beta[..., t, None] * (v[..., t, :] - predicted)  # (b, h, d_v)
+        state = state + k[..., t, :, None] * update[..., None, :]  # + k_t u_t^T
+""", """        predicted = (k[..., t, :, None] * state).sum(dim=-2)  # (b, h, d_v): what S holds for k_t
+        update = beta[..., t, None] * (v[..., t, :] - predicted)  # (b, h, d_v)
+        state = state + k[..., t, :, None] * update[..., None, :]  # + k_t u_t^T
+        state = state * torch.exp(g[..., t])[..., None, None]  # forget
+"""),),
+               "the recurrent form forgets after the write", "decayed after the update"),
+    Submission("delta_rule_reads_before_writing", F06,
+               (("""        state = state + k[..., t, :, None] * update[..., None, :]  # + k_t u_t^T
+        out[..., t, :] = (q[..., t, :, None] * state).sum(dim=-2)  # q_t^T S
+""", """        out[..., t, :] = (q[..., t, :, None] * state).sum(dim=-2)  # q_t^T S
+        state = state + k[..., t, :, None] * update[..., None, :]  # + k_t u_t^T
+"""),),
+               "each token's output read from the state before its own write",
+               "read the state before the token's write"),
+    Submission("chunk_state_not_decayed", F06,
+               (("return out, torch.exp(last)[..., None] * state + written", "return out, state + written"),),
+               "the chunked form carries the state to the next chunk without the chunk's decay",
+               "the state carried to the next chunk was not decayed"),
+    Submission("chunk_diagonal_in_the_system", F06,
+               (("a = (beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay).tril(-1)  # strictly lower",
+                 "a = (beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay).tril()"),
+                ("system = a + torch.eye(size, dtype=v.dtype, device=v.device)", "system = a"),
+                ("upper=False, unitriangular=True)", "upper=False)"),
+                ("upper=False,\n                                      unitriangular=True)", "upper=False)")),
+               "the triangular system built with beta_i (k_i . k_i) on its diagonal instead of 1",
+               "the diagonal of beta_i (k_i . k_i) entered the triangular system"),
+    # f07_cross_layer_kv
+    Submission("cla_group_number_for_a_layer", F07,
+               (("return [layer - layer % share_every for layer in range(num_layers)]",
+                 "return [layer // share_every for layer in range(num_layers)]"),),
+               "Cross-Layer Attention's source as the group's number instead of its first layer",
+               "the group's index was taken for a layer"),
+    Submission("shared_tail_points_at_itself", F07,
+               (("return [layer if layer < first_shared else first_shared - 1 for layer in range(num_layers)]",
+                 "return [layer if layer < first_shared else first_shared for layer in range(num_layers)]"),),
+               "the shared layers read the first of them, which then computes its own",
+               "the shared layers point at the first of them"),
+    Submission("sharing_weights_not_keys", F07,
+               (("            h = h + module(h, *shared[source])\n",
+                 "            own = shared[source] if source == layer else self.layers[source].project_kv(h)\n"
+                 "            h = h + module(h, *own)\n"),),
+               "a reusing layer applies its source's W_key and W_value to its own input", "that shares weights"),
+    Submission("reusing_layers_read_new_keys_only", F07,
+               (("                keys, values = module.project_kv(h)  # (b, num_kv_groups, num_new, head_dim)\n",
+                 "                keys, values = module.project_kv(h)  # (b, num_kv_groups, num_new, head_dim)\n"
+                 "                fresh = keys, values\n"),
+                ("            h = h + module(h, *shared[source])\n",
+                 "            h = h + module(h, *(shared[source] if source == layer else fresh))\n")),
+               "in cached steps a reusing layer attends to its source's new tokens only",
+               "attended to its source's NEW keys only"),
+    Submission("cache_bytes_of_every_layer", F07,
+               (("computing = sum(source == layer for layer, source in enumerate(kv_sources))",
+                 "computing = len(kv_sources)"),),
+               "every layer counted in the cache's bytes, the reusing ones too", "every layer was counted"),
+    Submission("reusing_layers_keep_key_weights", F07,
+               (("        if computes_kv:\n            self.W_key", "        if True:\n            self.W_key"),),
+               "every layer gets W_key and W_value, the reusing ones too: parameters that do nothing",
+               "has no W_key or W_value"),
+]
+
+VARIANTS += [
+    # f01_latent_attention
+    Submission("mla_expanded_through_sdpa", F01,
+               (("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.nn.functional as F\n"),
+                ("""        attn_scores = q_content @ keys.transpose(2, 3)  # (b, num_heads, num_new, num_keys)
+        attn_scores = attn_scores + q_rope @ k_rope.unsqueeze(1).transpose(2, 3)  # (b, 1, rope_dim, num_keys)
+        attn_scores = attn_scores.masked_fill(self.causal_mask(q_content.shape[2], latent.shape[1]), -torch.inf)
+        attn_weights = torch.softmax(attn_scores / (self.head_dim + self.rope_dim) ** 0.5, dim=-1)
+        return attn_weights @ values
+""", """        # A head's key: its content key, then the shared rotary key. SDPA scales by 1/sqrt of that width.
+        b, num_heads, num_keys, _ = keys.shape
+        keys = torch.cat([keys, k_rope.unsqueeze(1).expand(b, num_heads, num_keys, self.rope_dim)], dim=-1)
+        queries = torch.cat([q_content, q_rope], dim=-1)
+        allowed = ~self.causal_mask(q_content.shape[2], num_keys)
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=allowed)
+""")),
+               "the expanded form as one SDPA call: content and rotary parts concatenated into each head's key"),
+    Submission("mla_absorbed_by_einsum", F01,
+               (("""        q_latent = q_content @ w_uk.unsqueeze(0)  # (b, num_heads, num_new, kv_latent_dim)
+        latent = latent.unsqueeze(1)  # (b, 1, num_keys, kv_latent_dim): the same latents for every head
+        attn_scores = q_latent @ latent.transpose(2, 3)  # (b, num_heads, num_new, num_keys)
+        attn_scores = attn_scores + q_rope @ k_rope.unsqueeze(1).transpose(2, 3)
+        attn_scores = attn_scores.masked_fill(self.causal_mask(q_content.shape[2], latent.shape[2]), -torch.inf)
+        attn_weights = torch.softmax(attn_scores / (self.head_dim + self.rope_dim) ** 0.5, dim=-1)
+        mixed = attn_weights @ latent  # (b, num_heads, num_new, kv_latent_dim)
+        return mixed @ w_uv.transpose(1, 2).unsqueeze(0)  # (b, num_heads, num_new, head_dim)
+""", """        q_latent = torch.einsum("bhnd,hdl->bhnl", q_content, w_uk)
+        attn_scores = torch.einsum("bhnl,bkl->bhnk", q_latent, latent) + torch.einsum("bhnr,bkr->bhnk", q_rope, k_rope)
+        attn_scores = attn_scores.masked_fill(self.causal_mask(q_content.shape[2], latent.shape[1]), -torch.inf)
+        attn_weights = torch.softmax(attn_scores / (self.head_dim + self.rope_dim) ** 0.5, dim=-1)
+        return torch.einsum("bhnk,bkl,hdl->bhnd", attn_weights, latent, w_uv)
+"""),),
+               "the absorbed form in three einsums (the last one lets torch choose the order of the products)"),
+    # f02_attention_sinks
+    Submission("sinks_as_an_extra_column", F02,
+               (("""    sinks = sinks.view(-1, 1, 1).to(scores.dtype)  # (num_heads, 1, 1)
+    row_max = torch.maximum(scores.amax(dim=-1, keepdim=True), sinks)  # (b, num_heads, n_q, 1)
+    row_max = torch.where(row_max == -torch.inf, 0.0, row_max)  # nothing finite in the row: every exp is 0
+    exps = torch.exp(scores - row_max)
+    total = exps.sum(dim=-1, keepdim=True) + torch.exp(sinks - row_max)  # >= 1 unless the row has nothing
+    return exps / torch.where(total == 0, 1.0, total)
+""", """    # gpt-oss's way: the sink as one more column of logits, softmax, then drop that column.
+    column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    logits = torch.cat([scores, column], dim=-1)
+    empty = (logits == -torch.inf).all(dim=-1, keepdim=True)  # nothing to attend to, not even a sink
+    weights = torch.softmax(logits.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    return weights[..., :-1]
+"""),),
+               "the sink logit appended as an extra column, softmax, the column dropped (gpt-oss's eager code)"),
+    Submission("streaming_mask_from_distances", F02,
+               (("""    i, j = query_positions[:, None], key_positions[None, :]
+    allowed = j <= i
+    if window is not None:
+        allowed = allowed & ((j < num_sink_tokens) | (i - j < window))
+    return allowed
+""", """    distance = query_positions[:, None] - key_positions[None, :]  # >= 0 for keys at or before the query
+    if window is None:
+        return distance >= 0
+    is_sink = (key_positions < num_sink_tokens)[None, :]
+    return (distance >= 0) & (is_sink | (distance <= window - 1))
+"""),),
+               "the mask written from the distances query - key, the window as distance <= window - 1"),
+    # f03_paged_kv_cache
+    Submission("paged_gather_by_slot", F03,
+               (("""        def lay_out(pool):
+            blocks = pool[table]  # (num_blocks_held, num_heads, block_size, head_dim)
+            return blocks.transpose(0, 1).reshape(self.num_heads, -1, self.head_dim)[:, :length]
+
+        return lay_out(self.k_pool), lay_out(self.v_pool)
+""", """        positions = torch.arange(length, device=self.k_pool.device)  # every cached token, slot by slot
+        blocks, slots = table[positions // self.block_size], positions % self.block_size
+        return self.k_pool[blocks, :, slots].transpose(0, 1), self.v_pool[blocks, :, slots].transpose(0, 1)
+"""),),
+               "gather token by token through (block, slot) indices instead of whole blocks"),
+    Submission("paged_free_list_as_a_stack", F03,
+               (("""        while len(table) * self.block_size < length:
+            if not self.free_blocks:
+                raise RuntimeError(f"the KV cache is full: no free block for sequence {seq_id}; free finished "
+                                   "sequences or make the pool larger")
+            table.append(self.free_blocks.pop(0))
+""", """        missing = -(-length // self.block_size) - len(table)  # ceil(length / block_size) blocks in all
+        if missing > len(self.free_blocks):
+            raise RuntimeError("out of KV cache blocks")
+        for _ in range(missing):
+            table.append(self.free_blocks.pop())  # the most recently freed first (a stack)
+"""),),
+               "the missing blocks counted at once, the free list used as a stack (last freed, first reused)"),
+    # f04_flex_attention
+    Submission("flex_window_with_and_masks", F04,
+               (("from torch.nn.attention.flex_attention import create_block_mask, flex_attention",
+                 "from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention"),
+                ("""    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+
+    return mask_mod
+""", """    def recent(b, h, q_idx, kv_idx):
+        return q_idx - kv_idx < window
+
+    return and_masks(causal, recent)  # FlexAttention's own combinator
+""")),
+               "the sliding window as and_masks(causal, a window mask_mod)"),
+    Submission("flex_mask_as_a_score_mod", F04,
+               (("""    block_mask = None
+    if mask_mod is not None:
+        block_mask = create_block_mask(mask_mod, None, None, q.shape[-2], k.shape[-2], device=q.device)
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+""", """    if mask_mod is None:
+        return flex_attention(q, k, v, score_mod=score_mod)
+
+    def masked(score, b, h, q_idx, kv_idx):  # the mask folded into the scores: slower, the same numbers
+        score = score if score_mod is None else score_mod(score, b, h, q_idx, kv_idx)
+        return torch.where(mask_mod(b, h, q_idx, kv_idx), score, -float("inf"))
+
+    return flex_attention(q, k, v, score_mod=masked)
+"""),),
+               "the mask_mod applied inside a score_mod (-inf where masked) instead of as a block mask"),
+    Submission("flex_slopes_vectorised", F04,
+               (("""    def geometric(n):  # 2^(-8/n), 2^(-16/n), ..., 2^(-8)
+        return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+    n = 2 ** math.floor(math.log2(num_heads))
+    slopes = geometric(n) + geometric(2 * n)[0::2][:num_heads - n]
+    return torch.tensor(slopes, dtype=torch.float32)
+""", """    n = 1 << (num_heads.bit_length() - 1)  # the largest power of 2 not above num_heads
+    odd = 2 * torch.arange(num_heads - n) + 1  # the odd-numbered slopes of 2n heads
+    exponents = torch.cat([torch.arange(1, n + 1) * 8.0 / n, odd * 8.0 / (2 * n)])
+    return torch.pow(2.0, -exponents).float()
+"""),),
+               "the slopes as one vectorised power of 2 of their exponents"),
+    # f05_sparse_indexer
+    Submission("indexer_as_one_matmul", F05,
+               (("    dots = torch.einsum(\"bthd,bsd->bths\", index_queries, index_keys) / index_dim**0.5"
+                 "  # (b, n_q, heads, n_k)\n", ""),
+                ("""    return torch.einsum("bth,bths->bts", head_weights, torch.relu(dots)) / index_heads**0.5
+""", """    b, n_q = index_queries.shape[:2]
+    flat = index_queries.reshape(b, n_q * index_heads, index_dim)  # every head of every query, one row each
+    relu = torch.relu(flat @ index_keys.transpose(1, 2) / index_dim**0.5).view(b, n_q, index_heads, -1)
+    return (head_weights.unsqueeze(-1) * relu).sum(dim=2) / index_heads**0.5
+"""),),
+               "the indexer's dot products as one batched matmul and a broadcast weighted sum"),
+    Submission("sparse_attention_by_gathering", F05,
+               (("""        chosen = self.select(x).unsqueeze(1)  # (b, 1, T, T): the same keys for every head
+        attn_scores = (queries @ keys.transpose(2, 3)).masked_fill(~chosen, -torch.inf)
+        attn_weights = torch.softmax(attn_scores / self.head_dim**0.5, dim=-1)
+        context_vec = (attn_weights @ values).transpose(1, 2).reshape(b, num_tokens, self.d_out)
+""", """        # Gather each query's top_k keys and values (as a sparse kernel reads them), padded where it has fewer.
+        scores = self.index_scores(x)
+        k = min(self.top_k, num_tokens)
+        best = scores.topk(k, dim=-1)
+        index = best.indices[:, None, :, :, None].expand(b, self.num_heads, num_tokens, k, self.head_dim)
+
+        def pick(t):  # (b, heads, T, head_dim) -> (b, heads, T, k, head_dim)
+            return t[:, :, None].expand(b, self.num_heads, num_tokens, num_tokens, self.head_dim).gather(3, index)
+
+        picked_keys, picked_values = pick(keys), pick(values)
+        attn_scores = (queries[:, :, :, None] * picked_keys).sum(-1)  # (b, heads, T, k)
+        attn_scores = attn_scores.masked_fill((best.values == -torch.inf)[:, None], -torch.inf)
+        attn_weights = torch.softmax(attn_scores / self.head_dim**0.5, dim=-1)
+        context_vec = (attn_weights[..., None] * picked_values).sum(3).transpose(1, 2).reshape(b, num_tokens, -1)
+"""),),
+               "the selected keys and values gathered per query (top_k of them) instead of masking a dense matrix"),
+    # f06_gated_delta_rule
+    Submission("delta_rule_with_einsum", F06,
+               (("""        predicted = (k[..., t, :, None] * state).sum(dim=-2)  # (b, h, d_v): what S holds for k_t
+        update = beta[..., t, None] * (v[..., t, :] - predicted)  # (b, h, d_v)
+        state = state + k[..., t, :, None] * update[..., None, :]  # + k_t u_t^T
+        out[..., t, :] = (q[..., t, :, None] * state).sum(dim=-2)  # q_t^T S
+""", """        k_t = k[..., t, :]
+        update = beta[..., t, None] * (v[..., t, :] - torch.einsum("bhk,bhkv->bhv", k_t, state))
+        state = state + torch.einsum("bhk,bhv->bhkv", k_t, update)
+        out[..., t, :] = torch.einsum("bhk,bhkv->bhv", q[..., t, :], state)
+"""),),
+               "the recurrence's reads and writes as einsums"),
+    Submission("chunk_by_forward_substitution", F06,
+               (("""    u = torch.linalg.solve_triangular(system, beta[..., None] * v, upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, (beta * torch.exp(gamma))[..., None] * k, upper=False,
+                                      unitriangular=True)
+""", """    # (I + A) X = R row by row: X_i = R_i - sum_{j < i} A_ij X_j (the inverse, as DeltaNet's papers write it)
+    rhs = torch.cat([beta[..., None] * v, (beta * torch.exp(gamma))[..., None] * k], dim=-1)
+    rows = []
+    for i in range(size):
+        done = torch.stack(rows, dim=-2) if rows else rhs[..., :0, :]
+        rows.append(rhs[..., i, :] - (a[..., i, :i, None] * done).sum(dim=-2))
+    solved = torch.stack(rows, dim=-2)
+    u, w = solved[..., :v.shape[-1]], solved[..., v.shape[-1]:]
+"""),),
+               "the unit lower-triangular systems solved by forward substitution, both right-hand sides at once"),
+    # f07_cross_layer_kv
+    Submission("kv_cache_as_a_dict", F07,
+               (("        self.cache_k, self.cache_v = [], []\n\n    def reset_cache(self):\n"
+                 "        self.cache_k, self.cache_v = [], []\n",
+                 "        self.kv_cache = {}\n\n    def reset_cache(self):\n        self.kv_cache = {}\n\n"
+                 "    @property\n    def cache_k(self):  # one entry per computing layer, in layer order\n"
+                 "        return [self.kv_cache[layer][0] for layer in sorted(self.kv_cache)]\n\n"
+                 "    @property\n    def cache_v(self):\n"
+                 "        return [self.kv_cache[layer][1] for layer in sorted(self.kv_cache)]\n"),
+                ("""                if use_cache:
+                    slot = computing.index(layer)
+                    if len(self.cache_k) > slot:
+                        keys = torch.cat([self.cache_k[slot], keys], dim=2)
+                        values = torch.cat([self.cache_v[slot], values], dim=2)
+                        self.cache_k[slot], self.cache_v[slot] = keys, values
+                    else:
+                        self.cache_k.append(keys)
+                        self.cache_v.append(values)
+""", """                if use_cache:
+                    if layer in self.kv_cache:
+                        old_keys, old_values = self.kv_cache[layer]
+                        keys, values = torch.cat([old_keys, keys], dim=2), torch.cat([old_values, values], dim=2)
+                    self.kv_cache[layer] = keys, values
+"""),
+                ("        computing = [layer for layer, source in enumerate(self.kv_sources) if source == layer]\n",
+                 "")),
+               "the cache kept in a dict by layer, cache_k and cache_v read from it in layer order"),
+    Submission("cla_groups_by_range", F07,
+               (("return [layer - layer % share_every for layer in range(num_layers)]",
+                 "return [first for first in range(0, num_layers, share_every)\n"
+                 "            for _ in range(min(share_every, num_layers - first))]"),),
+               "Cross-Layer Attention's sources written group by group"),
 ]

@@ -349,7 +349,7 @@ def corpus() -> list[Tamper]:
 
 def modern_corpus() -> list[Tamper]:
     """Entries aimed at the stages of modern-attention (graded in a course of its own by
-    kit_tests/grading/test_tamper_modern.py), the same attacks on other modules, and one of its own: a stage-7
+    kit_tests/grading/test_tamper_assignments.py), the same attacks on other modules, and one of its own: a stage-7
     module that computes the full score matrix where no measurement in its process can see it."""
     return [
         Tamper("m-reach-outside", "stubs that look for the solutions and run theirs (m01, m03); write into the "
@@ -379,6 +379,39 @@ def modern_corpus() -> list[Tamper]:
                lambda ctx: {stage: stub(stage) for stage in stages("modern-attention")},
                reason=STUB, expected={marker(stage): 0 for stage in stages("modern-attention")}),
     ]
+
+
+def frontier_corpus() -> list[Tamper]:
+    """Entries aimed at the stages of frontier-attention (graded in a course of its own by
+    kit_tests/grading/test_tamper_assignments.py), the same attacks on its modules: FlexAttention's stage (f04)
+    imports torch's compiler in the box, and its stub and solution are attacked like the others."""
+    return [
+        Tamper("f-reach-outside", "stubs that answer from the stage's stored fixtures, hidden and public (f05: "
+               "unconfined, that passes 3 of its 9 checks); look for the solutions and run theirs (f01, f04); write "
+               "into the grades, other students' submissions and the kit (f03)",
+               lambda ctx: {
+                   "f01_latent_attention": reading_solutions("f01_latent_attention"),
+                   "f03_paged_kv_cache": vandalising("f03_paged_kv_cache", ctx),
+                   "f04_flex_attention": reading_solutions("f04_flex_attention"),
+                   "f05_sparse_indexer": attacked(stub("f05_sparse_indexer"), "answer_from_fixtures",
+                                                  context={"fixtures": str(FIXTURES)})},
+               reason=STUB, expected={"latent_attention": 0, "paged_kv_cache": 0, "flex_attention": 0,
+                                      "sparse_indexer": 0}),
+        Tamper("f-faults", "correct modules that, at import, loop forever (f02), dereference NULL (f04), call "
+               "os._exit(0) (f06) or sys.exit(0) (f07)",
+               fixed(**armed(solution, f02_attention_sinks="endless_loop", f04_flex_attention="segfault",
+                             f06_gated_delta_rule="os_exit", f07_cross_layer_kv="sys_exit")),
+               reason=("time limit", "SIGSEGV", "exited with code 0"),
+               expected={"attention_sinks": 0, "flex_attention": 0, "gated_delta_rule": 0, "cross_layer_kv": 0}),
+        Tamper(LATE + "f-stubs", "victim: the stubs, untouched, graded after every attacker",
+               lambda ctx: {stage: stub(stage) for stage in stages("frontier-attention")},
+               reason=STUB, expected={marker(stage): 0 for stage in stages("frontier-attention")}),
+    ]
+
+
+# The corpora of the assignments after chapter 3's, each graded in a course of its own
+# (kit_tests/grading/test_tamper_assignments.py; chapter 3's ``corpus`` has tests of its own).
+ASSIGNMENT_CORPORA = {"modern-attention": modern_corpus, "frontier-attention": frontier_corpus}
 
 
 REACH_THE_GRADER = {  # the payload of each stage of the "reach-the-grader" entry

@@ -128,7 +128,7 @@ def test_the_dry_run_covers_every_cuda_case(cpu_check, tmp_path):
         reason = case.find("skipped")
         skipped[f"{case.get('classname').replace('.', '/')}.py::{case.get('name')}"] = (
             reason.get("message") if reason is not None else "ran")
-    assert len(skipped) >= 59, f"only {len(skipped)} gpu cases: did some lose the device fixture?"  # 59 when written
+    assert len(skipped) >= 72, f"only {len(skipped)} gpu cases: did some lose the device fixture?"  # 72 when written
     assert all(reason.startswith("CUDA case: no CUDA device on this machine") for reason in skipped.values())
     cases = cpu_check["summary"]["cases"]
     assert set(cases) == set(skipped)
@@ -197,6 +197,11 @@ def decode(model, x):
     return [model(x[:, :6], use_cache=True), model(x[:, 6:7], use_cache=True), model(x[:, 7:], use_cache=True)]
 
 
+def paged(model, x):
+    """Two sequences' prompts of 6 tokens in blocks of 4, then a token of each."""
+    return [model(x[:, :6], seq_ids=[0, 1]), model(x[:, 6:7], seq_ids=[0, 1])]
+
+
 # What the CUDA cases run of each stage (with dropout on, masks, caches) on x (2, 8, 16): models are moved with
 # .to(), inputs made on the device; whatever the code makes on its own must land there too.
 ON_DEVICE = {
@@ -215,6 +220,16 @@ ON_DEVICE = {
     "m05_rotary_embeddings": lambda m, x: decode(moved(m.RoPEAttention(16, 16, 8, 4, num_kv_groups=2)), x),
     "m06_sliding_window": lambda m, x: decode(moved(m.SlidingWindowAttention(16, 16, 8, 4, window=3)), x),
     "m07_tiled_attention": lambda m, x: m.tiled_attention(*(meta(2, 2, 8, 4),) * 3, is_causal=True, block_size=3),
+    "f01_latent_attention": lambda m, x: [*decode(moved(m.MultiHeadLatentAttention(16, 16, 8, 4, 6, 4)), x),
+                                          moved(m.MultiHeadLatentAttention(16, 16, 8, 4, 6, 4))(x, absorbed=True)],
+    # (the cache keeps the positions it may still see: a boolean index, whose size the meta device cannot know)
+    "f02_attention_sinks": lambda m, x: moved(m.SinkAttention(16, 16, 8, 4, num_kv_groups=2, window=3,
+                                                              num_sink_tokens=1))(x),
+    "f03_paged_kv_cache": lambda m, x: paged(moved(m.PagedAttention(16, 16, 4, num_blocks=8, block_size=4)), x),
+    # (f04: flex_attention refuses the meta device; its CUDA case is the check)
+    "f05_sparse_indexer": lambda m, x: moved(m.SparseAttention(16, 16, 8, 4, index_heads=2, index_dim=4, top_k=3))(x),
+    "f06_gated_delta_rule": lambda m, x: decode(moved(m.GatedDeltaNet(16, 16, 4)), x),
+    "f07_cross_layer_kv": lambda m, x: decode(moved(m.CrossLayerKVStack(16, 8, 4, [0, 1, 1], num_kv_groups=2)), x),
 }
 
 

@@ -410,14 +410,36 @@ def op_session(module, cls=None, init=None, weights=None, steps=(), train=False,
     return results
 
 
-OPS = {
+def importable(op):
+    """``op`` run with its stage module importable by name, as a module imported the usual way is, and no longer
+    afterwards (load_stage_module leaves no trace between roots). torch.compile needs it: tracing a function it
+    imports the function's module by name to guard the globals it reads, and FlexAttention (stage f04) traces the
+    learner's score_mod and mask_mod that way even when it runs eagerly."""
+    def run(module, **kwargs):
+        name = module.__name__
+        before = sys.modules.get(name)
+        sys.modules[name] = module
+        try:
+            return op(module, **kwargs)
+        finally:
+            if before is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = before
+
+    run.__name__ = run.__qualname__ = op.__name__
+    run.__doc__ = op.__doc__
+    return run
+
+
+OPS = {name: importable(op) for name, op in {
     "call": op_call,
     "session": op_session,
     "forward": op_forward,
     "heads_forward": op_heads_forward,
     "inspect": op_inspect,
     "transfer_v2_to_v1": op_transfer_v2_to_v1,
-}
+}.items()}
 
 
 # ---------------------------------------------------------------- front end

@@ -95,6 +95,16 @@ def assert_close(name, actual, expected, *, rtol=1e-4, atol=1e-6, mistakes=None,
     raise AssertionError("\n".join(lines))
 
 
+def assert_mask(name, actual, expected, *, mistakes=None):
+    """A boolean mask (True = takes part) equal to ``expected``, compared as 0/1 numbers, with the masks that
+    typical mistakes give (``mistakes``: {description: boolean mask})."""
+    actual = np.asarray(actual)
+    assert actual.dtype == bool, (
+        f"{name} must be boolean (True = takes part); yours has dtype {actual.dtype}:\n{actual}")
+    assert_close(f"{name} (1 = takes part)", actual.astype(np.float32), np.asarray(expected, np.float32),
+                 mistakes={why: np.asarray(m, np.float32) for why, m in (mistakes or {}).items()})
+
+
 def parameter_count(info):
     """Number of trainable values of an inspected module, however its parameters are laid out."""
     return int(sum(np.prod(shape) for shape in info["parameters"].values()))
@@ -584,3 +594,28 @@ def explain_error(text, call=None, readings=None):
         if meaning and meaning not in found:
             found.append(meaning)
     return found
+
+
+# Rotary position embeddings in NumPy (float64), Llama's halves layout and the typical mistakes' other layouts:
+# the stages that rotate queries and keys (m05, f01) compute their expected values with these.
+
+def np_angles(head_dim, positions, theta_base=10_000.0, layout="halves", frequency="pairs"):
+    """(len(positions), head_dim) angles. layout "halves" (right: cat([freqs, freqs])) or "interleaved"
+    (each repeated twice); frequency "pairs" (right: exponent 2i/head_dim) or "features" (i/head_dim)."""
+    step = 2 if frequency == "pairs" else 1
+    inv_freq = float(theta_base) ** (-np.arange(0, step * head_dim // 2, step, dtype=np.float64) / head_dim)
+    freqs = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq  # (T, head_dim/2)
+    return np.concatenate([freqs, freqs], axis=-1) if layout == "halves" else np.repeat(freqs, 2, axis=-1)
+
+
+def np_rope(x, positions, theta_base=10_000.0, pairs="halves", angles="halves", sign=1):
+    """x (..., T, head_dim) rotated at positions (T,). pairs "halves" (right: i with i + head_dim/2) or
+    "interleaved" (2i with 2i + 1); angles: np_angles' layout; sign=-1 rotates the other way."""
+    x = np.asarray(x, dtype=np.float64)
+    d = x.shape[-1]
+    a = sign * np_angles(d, positions, theta_base, angles)
+    if pairs == "halves":
+        rotated = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], axis=-1)
+    else:
+        rotated = np.stack([-x[..., 1::2], x[..., ::2]], axis=-1).reshape(x.shape)
+    return x * np.cos(a) + rotated * np.sin(a)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from cases import normal, random_weights
-from checks import BFLOAT16, assert_close, causal, linear, softmax
+from checks import BFLOAT16, assert_close, causal, linear, np_angles, np_rope, softmax
 
 pytestmark = pytest.mark.rotary_embeddings
 STAGE = "m05_rotary_embeddings"
@@ -45,28 +45,6 @@ THETA = "theta_base was ignored (10_000 used): compute the frequencies from the 
 
 
 # ---------------------------------------------------------------- NumPy references (float64)
-
-def np_angles(head_dim, positions, theta_base=10_000.0, layout="halves", frequency="pairs"):
-    """(len(positions), head_dim) angles. layout "halves" (right: cat([freqs, freqs])) or "interleaved"
-    (each repeated twice); frequency "pairs" (right: exponent 2i/head_dim) or "features" (i/head_dim)."""
-    step = 2 if frequency == "pairs" else 1
-    inv_freq = float(theta_base) ** (-np.arange(0, step * head_dim // 2, step, dtype=np.float64) / head_dim)
-    freqs = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq  # (T, head_dim/2)
-    return np.concatenate([freqs, freqs], axis=-1) if layout == "halves" else np.repeat(freqs, 2, axis=-1)
-
-
-def np_rope(x, positions, theta_base=10_000.0, pairs="halves", angles="halves", sign=1):
-    """x (..., T, head_dim) rotated at positions (T,). pairs "halves" (right: i with i + head_dim/2) or
-    "interleaved" (2i with 2i + 1); angles: np_angles' layout; sign=-1 rotates the other way."""
-    x = np.asarray(x, dtype=np.float64)
-    d = x.shape[-1]
-    a = sign * np_angles(d, positions, theta_base, angles)
-    if pairs == "halves":
-        rotated = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], axis=-1)
-    else:
-        rotated = np.stack([-x[..., 1::2], x[..., ::2]], axis=-1).reshape(x.shape)
-    return x * np.cos(a) + rotated * np.sin(a)
-
 
 def np_rope_attention(x, weights, num_heads, num_kv_groups=None, theta_base=10_000.0, positions=None,
                       rotate=("queries", "keys"), **layout):

@@ -1,6 +1,6 @@
 """``attnkit demo``: a whole nbgrader grading round on the built-in sample submissions.
 
-Builds a course with both assignments; for each, releases it with ``generate_assignment``, puts one
+Builds a course with every assignment of the kit; for each, releases it with ``generate_assignment``, puts one
 submission per sample (grader/course/samples.py) in ``submitted/`` and runs nbgrader's own autograde and
 generate_feedback; then nbgrader export, and for each assignment grades the class again through
 ``attnkit grade`` (the scores must be the same) and writes the class report; prints a table of

@@ -528,7 +528,11 @@ def box_main(lib, config, request, fds, under_tmp):
         drop_privileges(lib, config["drop"], request.get("uid"))
         join_fresh_session_keyring(lib)
         deny(lib, KEYRING_CALLS)  # keys outlive processes, and any uid may read one made readable
-        os.environ.update(HOME=box["tmp"], TMPDIR=box["tmp"])
+        # torch's compiler (which flex_attention runs even eagerly) makes its cache folder on import: made here,
+        # in the box's own folder, since the learner's filter lets no code make one.
+        compiler_cache = os.path.join(box["tmp"], "torchinductor")
+        os.makedirs(compiler_cache, exist_ok=True)
+        os.environ.update(HOME=box["tmp"], TMPDIR=box["tmp"], TORCHINDUCTOR_CACHE_DIR=compiler_cache)
         os.chdir(box["tmp"])
         sys.dont_write_bytecode = True  # (learner code may not write files: no __pycache__ either)
         import adapters

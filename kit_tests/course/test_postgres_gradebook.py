@@ -30,10 +30,10 @@ ASSIGNMENTS = list(assignments())  # the kit's assignments, in teaching order
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-# Four students who each submit both assignments: chapter 3's first four samples, each paired with a
-# modern-attention sample (the reference, the stubs, two with mistakes).
-PAIRED = list(zip(samples("attention")[:4], samples("modern-attention")[:4]))
-STUDENTS = [first.student for first, _ in PAIRED]
+# Four students who each submit every assignment: each assignment's first four samples (the reference, the stubs,
+# two with mistakes), the i-th student the i-th of each, under the id of chapter 3's.
+PAIRED = list(zip(*(samples(name)[:4] for name in ASSIGNMENTS)))
+STUDENTS = [pair[0].student for pair in PAIRED]
 LATE = ["late-1", "late-2", "late-3"]  # new to the gradebook in the concurrent runs
 
 
@@ -158,7 +158,7 @@ def racer_records(points: dict) -> list[dict]:
 
 
 def test_gradebook_writers_racing_to_add_the_same_new_students_each_keep_one_row(course, server):
-    """Four writers (two per assignment) add the same 40 new students at the same moment: each
+    """Two writers per assignment add the same 40 new students at the same moment: each
     insert that loses a race is a unique violation in PostgreSQL, which must be taken as the row
     being there. Two runs of one assignment also race on the same submissions and grades."""
     spawn = multiprocessing.get_context("spawn")

@@ -4,22 +4,41 @@ demo's samples are the ones on record.
 
 Each submission is graded as ``attnkit grade`` grades a class (the full suite, book tests excluded,
 learner code in the sandbox), the way nbgrader's autograder cells grade it too (grader.grading.worker).
+The entries of an assignment in ``PACKED`` share submissions, one entry per stage in each (the i-th holding
+each stage's i-th entry, the reference module where a stage has fewer), each judged on its own stage: a
+submission's stages are graded each in a worker of its own, and no stage of such an assignment builds on another
+(checked below), so an entry's other modules, in a submission of its own, would be the reference's, which gets
+full marks on every stage (the reference sample, graded in the same run).
 """
 import importlib
+from collections import defaultdict
 
 import numpy as np
 import pytest
 from verdicts import verdicts
 
 from catalogue import BUGS, VARIANTS
-from grader.course.samples import samples
+from grader.course.samples import samples, write_modules
 from grader.grading.run import grade
 from grader.grading.scoring import stage_score
 from grader.grading.targets import folder_target
-from grader.kit import SUITE, assignments, stages
+from grader.kit import SOLUTIONS, SUITE, assignments, marker, stages
+from stage_names import builds_on
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SAMPLE = "sample-"  # the demo's samples are graded in the same run, under this prefix
+# Assignments whose entries are graded packed (see above): frontier-attention's 54 entries in 9 submissions, not 54
+# submissions of 7 stages each (82 s instead of 6 min on 2 cores).
+PACKED = {"frontier-attention"}
+
+
+def packs(entries) -> list[dict]:
+    """``entries`` as submissions of one entry per stage: [{stage: entry}], the i-th holding each stage's i-th."""
+    by_stage = defaultdict(list)
+    for entry in entries:
+        by_stage[entry.stage].append(entry)
+    return [{stage: listed[i] for stage, listed in by_stage.items() if i < len(listed)}
+            for i in range(max(map(len, by_stage.values())))]
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +49,23 @@ def records(tmp_path_factory):
     records = {}
     for assignment in assignments():  # each graded on its own assignment's stages, as a course grades it
         folder = root / assignment
-        for entry in BUGS + VARIANTS:
-            if entry.assignment == assignment:
-                entry.build(folder / "submissions" / entry.name)
+        entries = [entry for entry in BUGS + VARIANTS if entry.assignment == assignment]
+        packed = packs(entries) if assignment in PACKED else []
+        for index, pack in enumerate(packed):
+            write_modules(folder / "submissions" / f"pack-{index}", assignment=assignment,
+                          replaced={stage: entry.modules()[stage] for stage, entry in pack.items()})
+        for entry in entries if not packed else []:
+            entry.build(folder / "submissions" / entry.name)
         for sample in samples(assignment):
             sample.write(folder / "submissions" / (SAMPLE + assignment + "-" + sample.student))
         target = folder_target(folder / "submissions", folder / "grades", assignment,
                                points={stage: 1.0 for stage in stages(assignment)})
         outcome = grade(target, quiet=True)
         assert not outcome.errors, outcome.errors
+        for index, pack in enumerate(packed):  # each entry's record: its own stage
+            record = outcome.records.pop(f"pack-{index}")
+            for stage, entry in pack.items():
+                records[entry.name] = dict(record, stages=[s for s in record["stages"] if s["stage"] == stage])
         records |= outcome.records
     return records
 
@@ -66,15 +93,46 @@ def test_the_catalogue_is_large_and_spans_every_stage():
     assert named >= 0.9 * len(BUGS), f"only {named} of {len(BUGS)} mistakes have a named diagnosis"
 
 
+@pytest.mark.parametrize("assignment", sorted(PACKED))
+def test_no_stage_of_a_packed_assignment_builds_on_another(assignment):
+    """What lets its entries share a submission: no module of the assignment imports another stage's."""
+    for stage in stages(assignment):
+        assert not builds_on((SOLUTIONS / f"{stage}.py").read_text()), f"{stage} imports another stage module"
+
+
+def test_every_frontier_stage_has_four_named_mistakes_and_a_variant():
+    for stage in stages("frontier-attention"):
+        assert sum(b.stage == stage for b in BUGS) >= 4, f"{stage} needs at least four catalogued mistakes"
+        assert any(v.stage == stage for v in VARIANTS), f"{stage} needs a correct variant"
+    assert all(b.diagnosis for b in BUGS if b.assignment == "frontier-attention"), "a frontier mistake not named"
+    assert len({e.name for e in BUGS + VARIANTS}) == len(BUGS + VARIANTS), "two entries of the same name"
+
+
+@pytest.mark.parametrize("sample", samples(), ids=lambda s: f"{s.assignment}-{s.student}")
+def test_each_sample_gets_what_its_record_says(graded, sample):
+    """The reference gets full marks and the stubs nothing on every stage; a mistake loses points on its stages
+    only."""
+    scores = {marker(stage): score for stage, (score, _) in graded[SAMPLE + sample.assignment + "-" +
+                                                                    sample.student].items()}
+    assert len(scores) == len(stages(sample.assignment))
+    if "*" in sample.breaks:
+        wrong = {m: score for m, score in scores.items() if score != 0}
+    else:  # (full marks exactly where it breaks nothing)
+        wrong = {m: score for m, score in scores.items() if (score == 1) == (m in sample.breaks)}
+    assert not wrong, f"{sample.student} ({sample.expected()}): {wrong}"
+
+
 @pytest.mark.parametrize("bug", BUGS, ids=lambda b: b.name)
 def test_mistake_costs_points_on_its_stage_only_and_is_named(graded, bug):
     result = graded[bug.name]
     score, failures = result[bug.stage]
     assert score < 1, f"{bug.name} ({bug.why}) got full marks on {bug.stage}"
     # Every other stage gets full marks, those that import the buggy one too (stage 9 runs beside the
-    # reference CausalAttention when graded): a mistake costs points once.
+    # reference CausalAttention when graded): a mistake costs points once. (A packed entry's record holds its own
+    # stage only: see the module's docstring.)
     others = {s: r[0] for s, r in result.items() if s != bug.stage}
-    assert others and all(v == 1 for v in others.values()), f"{bug.name} lost points on other stages: {others}"
+    assert bug.assignment in PACKED or others, f"{bug.name}: no other stage graded"
+    assert all(v == 1 for v in others.values()), f"{bug.name} lost points on other stages: {others}"
     if bug.diagnosis:
         assert any(bug.diagnosis in message for message in failures), (
             f"{bug.name}: no failure message says {bug.diagnosis!r}. Messages:\n" + "\n---\n".join(failures[:4])
@@ -127,6 +185,16 @@ def tiled(n_q, n_kv, block_size):
                     "kwargs": {"is_causal": True, "block_size": block_size}}
 
 
+def flex(function, **kwargs):
+    """A call of f04's ``function`` on (1, 2, 4, 4) queries, keys and values."""
+    q = np.zeros((1, 2, 4, 4), np.float32)
+    return "call", {"func": function, "args": [q, q, q], "kwargs": kwargs}
+
+
+VMAP = ("RuntimeError: vmap: It looks like you're attempting to use a Tensor in some data-dependent control flow. "
+        "We don't support that yet, please file an issue at https://github.com/pytorch/pytorch/issues .")
+DYNAMO = "Unsupported: Data-dependent branching\n  Higher Order Operator: torch.ops.higher_order.flex_attention"
+INDUCTOR = "InductorError: LoweringException: PermissionError: [Errno 1] Operation not permitted\n  target: flex"
 READINGS = [  # (stage module whose readings apply, error text, the failing call, words shown or None: nothing specific)
     ("s08_causal_attention", broadcast(3, 8, 1), forward(3, context_length=8), "cut it to the sequence"),
     ("s08_causal_attention", broadcast(3, 8, 1), forward(5, context_length=8), None),  # sizes of no mask of this call
@@ -157,6 +225,15 @@ READINGS = [  # (stage module whose readings apply, error text, the failing call
     ("s01_attention_scores", "NotImplementedError: ", None, "still a stub"),  # nbgrader's stub
     ("s01_attention_scores", "NotImplementedError: Could not run 'aten::_foo' with arguments from the 'CUDA' backend",
      None, None),
+    # f04's readings of FlexAttention's errors: shown only for a call that ran the learner's mods (named), or compiled
+    ("f04_flex_attention", VMAP, flex("sliding_window_attention", window=2), "sliding_window(window)'s mask_mod"),
+    ("f04_flex_attention", VMAP, flex("packed_attention", document_ids=np.zeros(4, np.int64)), "document_causal"),
+    ("f04_flex_attention", DYNAMO, flex("gemma2_attention", cap=2.0), "soft_cap(cap)'s score_mod and causal"),
+    ("f04_flex_attention", VMAP, flex("attend"), None),  # no mod of the learner's ran
+    ("f04_flex_attention", VMAP, None, None),  # no call of the stage's
+    ("f04_flex_attention", INDUCTOR, flex("alibi_attention"), "call flex_attention directly"),
+    ("f04_flex_attention", INDUCTOR, None, None),
+    ("f02_attention_sinks", VMAP, flex("sliding_window_attention", window=2), None),  # another stage's readings
 ]
 
 

@@ -606,8 +606,10 @@ LOADED_AT_IMPORT = '''
 
 import sys as _sys
 
+from stage_names import is_stage_module as _is_stage_module
+
 LOADED = {name: str(getattr(module, "__file__", "")) for name, module in list(_sys.modules.items())
-          if name[:1] in "sm" and name[1:3].isdigit() and "_" in name}
+          if _is_stage_module(name)}
 
 
 def loaded():

@@ -1,0 +1,129 @@
+"""The assignments after chapter 3's (modern-attention, frontier-attention: every assignment but the first; chapter
+3's is kit_tests/course/test_nbgrader_course.py's) end to end with the installed nbgrader, in a course that holds
+every assignment: release, autograde, feedback, then the same class through ``attnkit grade`` and ``attnkit
+report``, which must give nbgrader's score on every stage. A student who submits several assignments gets the
+grades of each.
+"""
+from __future__ import annotations
+
+import html
+import json
+
+import nbformat
+import pytest
+
+from grader.cli import main
+from grader.course.build import build, find_leaks, hidden_test_names, solution_lines
+from grader.course.demo import stage_scores
+from grader.course.samples import by_student, samples, write_submission
+from grader.course.settings import Course
+from grader.kit import assignments, marker, stages
+from runs import Nbgrader
+
+ASSIGNMENTS = list(assignments())  # the kit's assignments, in teaching order
+FIRST, LATER = ASSIGNMENTS[0], ASSIGNMENTS[1:]
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+BOTH = "reference"  # also submits chapter 3's assignment
+
+
+def students(assignment):
+    return [s.student for s in samples(assignment)]
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The course, and for each later assignment {student: {stage: nbgrader's score}} of its samples."""
+    root = tmp_path_factory.mktemp("all") / "course"
+    build(root)
+    nbgrader = Nbgrader(root)
+    for name in ASSIGNMENTS:
+        nbgrader("generate_assignment", name)
+    for sample in samples():
+        if sample.assignment in LATER or sample.student == BOTH:
+            write_submission(sample, root / "release" / sample.assignment,
+                             root / "submitted" / sample.student / sample.assignment)
+    scores = {}
+    for name in LATER:
+        nbgrader("autograde", name)
+        nbgrader("generate_feedback", name)
+        scores[name] = stage_scores(Course.load(root, name), students(name))
+        assert main(["grade", name, "--course", str(root)]) == 0
+        assert main(["report", name, "--course", str(root)]) == 0
+    nbgrader("autograde", FIRST, "--student", BOTH)
+    return dict(root=root, scores=scores)
+
+
+@pytest.mark.parametrize("assignment", LATER)
+def test_the_course_holds_every_assignment_each_with_its_own_stages(graded, assignment):
+    c = Course.load(graded["root"], assignment)
+    assert list(c.assignments) == list(ASSIGNMENTS)
+    assert list(c.points) == stages(assignment) and sum(c.points.values()) == pytest.approx(100)
+    assert list(Course.load(c.root).points) == stages(FIRST)
+    release = c.root / "release" / assignment
+    assert sorted(p.name for p in release.glob("*.py")) == \
+        sorted(["conftest.py", "notebook_tools.py"] + [f"{s}.py" for s in c.points])
+    assert sorted(p.stem for p in (release / "fixtures" / "public").glob("*.npz")) == \
+        sorted(s for s in c.points if (release / "fixtures" / "public" / f"{s}.npz").is_file())
+    assert all(p.stem in c.points for p in (release / "fixtures" / "public").glob("*.npz"))
+    assert sorted(p.name for p in (release / "tests").glob("test_*.py")) == [f"test_{s}.py" for s in c.points]
+
+
+@pytest.mark.parametrize("assignment", LATER)
+def test_the_release_holds_no_solution_hidden_test_or_hidden_fixture(graded, assignment):
+    release = graded["root"] / "release" / assignment
+    assert find_leaks(release, hidden_test_names(), solution_lines()) == []
+    nb = nbformat.read(release / f"{assignment}.ipynb", as_version=4)
+    grade_cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert [c.metadata["nbgrader"]["grade_id"] for c in grade_cells] == [f"grade_{s}" for s in stages(assignment)]
+    assert all(c.metadata["nbgrader"]["locked"] for c in grade_cells)
+    assert not any("Grading(" in c.source or "HIDDEN" in c.source for c in nb.cells)
+
+
+@pytest.mark.parametrize("assignment", LATER)
+def test_samples_lose_points_exactly_on_the_stages_they_break(graded, assignment):
+    c, scores = Course.load(graded["root"], assignment), graded["scores"][assignment]
+    for student in students(assignment):
+        sample = by_student(student, assignment)
+        lost = {marker(s) for s, score in scores[student].items() if score < c.points[s] - 1e-9}
+        expected = {marker(s) for s in c.points} if "*" in sample.breaks else set(sample.breaks)
+        assert lost == expected, (student, scores[student])
+    assert sum(scores["untouched"].values()) == 0
+
+
+@pytest.mark.parametrize("assignment", LATER)
+def test_attnkit_grade_gives_nbgrader_s_scores_and_keeps_the_other_assignments(graded, assignment):
+    root, scores = graded["root"], graded["scores"][assignment]
+    for student in students(assignment):
+        record = json.loads((root / "attnkit-grades" / assignment / f"{student}.json").read_text())
+        assert {s["stage"]: s["points"] for s in record["stages"]} == pytest.approx(scores[student]), student
+    chapter3 = stage_scores(Course.load(root, FIRST), [BOTH])[BOTH]
+    assert chapter3 == Course.load(root, FIRST).points, "the chapter-3 grades of a student with several"
+    assert (root / "attnkit-grades" / assignment / "report" / "index.html").is_file()
+
+
+@pytest.mark.parametrize("assignment", LATER)
+def test_feedback_names_each_stage_and_hides_the_hidden_tests(graded, assignment):
+    root = graded["root"]
+    for student in students(assignment):
+        page = html.unescape((root / "feedback" / student / assignment / f"{assignment}.html").read_text())
+        assert "BEGIN HIDDEN TESTS" not in page and "Grading(" not in page, student
+        assert "Stage 1: " in page and f"Stage {len(stages(assignment))}: " in page, student
+    broken = next(s for s in samples(assignment) if s.breaks and "*" not in s.breaks)
+    page = html.unescape((root / "feedback" / broken.student / assignment / f"{assignment}.html").read_text())
+    assert "Likely mistake" in page, broken.student
+
+
+@pytest.mark.parametrize("assignment", LATER)
+def test_rebuilding_one_assignment_keeps_the_other(assignment, tmp_path):
+    root = tmp_path / "course"
+    build(root, assignments=[FIRST])
+    assert list(Course.load(root).assignments) == [FIRST]
+    build(root, assignments=[assignment])
+    assert list(Course.load(root).assignments) == [FIRST, assignment]
+    assert (root / "source" / FIRST / f"{FIRST}.ipynb").is_file()
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()  # (it reads the course's settings)
+    assert config.Autograde.exclude_overwriting[assignment] == [f"{s}.py" for s in stages(assignment)]

@@ -1,0 +1,351 @@
+"""Stage f03: a paged KV cache (vLLM's PagedAttention idea).
+
+Spec: PagedAttention(d_in, d_out, num_heads, num_blocks, block_size, qkv_bias=False): W_query, W_key, W_value,
+out_proj as chapter 3's MultiHeadAttention; buffers k_pool, v_pool (num_blocks, num_heads, block_size, head_dim)
+allocated once. forward(x, seq_ids): x (b, num_new, d_in), row r the next tokens of sequence seq_ids[r] -> (b,
+num_new, d_out), each row's causal attention over its whole sequence so far (exactly a contiguous cache's). A
+sequence of n tokens holds ceil(n / block_size) blocks (token p in block table[p // block_size], slot
+p % block_size); free(seq_id) returns them for reuse; block_table(seq_id) -> its block ids; blocks_in_use().
+"""
+import re
+from functools import partial
+
+import numpy as np
+import pytest
+
+from cases import mha_shapes, normal, random_weights
+from checks import BFLOAT16, assert_close, linear, multihead, softmax, split_heads
+
+pytestmark = pytest.mark.paged_kv_cache
+STAGE = "f03_paged_kv_cache"
+CLS = "PagedAttention"
+FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32 against a float64 NumPy reference: rounding only
+TOLERANCE = {"float32": FLOAT32, "bfloat16": BFLOAT16}
+
+# What typical mistakes are called in the feedback (the catalogue of mistakes looks for these words).
+WHOLE_BLOCKS = ("the gathered keys were not cut at the sequence's length: whole blocks bring their unwritten slots "
+                "(zeros, or a freed sequence's keys) and shift the causal rows; keep the first seq_len tokens")
+HEAD_LAYOUT = ("the blocks were laid end to end without moving the head axis first: pool[table] is (blocks, "
+               "num_heads, block_size, head_dim); transpose to (num_heads, blocks, block_size, head_dim) before "
+               "merging blocks and slots into one token axis")
+BLOCK_PER_STEP = ("a new block was taken although the last one had free slots: a sequence of n tokens holds "
+                  "ceil(n / block_size) blocks")
+NOT_RETURNED = "free() must give the sequence's blocks back to the free list (self.free_blocks) for reuse"
+NOT_REUSED = ("the pool ran dry, although it holds every block the live sequences need, and the same steps pass with a "
+              "pool as large as all the blocks ever taken: the blocks of freed sequences were never taken again. "
+              + NOT_RETURNED)
+NO_OFFSET = ("each step wrote its keys from position 0 and attended to its new tokens alone: the new tokens go after "
+             "the seq_len tokens already cached (positions seq_len, seq_len + 1, ...)")
+TABLE_KEPT = ("free() kept the sequence's block table: forget the table and the length, so that the id can start "
+              "a new sequence")
+
+
+# ---------------------------------------------------------------- scenarios and NumPy references
+
+def forward_step(x, seq_ids):
+    return {"method": "forward", "args": [np.asarray(x, np.float32)], "kwargs": {"seq_ids": list(seq_ids)}}
+
+
+def run_scenario(stage, init, weights, ops, **options):
+    """Run ops on one module: ("forward", seq_ids, x) or ("free", seq_id). Returns, per op, the forward's output (or
+    None), blocks_in_use() after it, and the block tables of the sequences it touched."""
+    steps = []
+    for op in ops:
+        steps.append(forward_step(op[2], op[1]) if op[0] == "forward" else {"method": "free", "args": [op[1]]})
+        ids = op[1] if op[0] == "forward" else [op[1]]
+        steps += [{"method": "blocks_in_use"}] + [{"method": "block_table", "args": [s]} for s in ids]
+    results = stage.session(CLS, init, weights, steps=steps, **options)
+    report, at = [], 0
+    for op in ops:
+        ids = op[1] if op[0] == "forward" else [op[1]]
+        output, in_use, tables = results[at], results[at + 1], results[at + 2:at + 2 + len(ids)]
+        report.append((output if op[0] == "forward" else None, in_use, dict(zip(ids, map(list, tables)))))
+        at += 2 + len(ids)
+    return report
+
+
+def sequences_of(ops):
+    """Per op, for each row of a forward: (the tokens of its sequence so far, since it last started), and the
+    number of tokens each live sequence holds after the op."""
+    tokens, rows, lengths = {}, [], []
+    for op in ops:
+        if op[0] == "free":
+            tokens.pop(op[1], None)
+            rows.append(None)
+        else:
+            here = []
+            for r, seq in enumerate(op[1]):
+                tokens[seq] = np.concatenate([tokens.get(seq, np.zeros((0, op[2].shape[-1]))), op[2][r]])
+                here.append(tokens[seq])
+            rows.append(here)
+        lengths.append({seq: len(t) for seq, t in tokens.items()})
+    return rows, lengths
+
+
+def expected_outputs(weights, num_heads, ops):
+    """Each forward's output: the last num_new rows of the full causal forward of each row's sequence."""
+    rows, _ = sequences_of(ops)
+    return [None if here is None else np.stack([multihead(seq[None], weights, num_heads)[0, -op[2].shape[1]:]
+                                               for seq in here]) for op, here in zip(ops, rows)]
+
+
+def np_paged(weights, num_heads, block_size, num_blocks, ops, report, gather="right"):
+    """Replay ops on a NumPy pool with the block tables the module reported, gathering as a mistake would:
+    "whole_blocks" (no cut at the length), "no_transpose" (blocks and heads merged without moving the head axis)."""
+    d_out = weights["out_proj.weight"].shape[0]
+    hd = d_out // num_heads
+    k_pool, v_pool = np.zeros((2, num_blocks, num_heads, block_size, hd))
+    lengths, outputs = {}, []
+    for op, (_, _, tables) in zip(ops, report):
+        if op[0] == "free":
+            lengths.pop(op[1], None)
+            outputs.append(None)
+            continue
+        rows = []
+        for r, seq in enumerate(op[1]):
+            x = np.asarray(op[2][r:r + 1], np.float64)
+            q, k, v = (split_heads(linear(x, weights, n), num_heads)[0] for n in ("W_query", "W_key", "W_value"))
+            table, start, n = tables[seq], lengths.get(seq, 0), x.shape[1]
+            for t in range(n):
+                p = start + t
+                k_pool[table[p // block_size], :, p % block_size] = k[:, t]
+                v_pool[table[p // block_size], :, p % block_size] = v[:, t]
+            lengths[seq] = start + n
+
+            keys, values = (lay_out(pool[table], gather, start + n) for pool in (k_pool, v_pool))
+            num_keys = keys.shape[1]
+            future = np.triu(np.ones((n, num_keys), bool), num_keys - n + 1)
+            w = softmax(np.where(future, -np.inf, q @ keys.transpose(0, 2, 1) / np.sqrt(hd)))
+            rows.append(linear((w @ values).transpose(1, 0, 2).reshape(n, d_out), weights, "out_proj"))
+        outputs.append(np.stack(rows))
+    return outputs
+
+
+def lay_out(blocks, gather, length):
+    """A sequence's blocks (held, num_heads, block_size, head_dim) as (num_heads, tokens, head_dim), as np_paged's
+    ``gather`` says."""
+    num_heads, hd = blocks.shape[1], blocks.shape[3]
+    if gather == "no_transpose":
+        return blocks.reshape(num_heads, -1, hd)[:, :length]
+    laid = blocks.transpose(1, 0, 2, 3).reshape(num_heads, -1, hd)
+    return laid if gather == "whole_blocks" else laid[:, :length]
+
+
+def paging_mistakes(weights, num_heads, block_size, num_blocks, ops, report, index):
+    """{description: op ``index``'s output} of the typical mistakes, the gathering ones replayed with the module's
+    own tables (none when its tables cannot be replayed)."""
+    x = ops[index][2]
+    found = {NO_OFFSET: np.stack([multihead(x[r:r + 1], weights, num_heads)[0] for r in range(x.shape[0])])}
+    for why, gather in ((WHOLE_BLOCKS, "whole_blocks"), (HEAD_LAYOUT, "no_transpose")):
+        try:
+            found[why] = np_paged(weights, num_heads, block_size, num_blocks, ops, report, gather)[index]
+        except (IndexError, KeyError, TypeError, ValueError):  # tables that do not fit: no hypothesis to offer
+            pass
+    return found
+
+
+def blocks_without_reuse(ops, block_size):
+    """The blocks a scenario takes when no freed block is ever taken again: each sequence's (from its start to its
+    free) ceil(longest length / block_size)."""
+    _, lengths = sequences_of(ops)
+    taken, held = 0, {}
+    for op, after in zip(ops, lengths):
+        if op[0] == "free":
+            taken += held.pop(op[1], 0)
+        for seq, n in after.items():
+            held[seq] = -(-n // block_size)
+    return taken + sum(held.values())
+
+
+def freed_blocks_lost(stage, init, weights, ops, error, **options):
+    """Whether ``error`` (raised by the learner's code on ``ops``) is explained by freed blocks never being taken
+    again: the same ops pass every check with a pool that needs no reuse. The learner's code is run again on it."""
+    if isinstance(error, NotImplementedError) or re.search(r"time (limit|budget)", str(error)):
+        return False  # a part not written yet, or a check stopped: nothing to learn from running it again
+    larger = blocks_without_reuse(ops, init["block_size"])
+    if larger <= init["num_blocks"]:
+        return False  # this pool never needed a freed block
+    try:
+        check_scenario(stage, dict(init, num_blocks=larger), weights, ops, probe=False, **options)
+    except Exception:
+        return False
+    return True
+
+
+def check_scenario(stage, init, weights, ops, what="", probe=True, **options):
+    """Every forward equals the contiguous cache's rows; blocks_in_use and each table have the right size. When the
+    learner's code raises, it is run again with a pool large enough never to need a freed block (``probe``): if that
+    passes, the error is the lost blocks'."""
+    try:
+        report = run_scenario(stage, init, weights, ops, **options)
+    except Exception as error:
+        if probe and freed_blocks_lost(stage, init, weights, ops, error, **options):
+            raise AssertionError(f"{what}{type(error).__name__}: {error}\nLikely mistake: {NOT_REUSED}") from error
+        raise
+    expected = expected_outputs(weights, init["num_heads"], ops)
+    _, lengths = sequences_of(ops)
+    bs = init["block_size"]
+    for index, (op, (output, in_use, tables)) in enumerate(zip(ops, report)):
+        if op[0] == "forward":
+            assert_close(f"{what}op {index}: forward of sequences {list(op[1])} ({op[2].shape[1]} new tokens each)",
+                         output, expected[index], **FLOAT32,
+                         mistakes=partial(paging_mistakes, weights, init["num_heads"], bs, init["num_blocks"], ops,
+                                          report, index),
+                         hint="Expected: the rows a contiguous cache gives, the full causal forward of each sequence.")
+        for seq, table in tables.items():
+            n = lengths[index].get(seq, 0)
+            need = -(-n // bs)
+            assert len(table) == need, (
+                f"{what}after op {index}, sequence {seq} holds {n} tokens and blocks {table}; expected "
+                f"ceil({n} / block_size={bs}) = {need} blocks: "
+                + (TABLE_KEPT if n == 0 else BLOCK_PER_STEP if len(table) > need else
+                   "every cached token needs a slot in the sequence's blocks"))
+        need = sum(-(-n // bs) for n in lengths[index].values())
+        assert in_use == need, (
+            f"{what}after op {index}, blocks_in_use() = {in_use}; the live sequences hold "
+            f"{dict(lengths[index])} tokens, ceil(n / {bs}) blocks each: {need}"
+            + (f" ({NOT_RETURNED})" if op[0] == "free" and in_use > need else ""))
+    live = [b for _, _, tables in report[-1:] for t in tables.values() for b in t]
+    assert len(live) == len(set(live)), f"{what}two sequences share a block at the end: {report[-1][2]}"
+    return report
+
+
+def public_ops(fx):
+    """The public scenario: A (the journey tokens) and B decoded side by side, B freed, C reusing its blocks."""
+    a, b, c = fx["a/x"], fx["b/x"], fx["c/x"]
+    return [("forward", [0], a[None, :3]), ("forward", [1], b[None, :2]),
+            ("forward", [0, 1], np.stack([a[3:4], b[2:3]])), ("forward", [0], a[None, 4:5]),
+            ("free", 1), ("forward", [2], c[None, :3]), ("forward", [0, 2], np.stack([a[5:6], c[3:4]]))]
+
+
+# ---------------------------------------------------------------- the journey example (public)
+
+@pytest.mark.public
+def test_two_sequences_side_by_side_on_the_example(stage, public_fx):
+    """Sequence 0 (the journey tokens) and sequence 1 in blocks of 2 slots: prompts, a step of both at once, then
+    sequence 1 ends and sequence 2 takes its blocks. Every output equals the contiguous cache's (the full forward)."""
+    ops = public_ops(public_fx)
+    report = check_scenario(stage, public_fx.init(), public_fx.sub("weights/"), ops)
+    assert_close("sequence 0's outputs over its 6 tokens", np.concatenate(
+        [out[list(op[1]).index(0)] for op, (out, _, _) in zip(ops, report) if op[0] == "forward" and 0 in op[1]]),
+        public_fx["a/output"][0], **FLOAT32)
+
+
+@pytest.mark.public
+def test_freed_blocks_are_reused(stage, public_fx):
+    """The pool has 5 blocks: after sequence 1 (3 tokens, 2 blocks) is freed, sequence 2 can only get its blocks, and
+    still reads nothing of sequence 1 (the slots past its own tokens are cut off)."""
+    init, weights = public_fx.init(), public_fx.sub("weights/")
+    a, b, c = public_fx["a/x"], public_fx["b/x"], public_fx["c/x"]
+    ops = [("forward", [0], a[None, :6]), ("forward", [1], b[None, :3]), ("free", 1), ("forward", [2], c[None, :3])]
+    report = check_scenario(stage, dict(init, num_blocks=5), weights, ops)
+    freed, taken = report[1][2][1], report[3][2][2]
+    assert sorted(taken) == sorted(freed), (
+        f"sequence 2 got blocks {taken}, expected the blocks sequence 1 gave back, {freed} (the only free ones)")
+
+
+# ---------------------------------------------------------------- hidden
+
+def test_stored_scenario(stage, hidden_fx):
+    """Three sequences in blocks of 3 slots, two rows per step, chunked prompts, a freed id used again."""
+    init, weights = hidden_fx.init(), hidden_fx.sub("weights/")
+    xs = [hidden_fx[f"x{i}"] for i in range(3)]
+    ops = [("forward", [5, 7], np.stack([xs[0][:4], xs[1][:4]])), ("forward", [5, 7], np.stack([xs[0][4:5],
+                                                                                               xs[1][4:5]])),
+           ("forward", [9], xs[2][None, :7]), ("free", 5), ("forward", [7, 9], np.stack([xs[1][5:7], xs[2][7:9]])),
+           ("forward", [5], xs[0][None, 5:8]), ("free", 9), ("forward", [5, 7], np.stack([xs[0][8:9], xs[1][7:8]]))]
+    report = check_scenario(stage, init, weights, ops)
+    assert_close("sequence 7's last output (stored)", report[-1][0][1], hidden_fx["output7"], **FLOAT32)
+
+
+def test_a_block_is_filled_before_the_next_is_taken(stage, rng):
+    """One sequence, one token at a time, blocks of 4: ceil(t / 4) blocks after t tokens."""
+    init = dict(d_in=4, d_out=6, num_heads=2, num_blocks=4, block_size=4)
+    weights, x = random_weights(rng, mha_shapes(4, 6, False)), normal(rng, 1, 13, 4)
+    check_scenario(stage, init, weights, [("forward", [3], x[:, t:t + 1]) for t in range(13)])
+
+
+def test_the_pool_is_allocated_once(stage, rng):
+    """k_pool and v_pool are (num_blocks, num_heads, block_size, head_dim) from the start and stay that size: memory
+    is bounded by the pool, whatever the sequences do."""
+    init = dict(d_in=3, d_out=8, num_heads=2, num_blocks=6, block_size=2)
+    weights, x = random_weights(rng, mha_shapes(3, 8, False)), normal(rng, 2, 5, 3)
+    steps = [{"get": "k_pool"}, forward_step(x, [0, 1]), {"method": "free", "args": [0]}, forward_step(x[:1], [2]),
+             {"get": "k_pool"}, {"get": "v_pool"}]
+    before, _, _, _, after, v_after = stage.session(CLS, init, weights, steps=steps)
+    for name, pool in (("k_pool before any token", before), ("k_pool after", after), ("v_pool after", v_after)):
+        assert np.shape(pool) == (6, 2, 2, 4), (
+            f"{name} has shape {np.shape(pool)}; expected (num_blocks, num_heads, block_size, head_dim) = "
+            "(6, 2, 2, 4), allocated in __init__ and never grown (the sequences take and give back blocks of it)")
+
+
+def test_random_scenarios(stage, rng, device):
+    """Random block sizes, sequences, chunks and frees, ids used again; the pool holds exactly what the busiest
+    moment needs, so freed blocks must be reused."""
+    for _ in range(2):
+        num_heads, bs = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        d_in, d_out = int(rng.integers(2, 6)), num_heads * int(rng.integers(1, 4))
+        weights = random_weights(rng, mha_shapes(d_in, d_out, True))
+        ops, live = [], {}
+        for _ in range(10):
+            if live and rng.integers(4) == 0:
+                seq = int(rng.choice(sorted(live)))
+                ops.append(("free", seq))
+                del live[seq]
+                continue
+            ids = sorted(rng.choice(4, size=int(rng.integers(1, 3)), replace=False).tolist())
+            n = int(rng.integers(1, 5))
+            ops.append(("forward", ids, normal(rng, len(ids), n, d_in)))
+            for seq in ids:
+                live[seq] = live.get(seq, 0) + n
+        _, lengths = sequences_of(ops)
+        num_blocks = max(sum(-(-n // bs) for n in at.values()) for at in lengths)
+        init = dict(d_in=d_in, d_out=d_out, num_heads=num_heads, num_blocks=num_blocks, block_size=bs, qkv_bias=True)
+        check_scenario(stage, init, weights, ops, what=f"{init}: ", device=device)
+
+
+def torch_causal(x, weights, num_heads, device):
+    """The test's own full causal forward of one sequence x (1, T, d) in float32 on ``device`` (SDPA)."""
+    import torch
+    import torch.nn.functional as F
+
+    w = {k: torch.from_numpy(v).to(device) for k, v in weights.items()}
+    x = torch.from_numpy(x).to(device)
+    b, t, _ = x.shape
+    q, k, v = (F.linear(x, w[f"{n}.weight"]).view(b, t, num_heads, -1).transpose(1, 2)
+               for n in ("W_query", "W_key", "W_value"))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, -1)
+    return F.linear(out, w["out_proj.weight"], w["out_proj.bias"]).cpu().numpy()
+
+
+SIZES = {  # the CPU twin keeps the test quick; the CUDA case is Llama 2 7B's attention (32 heads of 128) in vLLM's
+    # blocks of 16 tokens, four sequences of different lengths decoded together
+    "cpu": dict(d_model=64, num_heads=4, block_size=16, prompts=(40, 23, 17, 33), dtypes=("float32", "bfloat16")),
+    "cuda": dict(d_model=4096, num_heads=32, block_size=16, prompts=(1024, 777, 513, 300), dtypes=("bfloat16",)),
+    # the dry run (--gpu-cases-on cpu): the CUDA case, small, on the CPU
+    "dry run": dict(d_model=128, num_heads=32, block_size=16, prompts=(40, 23, 17, 33), dtypes=("bfloat16",)),
+}
+
+
+def test_llama_sized_batch_of_sequences(stage, target):
+    """Four sequences with prompts of different lengths, then 3 decoding steps of all four at once (one token each),
+    against the test's own float32 forward of each sequence at the dtype's tolerance."""
+    size, device = SIZES[target.size], target.device
+    r = np.random.default_rng(301)
+    d, h, bs, prompts = size["d_model"], size["num_heads"], size["block_size"], size["prompts"]
+    weights = {n: (r.normal(size=s) / np.sqrt(s[-1])).astype(np.float32) for n, s in mha_shapes(d, d, False).items()}
+    weights["out_proj.bias"] = np.zeros(d, np.float32)
+    xs = [normal(r, 1, n + 3, d) for n in prompts]
+    expected = [torch_causal(x, weights, h, device)[0] for x in xs]
+    init = dict(d_in=d, d_out=d, num_heads=h, num_blocks=sum(-(-(n + 3) // bs) for n in prompts), block_size=bs)
+    steps = [forward_step(x[:, :n], [s]) for s, (x, n) in enumerate(zip(xs, prompts))]
+    steps += [forward_step(np.stack([x[0, n + t:n + t + 1] for x, n in zip(xs, prompts)]), list(range(4)))
+              for t in range(3)]
+    for dtype in size["dtypes"]:
+        outputs = stage.session(CLS, init, weights, steps=steps, device=device, dtype=dtype)
+        for s, n in enumerate(prompts):
+            assert_close(f"{device}, {dtype}: sequence {s}'s prompt ({n} tokens)", outputs[s][0], expected[s][:n],
+                         **TOLERANCE[dtype])
+            for t in range(3):
+                assert_close(f"{device}, {dtype}: sequence {s}'s decoding step {t}", outputs[4 + t][s],
+                             expected[s][n + t:n + t + 1], **TOLERANCE[dtype])
