@@ -1,6 +1,6 @@
 """The kit's own tests: the reference passes, the stubs fail, fixtures reproduce, grading holds.
 
-    pytest kit_tests                 # all of them (about ten minutes on two cores)
+    pytest kit_tests                 # all of them (pytest -n 2 --dist loadfile kit_tests: side by side)
     pytest kit_tests -m "not slow"   # without the runs that grade whole classes or drive nbgrader
 
 They test the grading engine (grader/) and the graded suite (tests/) from outside: through
@@ -11,7 +11,15 @@ import os
 import pytest
 
 from adapters import Implementation, LocalBackend
-from grader.kit import SOLUTIONS
+from grader.kit import SOLUTIONS, SUITE
+from stage_names import marker, stage_of
+
+
+def pytest_configure(config):
+    """The stages' markers, as tests/conftest.py registers them, for a run of kit tests alone: the catalogue
+    and the GPU tests import the stage test files, whose pytestmark must be known."""
+    for stage in filter(None, (stage_of(path.name) for path in sorted(SUITE.glob("test_*.py")))):
+        config.addinivalue_line("markers", f"{marker(stage)}: the checks of stage {stage}")
 
 
 @pytest.fixture(scope="session")
