@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from shlex import quote
 
+from .. import kit
 from ..errors import TargetError
 from ..grading import records as R
 from ..grading.targets import Target, chosen_assignment, folder_target
@@ -14,12 +15,14 @@ from .settings import Course
 
 
 def assignments(course) -> list[str]:
-    """The course's assignments, and any other it holds sources or grades of (from an earlier build)."""
+    """The course's assignments, and any other it holds sources or grades of (from an earlier build): the kit's
+    in teaching order, then any other by name."""
     names = set(course.assignments) | {course.assignment}
     for folder in (course.root / "source", course.root / R.GRADES_DIR):
         if folder.is_dir():
             names |= {p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")}
-    return sorted(names)
+    order = list(kit.assignments())
+    return sorted(names, key=lambda name: (order.index(name) if name in order else len(order), name))
 
 
 def course_assignment(course, asked: str | None, command: str) -> tuple[str, str]:

@@ -32,7 +32,7 @@ from grader.grading import scoring
 from grader.grading.run import grade
 from grader.grading.targets import folder_target
 from grader.grading.worker import grade_folder
-from grader.kit import SOLUTIONS, stage_info, stages
+from grader.kit import SOLUTIONS, assignments, stage_info, stages
 from grader.sandbox.limits import Limits
 from grader.untrusted import ID_RULE, printable
 from load import cpu_hogs
@@ -575,9 +575,8 @@ def spaced_course(tmp_path_factory):
 def test_hints_quote_paths_so_they_can_be_pasted(spaced_course):
     root, stdout = spaced_course
     (hint,) = [line for line in stdout.splitlines() if line.startswith("next: ")]
-    assert shlex.split(hint.removeprefix("next: ")) == ["cd", str(root), "&&", "nbgrader", "generate_assignment",
-                                                        ASSIGNMENT, "&&", "nbgrader", "generate_assignment",
-                                                        "modern-attention"]
+    generate = [word for name in assignments() for word in ("&&", "nbgrader", "generate_assignment", name)]
+    assert shlex.split(hint.removeprefix("next: ")) == ["cd", str(root), *generate]
     missing = root / "not a course"
     said = attnkit_refuses("grade", "--course", str(missing))
     assert f"`attnkit course build {shlex.quote(str(missing))}`" in said
@@ -623,7 +622,7 @@ def test_an_assignment_the_course_lacks_is_named_with_those_it_has(spaced_course
     for command in ("report", "grade"):
         said = attnkit_refuses(command, "WRONG", "--course", str(root))
         assert f"the course in {shlex.quote(str(root))} has no assignment 'WRONG'; its assignments: " \
-               f"{ASSIGNMENT}, modern-attention (e.g. `attnkit {command} {ASSIGNMENT}`)" in said, command
+               f"{', '.join(assignments())} (e.g. `attnkit {command} {ASSIGNMENT}`)" in said, command
 
 
 def test_other_bad_input_gets_an_error_that_says_what_to_do(spaced_course, tmp_path):
@@ -722,7 +721,7 @@ def test_with_no_assignment_named_the_one_submitted_is_graded_and_said(tmp_path)
     by_student("reference", "modern-attention").write(root / "submitted" / "ada" / "modern-attention")
     said = attnkit_refuses("grade", "--course", str(root), "--quiet")  # not generated yet: stops before grading
     assert ("attnkit grade: modern-attention: the only assignment with submissions in "
-            f"{shlex.quote(str(root / 'submitted'))} (of attention, modern-attention)") in said
+            f"{shlex.quote(str(root / 'submitted'))} (of {', '.join(assignments())})") in said
     assert "nbgrader generate_assignment modern-attention" in said
     by_student("reference").write(root / "submitted" / "bob" / "attention")
     said = attnkit_refuses("grade", "--course", str(root), "--quiet")
