@@ -7,6 +7,7 @@ box's runtime folder beside ``child.py``.
 from __future__ import annotations
 
 import os
+import threading
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -65,11 +66,29 @@ def run_delays(init) -> dict[int, float]:
     return delays
 
 
+class _OwnSchedstat(threading.local):
+    """The calling thread's /proc/thread-self/schedstat, opened once per thread (read again with pread: the
+    kernel makes the text afresh at offset 0) and closed when the thread ends."""
+
+    fd: int | None = None
+
+    def read(self) -> bytes:
+        if self.fd is None:
+            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        return os.pread(self.fd, 128, 0)
+
+    def __del__(self):
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+_own = _OwnSchedstat()
+
+
 def own_run_delay() -> float:
     """Seconds the calling thread has waited on a run queue (Linux schedstat; 0 where the kernel does not keep it)."""
     try:
-        with open("/proc/thread-self/schedstat") as stat:
-            return int(stat.read().split()[1]) / 1e9
+        return int(_own.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return 0.0
 
