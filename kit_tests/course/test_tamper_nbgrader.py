@@ -1,13 +1,13 @@
 """The tamper and fault corpus (kit_tests/tamper.py) graded by nbgrader's own autograde, on a loaded machine.
 
-One course per module. Two honest "bystanders" (the reference, and a submission with one real
-mistake) are graded first, alone. Then every corpus entry joins as its own student, with late
-copies of the bystanders named to be graded after every attacker (nbgrader grades students in the
-order of their names), and one ``nbgrader autograde`` call grades them all while two CPU-bound
-processes run alongside. The tests check that the run completed, that each entry got exactly the
-grade its honest work deserves and the reason in its feedback, that the late bystanders' autograder
-cells say byte for byte what the early ones said, and that nothing outside each entry's own
-autograded folder changed: not the bystanders' files, not their rows in the gradebook, not the kit.
+One course per module. Two honest "bystanders" (the reference, and a submission with one real mistake) are
+graded first, alone. Then every corpus entry joins as its own student, with late copies of the bystanders named
+to be graded after every attacker (nbgrader grades students in the order of their names), and one ``nbgrader
+autograde`` call grades them all on a loaded machine (two CPU-bound processes alongside, or the other pytest-
+xdist worker: kit_tests/load.py). The tests check that the run completed, that each entry got exactly the grade
+its honest work deserves and the reason in its feedback, that the late bystanders' autograder cells say byte for
+byte what the early ones said, and that nothing outside each entry's own autograded folder changed: not the
+bystanders' files, not their rows in the gradebook, not the kit.
 """
 from __future__ import annotations
 

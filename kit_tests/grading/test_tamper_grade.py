@@ -1,18 +1,18 @@
 """The tamper and fault corpus (kit_tests/tamper.py) graded by ``attnkit grade``, on a loaded machine.
 
-One nbgrader course. The honest bystanders (the reference, and a submission with one real mistake)
-are graded first, alone. Then the corpus joins: attackers, and the victims and late copies of the
-bystanders that are named to be graded after every attacker (students are graded in the order of
-their names). One ``attnkit grade`` run with one worker grades them all, so that a single sandbox
-template serves everybody (what an attack on later submissions needs), while two CPU-bound
-processes run alongside. The tests check that the run completed; that each entry got exactly the
-grade its honest work deserves, with the reason in its feedback; that the late bystanders' records
-are byte-identical to the early ones; that nothing outside the records changed, in the course, the
-gradebook or the kit; and that the run left nothing behind: no process, nothing in TMPDIR.
+One nbgrader course. The honest bystanders (the reference, and a submission with one real mistake) are graded
+first, alone. Then the corpus joins: attackers, and the victims and late copies of the bystanders that are named
+to be graded after every attacker (students are graded in the order of their names). One ``attnkit grade`` run
+with one worker grades them all, so that a single sandbox template serves everybody (what an attack on later
+submissions needs), on a loaded machine (two CPU-bound processes alongside, or the other pytest-xdist worker:
+kit_tests/load.py). The tests check that the run completed; that each entry got exactly the grade its honest
+work deserves, with the reason in its feedback; that the late bystanders' records are byte-identical to the
+early ones; that nothing outside the records changed, in the course, the gradebook or the kit; and that the run
+left nothing behind: no process, nothing in TMPDIR.
 
 The same again in a container as Docker makes one (root, Docker's default capabilities, no cgroups:
-kit_tests/docker_default.sh), where the kit grades with its ``container`` confinement: every entry must get
-the same grade there.
+kit_tests/docker_default.sh), where the kit grades with its ``container`` confinement: every entry must get the
+same grade there.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from grader.course.samples import by_student, write_submission
 from grader.grading import records as R
 from grader.kit import KIT, SOLUTIONS, marker, stages
 from grader.sandbox.redaction import solution_regions
-from load import cpu_hogs
+from load import DEFAULT_HOGS, cpu_hogs
 from runs import attnkit_grade, expected_scores, feedback, file_hashes, gradebook_rows, graded_content, kit_modes_kept
 from tamper import BYSTANDERS, LATE, Context, corpus, write_entry
 
@@ -96,8 +96,8 @@ def grade_the_corpus(tmp_path_factory, tmpdir, container=False) -> dict:
     seconds = time.monotonic() - t
     records = R.read_records(out)
     print(f"\ntamper corpus through attnkit grade{' in a container' if container else ''}: "
-          f"{len(CORPUS) + len(BYSTANDERS)} submissions in {seconds:.0f} s (two CPU hogs alongside); whole fixture "
-          f"{time.monotonic() - start:.0f} s")
+          f"{len(CORPUS) + len(BYSTANDERS)} submissions in {seconds:.0f} s ({DEFAULT_HOGS} CPU hogs alongside); "
+          f"whole fixture {time.monotonic() - start:.0f} s")
     return dict(course=c, root=root, out=out, tmpdir=tmpdir, ctx=ctx, alone=alone, records=records, run=run,
                 targets_before=targets_before, files_before=files_before, rows_before=rows_before)
 
