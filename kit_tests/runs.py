@@ -29,8 +29,8 @@ def kit_modes_kept():
     if os.environ.get(MODES_HELD):
         yield
         return
-    lock = Path("/tmp") / f"attnkit-kit-modes-{hashlib.sha256(str(KIT).encode()).hexdigest()[:12]}.lock"
-    with open(lock, "w") as held:
+    held = os.open(KIT, os.O_RDONLY | os.O_DIRECTORY)  # the lock is on the kit's folder: nothing left behind
+    try:
         fcntl.flock(held, fcntl.LOCK_EX)
         modes = {path: path.stat().st_mode for path in kit_private() if path.exists()}
         os.environ[MODES_HELD] = "1"
@@ -40,6 +40,8 @@ def kit_modes_kept():
             del os.environ[MODES_HELD]
             for path, mode in modes.items():
                 path.chmod(mode)
+    finally:
+        os.close(held)
 
 
 def attnkit(*args, cwd=None, tmpdir=None, stderr=False):

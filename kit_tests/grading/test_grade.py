@@ -522,11 +522,14 @@ attention_scores_matmul = _slowly(attention_scores_matmul)
 
 @pytest.mark.slow
 def test_dask_gives_the_local_pools_grades(submissions, local_grades, tmp_path, capsys):
+    import dask
     import distributed
 
     out = tmp_path / "dask"
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster:
+    # (Dask's scratch space in the test's own folder: by default it stays in TMPDIR after the run)
+    with dask.config.set({"temporary-directory": str(tmp_path / "dask-scratch")}), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                     dashboard_address=None) as cluster:
         outcome = grade(folder_target(submissions, out), executor="dask",
                         scheduler=cluster.scheduler_address, quiet=False)
     assert not outcome.errors and len(outcome.graded) == CLASS
