@@ -12,14 +12,13 @@ import pytest
 
 from adapters import Implementation, LocalBackend
 from grader.kit import SOLUTIONS, SUITE
-from stage_names import marker, stage_of
+from stage_names import register_markers
 
 
 def pytest_configure(config):
     """The stages' markers, as tests/conftest.py registers them, for a run of kit tests alone: the catalogue
     and the GPU tests import the stage test files, whose pytestmark must be known."""
-    for stage in filter(None, (stage_of(path.name) for path in sorted(SUITE.glob("test_*.py")))):
-        config.addinivalue_line("markers", f"{marker(stage)}: the checks of stage {stage}")
+    register_markers(config, SUITE)
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ import torch
 
 from adapters import Implementation, LocalBackend
 from checks import Call, error_text, explain_error
-from stage_names import builds_on, marker, stage_command, stage_of, teaching_order
+from stage_names import builds_on, register_markers, stage_command, stage_of, teaching_order
 
 ROOT = Path(__file__).resolve().parent.parent  # the kit, or a student's release folder
 FIXTURES = ROOT / "fixtures"
@@ -49,11 +49,7 @@ def pytest_addhooks(pluginmanager):
 
 
 def pytest_configure(config):
-    """Each stage's marker, registered from the stage test files here (test_s08_causal_attention.py marks its
-    tests causal_attention): `pytest -m causal_attention` selects a stage, and `pytest --markers` lists them."""
-    for name in STAGE_TEST_FILES:
-        stage = stage_of(name)
-        config.addinivalue_line("markers", f"{marker(stage)}: the checks of stage {stage}")
+    register_markers(config, Path(__file__).parent)  # each stage's marker, from the stage test files here
 
 
 # ---------------------------------------------------------------- fixtures

@@ -84,6 +84,13 @@ def stage_of(nodeid) -> str | None:
     return match.group(1) if match else None
 
 
+def register_markers(config, suite) -> None:
+    """Each stage's marker, registered with pytest from the stage test files in ``suite`` (test_s08_causal_attention.py
+    marks its tests causal_attention): `pytest -m causal_attention` selects a stage, `pytest --markers` lists it."""
+    for stage in filter(None, (stage_of(path.name) for path in sorted(Path(suite).glob("test_*.py")))):
+        config.addinivalue_line("markers", f"{marker(stage)}: the checks of stage {stage}")
+
+
 def module_files(folder) -> list[Path]:
     """The stage modules in ``folder``: regular files named ``<letter>NN_topic.py``, in teaching order,
     assignment by assignment. A symbolic link is not one (it could point anywhere), nor is a folder named
