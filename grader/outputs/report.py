@@ -375,8 +375,9 @@ def render_html(report: ClassReport, images: dict) -> str:
     scores = [[s.stage, f"{s.max_points:g}", f"{s.mean:.2f}",
                f"{(s.mean / s.max_points * 100) if s.max_points else 0:.0f} %", f"{s.median:g}", s.full_marks, s.zero,
                len(s.students_with_mistakes), len(s.stubs), len(s.could_not_run)] for s in stages]
-    mistakes = [(s.stage, [[text, len(who), count, ", ".join(who[:10]) + (" …" if len(who) > 10 else "")]
-                           for text, count, who in top_mistakes(s)]) for s in stages if top_mistakes(s)]
+    tops = [(s.stage, top_mistakes(s)) for s in stages]
+    mistakes = [(stage, [[text, len(who), count, ", ".join(who[:10]) + (" …" if len(who) > 10 else "")]
+                         for text, count, who in top]) for stage, top in tops if top]
     stubs = [[s.stage, len(s.stubs), ", ".join(sorted(s.stubs))] for s in stages if s.stubs]
     not_run = [[s.stage, who, why[:300]] for s in stages for who, why in sorted(s.could_not_run.items())]
     limits = [[x.student, x.stage, x.kind, x.test, x.checks, x.message[:200]]
