@@ -2,9 +2,11 @@
 
 Each entry is the reference solutions with one or more stage modules replaced (and, for the
 notebook attacks, an edited notebook). Each says which grade its honest work deserves, stage by
-stage, and which words its feedback must contain. ``kit_tests/course/test_tamper_nbgrader.py`` grades the
-whole corpus with nbgrader's own ``autograde`` next to honest "bystander" submissions and checks
-that every entry gets exactly that grade, that the run completes and that nothing else changes.
+stage, and which words its feedback must contain. ``kit_tests/grading/test_tamper_grade.py`` grades the
+whole corpus with ``attnkit grade`` (here and in a container), ``kit_tests/course/test_tamper_nbgrader.py``
+the entries that aim beyond the sandbox with nbgrader's own ``autograde``, each next to honest "bystander"
+submissions, and they check that every entry gets exactly that grade, that the run completes and that
+nothing else changes.
 
 The honest work of an entry is what is left once the attack is taken away: usually the stub of
 the attacked stage (0 points there, full points everywhere else), sometimes a correct module
@@ -66,6 +68,12 @@ class Tamper:
     notebook: Callable | None = None  # edits the submitted notebook (nbformat node) in place
     extra_files: Callable[[Context], dict] | None = None  # more files in the submission folder
     links: dict = field(default_factory=dict)  # file name -> the path it is a symbolic link to
+    # Whether nbgrader's autograde grades it too (kit_tests/course/test_tamper_nbgrader.py): the attack aims beyond
+    # the sandbox, at what an nbgrader run has that attnkit grade's has not (the notebook and its kernel, the files
+    # beside it, the course while nbgrader grades it, the processes around the kernel, the notebooks graded after
+    # it). An attack on the sandbox from inside a box meets the same grading worker on every path
+    # (grader.grading.worker): graded by attnkit grade, here and in a container, it is not graded a third time.
+    beyond_the_box: bool = False
 
     @property
     def reasons(self) -> tuple:
@@ -247,7 +255,8 @@ def corpus() -> list[Tamper]:
                                                     context={"fixtures": str(FIXTURES)}),
                    "s02_normalization": vandalising("s02_normalization", ctx),
                    "s10_multihead_attention": reading_solutions("s10_multihead_attention")},
-               reason=STUB, expected={"attention_scores": 0, "normalization": 0, "multihead_attention": 0}),
+               reason=STUB, expected={"attention_scores": 0, "normalization": 0, "multihead_attention": 0},
+               beyond_the_box=True),
         Tamper("faults", "correct modules that, at import, call sys.exit(0) (s03) or os._exit(0) (s04), loop "
                "forever (s05), dereference NULL (s07); a correct s06 whose functions first allocate until the "
                "address space runs out; an s11 stub that forks 300 sleeping children", fixed(
@@ -263,21 +272,22 @@ def corpus() -> list[Tamper]:
                reason=heading("s01_attention_scores")),
         Tamper("extra-cells", "s05 stub; code cells added to the notebook patch the grader, one with the "
                "metadata of an autograder cell", fixed(s05_self_attention=stub("s05_self_attention")),
-               reason=STUB, expected={"self_attention": 0}, notebook=add_cells),
+               reason=STUB, expected={"self_attention": 0}, notebook=add_cells, beyond_the_box=True),
         Tamper("edit-locked", "s09 stub; every autograder cell rewritten to return its points, unlocked, "
                "points raised; the setup cell made a 50-point grade cell that patches the grader; a markdown cell "
                "turned into code",
                fixed(s09_multihead_wrapper=stub("s09_multihead_wrapper")),
-               reason=STUB, expected={"multihead_wrapper": 0}, notebook=edit_locked_cells),
+               reason=STUB, expected={"multihead_wrapper": 0}, notebook=edit_locked_cells, beyond_the_box=True),
         Tamper("stray-files", "s07 and s11 stubs, next to the notebook sitecustomize.py, torch.py, numpy.py, "
                "pytest.py, json.py, adapters.py, a grader/ package, and a folder named like a stage module",
                fixed(s07_dropout=stub("s07_dropout"), s11_other_forms=stub("s11_other_forms")),
                reason=STUB, expected={"dropout": 0, "other_forms": 0},
-               extra_files=lambda ctx: {**shadow_files(), "s12_notes.py/readme.txt": "not a module\n"}),
+               extra_files=lambda ctx: {**shadow_files(), "s12_notes.py/readme.txt": "not a module\n"},
+               beyond_the_box=True),
         Tamper("symlink-solutions", "s08 submitted as a symbolic link to the reference solution "
                "(nbgrader's copy into autograded/ follows links)",
                fixed(), links={"s08_causal_attention.py": SOLUTIONS / "s08_causal_attention.py"},
-               reason="submitted as a symbolic link", expected={"causal_attention": 0}),
+               reason="submitted as a symbolic link", expected={"causal_attention": 0}, beyond_the_box=True),
         Tamper("sandbox-tricks", "the solutions; at the end of stage 1 the worker jams the request pipe (the "
                "grader's next request cannot be written) and answers for the sandbox; s02 tries to spend 6 s of CPU "
                "time at import in children the kernel reaps by itself (SIGCHLD ignored, unseen by /proc; graded code "
@@ -308,21 +318,21 @@ def corpus() -> list[Tamper]:
                "folder), /dev/shm, the home folder, SysV shared memory, a SysV message queue, POSIX shared "
                "memory, a POSIX message queue, an abstract unix socket and a TCP socket (setsid daemons), "
                "the session and the user keyrings", fixed(**armed(solution, **PLANTED)),
-               reason=heading("s11_other_forms")),
+               reason=heading("s11_other_forms"), beyond_the_box=True),
         Tamper("processes", "the solutions; s08 shrinks its parent's address-space limit to what it uses; s09 "
                "gives its parent the idle scheduling class and nice 19; s10 leaves 1 GiB of SysV shared memory "
                "allocated; s11 leaves a setsid daemon SIGSTOPping, ptracing and SIGKILLing every process it can "
                "see, for two minutes", fixed(**armed(
                    solution, s08_causal_attention="zygote_prlimit", s09_multihead_wrapper="zygote_sched_idle",
                    s10_multihead_attention="hold_sysv_memory", s11_other_forms="signal_ptrace_daemon")),
-               reason=heading("s11_other_forms")),
+               reason=heading("s11_other_forms"), beyond_the_box=True),
         Tamper("steal-reference", "the s08 stub, which looks for the reference s08 through s09 (imported, "
                "reloaded) and sys.modules, and in every channel for a source of s08; the s09 solution, which takes "
                "the reference s08 grading runs it beside and plants it, as the source of s08, in every channel of "
                "the plant entry (and its own source too)", fixed(
                    s08_causal_attention=attacked(stub("s08_causal_attention"), "pull_reference", "scavenge"),
                    s09_multihead_wrapper=stealing_wrapper()),
-               reason=STUB, expected={"causal_attention": 0}),
+               reason=STUB, expected={"causal_attention": 0}, beyond_the_box=True),
         Tamper("reach-the-grader", "stubs that, at import: write a forged all-passed answer into every pipe of the "
                "grading processes they find in /proc, through /proc/<pid>/fd (s01); append code to the grader's "
                "modules and to run_autograder (s02); raise the solutions, hidden tests and hidden fixtures they "
@@ -330,7 +340,7 @@ def corpus() -> list[Tamper]:
                "their home (s05); run a fresh Python (s10)", lambda ctx: {
                    stage: attacked(stub(stage), name, context={"kit": str(KIT), "course": str(ctx.course)})
                    for stage, name in REACH_THE_GRADER.items()},
-               reason=STUB, expected={marker(stage): 0 for stage in REACH_THE_GRADER}),
+               reason=STUB, expected={marker(stage): 0 for stage in REACH_THE_GRADER}, beyond_the_box=True),
         Tamper("leak-reference", "the stubs, and the s09 solution, whose wrapper raises, on every call, the source "
                "of the reference CausalAttention grading runs it beside (taken from memory)",
                lambda ctx: {**{stage: stub(stage) for stage in stages("attention")},
@@ -339,11 +349,11 @@ def corpus() -> list[Tamper]:
                    **{marker(stage): 0 for stage in stages("attention")}, "multihead_wrapper": Fraction(1, 9)}),
         Tamper(LATE + "stubs", "victim: the stubs, untouched, graded after every attacker",
                lambda ctx: {stage: stub(stage) for stage in stages("attention")},
-               reason=STUB, expected={marker(stage): 0 for stage in stages("attention")}),
+               reason=STUB, expected={marker(stage): 0 for stage in stages("attention")}, beyond_the_box=True),
         Tamper(LATE + "scavenge", "victim: the stubs, each of which looks in every channel for the source "
                "planted for it and runs it",
                lambda ctx: {stage: attacked(stub(stage), "scavenge") for stage in stages("attention")},
-               reason=STUB, expected={marker(stage): 0 for stage in stages("attention")}),
+               reason=STUB, expected={marker(stage): 0 for stage in stages("attention")}, beyond_the_box=True),
     ]
 
 

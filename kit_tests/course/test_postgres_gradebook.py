@@ -126,7 +126,7 @@ def test_two_grade_runs_at_once_add_the_same_new_students_without_a_crash_or_a_s
     for student, pair in zip(LATE, PAIRED):
         submit(root, student, pair)
     attnkit = Path(sys.executable).parent / "attnkit"
-    runs = [subprocess.Popen([attnkit, "grade", name, "--course", root, "--quiet"], text=True,
+    runs = [subprocess.Popen([attnkit, "grade", name, "--course", root, "--quiet", "--workers", "1"], text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for name in ASSIGNMENTS]
     for name, run in zip(ASSIGNMENTS, runs):
         out, err = run.communicate(timeout=400)

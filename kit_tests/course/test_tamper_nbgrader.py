@@ -1,4 +1,8 @@
-"""The tamper and fault corpus (kit_tests/tamper.py) graded by nbgrader's own autograde, on a loaded machine.
+"""The tamper corpus (kit_tests/tamper.py) graded by nbgrader's own autograde, on a loaded machine: its entries
+that aim beyond the sandbox (``Tamper.beyond_the_box``: the notebook and its kernel, the files beside it, the course
+while nbgrader grades it, the processes around the kernel, the notebooks graded after it). The attacks on the
+sandbox from inside a box meet the grading worker every path shares; kit_tests/grading/test_tamper_grade.py grades
+the whole corpus through it, here and in a container.
 
 One course per module. Two honest "bystanders" (the reference, and a submission with one real mistake) are
 graded first, alone. Then every corpus entry joins as its own student, with late copies of the bystanders named
@@ -35,7 +39,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 ASSIGNMENT = "attention"
 TEST_TIMEOUT = 3.0  # CPU seconds per check: the learner's own time, so a loaded machine needs no more
-CORPUS = corpus()
+CORPUS = [entry for entry in corpus() if entry.beyond_the_box]
 
 
 class Nbgrader:
@@ -186,11 +190,6 @@ def test_late_bystanders_are_graded_byte_for_byte_as_alone(graded):
             changes = "\n".join(difflib.unified_diff(a.split("\\n"), b.split("\\n"), lineterm="", n=1))
             assert a == b, f"{student}: grade cell {index} differs:\n{changes}"
         assert len(late) == len(alone)
-
-
-def test_a_wrong_module_that_patches_the_libraries_scores_like_the_honest_mistake(graded):
-    """patch-wrong is tril-for-triu plus torch/numpy patches: the same s06 score as the bystander."""
-    assert graded["scores"]["patch-wrong"]["s06_causal_mask"] == graded["alone"]["tril-for-triu"]["s06_causal_mask"]
 
 
 # ---------------------------------------------------------------- nothing else changed

@@ -138,6 +138,15 @@ def test_late_bystanders_are_graded_byte_for_byte_as_alone(graded):
     assert reference["total"] == reference["max_total"]
 
 
+def test_a_wrong_module_that_patches_the_libraries_scores_like_the_honest_mistake(graded):
+    """patch-wrong is tril-for-triu plus torch/numpy patches: the same s06 verdicts as the bystander."""
+    def s06(record):
+        return [t for s in record["stages"] if s["stage"] == "s06_causal_mask" for t in s["tests"]]
+
+    wrong, honest = s06(graded["records"]["patch-wrong"]), s06(graded["alone"]["tril-for-triu"])
+    assert [(t["nodeid"], t["outcome"]) for t in wrong] == [(t["nodeid"], t["outcome"]) for t in honest]
+
+
 def test_every_record_says_how_its_submission_was_confined(graded):
     expected = {"mode": "namespaces", "missing": []} if os.geteuid() == 0 else {"mode": "userns", "missing": ["uid"]}
     assert {json.dumps(r["confinement"], sort_keys=True) for r in graded["records"].values()} == \
