@@ -1,6 +1,6 @@
 """How the kit's tests run the kit's commands and read what they leave: ``attnkit`` and nbgrader's command line
-in a subprocess, ``attnkit grade`` of a course (here, or in a container as Docker makes one), the files, gradebook
-rows and scores a run leaves, and what a record says."""
+(each command a process of its own), ``attnkit grade`` of a course (here, or in a container as Docker makes one),
+the files, gradebook rows and scores a run leaves, and what a record says."""
 import contextlib
 import fcntl
 import hashlib
@@ -9,6 +9,8 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -52,8 +54,32 @@ def attnkit(*args, cwd=None, tmpdir=None, stderr=False):
     return (run.stdout, run.stderr) if stderr else run.stdout
 
 
+def nbgrader(*args, cwd, env=None) -> subprocess.CompletedProcess:
+    """``python -m nbgrader ARGS`` in the folder ``cwd``: its exit status and what it printed. The command runs in
+    a process of its own, forked from one that imported nbgrader once for this test process
+    (kit_tests/nbgrader_server.py): nbgrader's own command line, without importing nbgrader anew each time."""
+    with _SERVER_LOCK, tempfile.TemporaryDirectory(prefix="nbgrader-said-") as folder:
+        global _server
+        if _server is None or _server.poll() is not None:
+            _server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("nbgrader_server.py"))],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        said = [os.path.join(folder, name) for name in ("stdout", "stderr")]
+        request = {"args": list(map(str, args)), "cwd": str(cwd), "env": dict(os.environ if env is None else env),
+                   "said": said}
+        _server.stdin.write(json.dumps(request) + "\n")
+        _server.stdin.flush()
+        status = json.loads(_server.stdout.readline() or "null")
+        assert status is not None, "the nbgrader server (kit_tests/nbgrader_server.py) died"
+        stdout, stderr = (Path(path).read_text(errors="replace") if os.path.exists(path) else "" for path in said)
+    return subprocess.CompletedProcess(["nbgrader", *args], status, stdout, stderr)
+
+
+_server: subprocess.Popen | None = None  # this test process's nbgrader server, started on first use
+_SERVER_LOCK = threading.Lock()
+
+
 class Nbgrader:
-    """Runs nbgrader's own command line in one course, and keeps how long each run took (the
+    """Runs nbgrader's own command line (``nbgrader`` above) in one course, and keeps how long each run took (the
     fixture that makes one prints them)."""
 
     def __init__(self, course: Path):
@@ -62,8 +88,7 @@ class Nbgrader:
 
     def __call__(self, *args, cwd=None, env=None):
         start = time.monotonic()
-        run = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd or self.course, env=env,
-                             capture_output=True, text=True)
+        run = nbgrader(*args, cwd=cwd or self.course, env=env)
         self.timings.setdefault(args[0], []).append(time.monotonic() - start)
         assert run.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
         return run

@@ -22,6 +22,7 @@ import pytest
 from grader.course.build import build
 from grader.course.samples import write_modules
 from grader.kit import KIT, SOLUTIONS
+from runs import Nbgrader
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -45,9 +46,7 @@ LOOP_DEAF_TO_ALARMS = ("import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, 
 def release(tmp_path_factory):
     root = tmp_path_factory.mktemp("time-limits") / "course"
     build(root, test_timeout=LIMIT)
-    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
+    Nbgrader(root)("generate_assignment", ASSIGNMENT)
     return root / "release" / ASSIGNMENT
 
 

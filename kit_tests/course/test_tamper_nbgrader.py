@@ -19,8 +19,6 @@ import difflib
 import html
 import json
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,7 +30,7 @@ from grader.course.samples import by_student, write_submission
 from grader.kit import KIT, stages
 from grader.submission import LINK_NOTE
 from load import cpu_hogs
-from runs import expected_scores, file_hashes, gradebook_rows, scores
+from runs import Nbgrader, expected_scores, file_hashes, gradebook_rows, scores
 from tamper import BYSTANDERS, LATE, MARK, Context, corpus, write_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -40,23 +38,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 ASSIGNMENT = "attention"
 TEST_TIMEOUT = 3.0  # CPU seconds per check: the learner's own time, so a loaded machine needs no more
 CORPUS = [entry for entry in corpus() if entry.beyond_the_box]
-
-
-class Nbgrader:
-    """Runs nbgrader's own command line in one course, and keeps how long each command took in all
-    (the fixture that makes one prints them)."""
-
-    def __init__(self, course: Path):
-        self.course = course
-        self.seconds = {}  # command -> seconds of all its runs
-
-    def __call__(self, *args):
-        start = time.monotonic()
-        run = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=self.course, capture_output=True,
-                             text=True)
-        self.seconds[args[0]] = self.seconds.get(args[0], 0) + time.monotonic() - start
-        assert run.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
-        return run
 
 
 def feedback_text(root: Path, student: str) -> str:
@@ -103,7 +84,8 @@ def graded(tmp_path_factory):
     nbgrader("generate_feedback", ASSIGNMENT)
 
     print(f"\ntamper corpus: autograde of {len(CORPUS)} entries {autograde_seconds:.0f} s; nbgrader "
-          f"{ {k: round(v) for k, v in nbgrader.seconds.items()} }; whole fixture {time.monotonic() - start:.0f} s")
+          f"{ {k: round(sum(v)) for k, v in nbgrader.timings.items()} }; "
+          f"whole fixture {time.monotonic() - start:.0f} s")
     return dict(course=c, root=root, db=db, ctx=ctx, alone=alone, log=run.stdout + run.stderr,
                 scores=scores(c, db, BYSTANDERS + tuple(LATE + s for s in BYSTANDERS) + tuple(e.name for e in CORPUS)),
                 targets_before=targets_before, files_before=files_before,

@@ -36,7 +36,7 @@ from grader.kit import SOLUTIONS, assignments, stage_info, stages
 from grader.sandbox.limits import Limits
 from grader.untrusted import ID_RULE, printable
 from load import cpu_hogs
-from runs import ATTNKIT, attnkit
+from runs import ATTNKIT, Nbgrader, attnkit
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -164,9 +164,7 @@ def test_records_are_written_whole_and_summarised(tmp_path):
 def course(tmp_path_factory):
     root = tmp_path_factory.mktemp("grade") / "course"
     build(root)
-    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
+    Nbgrader(root)("generate_assignment", ASSIGNMENT)
     # The class: the kit's samples, loaded as an instructor loads them for a trial run.
     attnkit("samples", ASSIGNMENT, "--course", str(root), *(f"--student={student}" for student in STUDENTS))
     for student in STUDENTS:
@@ -224,9 +222,7 @@ def test_a_submission_without_its_notebook_gets_its_grade_and_says_how_to_get_a_
     changes nothing: the message says what does, and doing it works."""
     root = tmp_path / "course"
     build(root, assignments=[ASSIGNMENT])
-    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
+    Nbgrader(root)("generate_assignment", ASSIGNMENT)
     attnkit("samples", ASSIGNMENT, "--course", str(root), "--student=reference")
     (root / "submitted" / "reference" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").unlink()
     first = subprocess.run([*ATTNKIT, "grade", ASSIGNMENT, "--course", str(root), "--quiet", "--notebooks"],
@@ -314,9 +310,7 @@ def test_the_gradebook_and_nbgrader_export_show_the_records(course, tmp_path):
     found = records(root / "attnkit-grades" / ASSIGNMENT)
     assert_gradebook_holds(root, found)
     export = tmp_path / "grades.csv"
-    run = subprocess.run([sys.executable, "-m", "nbgrader", "export", "--to", str(export)], cwd=root,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
+    Nbgrader(root)("export", "--to", str(export))
     rows = {r["student_id"]: r for r in csv.DictReader(export.open()) if r["assignment"] == ASSIGNMENT}
     assert sorted(rows) == sorted(found)
     for student, record in found.items():
@@ -351,9 +345,7 @@ def test_notebooks_give_nbgrader_feedback_with_the_same_grades(course):
     found = records(root / "attnkit-grades" / ASSIGNMENT)
     # nbgrader's own autograde read the scores back from the notebooks' outputs: the records' scores.
     assert_gradebook_holds(root, found)
-    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_feedback", ASSIGNMENT], cwd=root,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
+    Nbgrader(root)("generate_feedback", ASSIGNMENT)
     for student, record in found.items():
         html = (root / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
         for stage in record["stages"]:

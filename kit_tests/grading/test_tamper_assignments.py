@@ -7,8 +7,6 @@ outside the records changed, and nothing is left in TMPDIR.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from grader.course.samples import by_student, write_submission
 from grader.course.settings import Course
 from grader.grading import records as R
 from grader.kit import KIT, marker, stages
-from runs import attnkit_grade, expected_scores, feedback, file_hashes, graded_content
+from runs import Nbgrader, attnkit_grade, expected_scores, feedback, file_hashes, graded_content
 from tamper import ASSIGNMENT_CORPORA, LATE, Context, write_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -46,9 +44,7 @@ def grade_corpus(tmp_path_factory, assignment, corpus):
     root = tmp_path_factory.mktemp(f"tamper-{assignment}") / "course"
     tmpdir = tmp_path_factory.mktemp("tmpdir")
     build(root, assignments=[assignment], test_timeout=3.0)
-    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", assignment], cwd=root,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
+    Nbgrader(root)("generate_assignment", assignment)
     release, out = root / "release" / assignment, R.results_dir(root, assignment)
     write_submission(by_student(BYSTANDER, assignment), release, root / "submitted" / BYSTANDER / assignment)
     attnkit_grade(root, tmpdir, assignment)

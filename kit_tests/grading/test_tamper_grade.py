@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +32,16 @@ from grader.grading import records as R
 from grader.kit import KIT, SOLUTIONS, marker, stages
 from grader.sandbox.redaction import solution_regions
 from load import DEFAULT_HOGS, cpu_hogs
-from runs import attnkit_grade, expected_scores, feedback, file_hashes, gradebook_rows, graded_content, kit_modes_kept
+from runs import (
+    Nbgrader,
+    attnkit_grade,
+    expected_scores,
+    feedback,
+    file_hashes,
+    gradebook_rows,
+    graded_content,
+    kit_modes_kept,
+)
 from tamper import BYSTANDERS, LATE, Context, corpus, write_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -67,9 +74,7 @@ def grade_the_corpus(tmp_path_factory, tmpdir, container=False) -> dict:
     start = time.monotonic()
     root = tmp_path_factory.mktemp("tamper-grade") / "course"
     c = build(root, test_timeout=TEST_TIMEOUT)
-    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT], cwd=root,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
+    Nbgrader(root)("generate_assignment", ASSIGNMENT)
     release = root / "release" / ASSIGNMENT
     out = R.results_dir(root, ASSIGNMENT)
 

@@ -14,7 +14,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import warnings
 from collections import Counter
@@ -27,6 +26,7 @@ from grader.grading import records as results
 from grader.grading.scoring import label, stage_report
 from grader.kit import marker, stages
 from grader.outputs.report import build_report, first_line, load_results, summarize
+from runs import Nbgrader
 
 # grader.course.build (nbformat) and nbgrader are imported inside the fixtures: importing them here would
 # slow down every `pytest -m public` run in the kit by seconds, at collection.
@@ -185,9 +185,7 @@ def test_totals_match_nbgrader_export(graded_class):
     root, c, records = graded_class
     csv_path = root / "export.csv"
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    run = subprocess.run([sys.executable, "-m", "nbgrader", "export", "--to", str(csv_path)], cwd=root, env=env,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
+    Nbgrader(root)("export", "--to", str(csv_path), env=env)
     with open(csv_path, newline="") as handle:
         exported = {row["student_id"]: row for row in csv.DictReader(handle)}
     assert main(["report", ASSIGNMENT, "--course", str(root)]) == 0
