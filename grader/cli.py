@@ -155,8 +155,7 @@ def cmd_report(args):
 
 
 def cmd_grade(args):
-    from .course.build import Course
-    from .course.feedback import check_notebooks_possible, write_notebooks
+    from .course.settings import Course
     from .course.targets import course_folder_target, course_target
     from .grading.run import grade
     from .grading.targets import folder_target
@@ -181,7 +180,9 @@ def cmd_grade(args):
         print(f"attnkit grade: {target.chosen}", file=sys.stderr)
     if budget_problem(target.test_timeout, target.time_budget):
         raise GradeError(budget_problem(target.test_timeout, target.time_budget))
-    if args.notebooks:
+    if args.notebooks:  # (nbconvert and nbgrader's preprocessors: seconds to import, only for notebooks)
+        from .course.feedback import check_notebooks_possible, write_notebooks
+
         check_notebooks_possible(target)  # before grading, not after
     target.allow_plain = target.allow_plain or args.allow_plain
     outcome = grade(target, students=args.student, force=args.force, executor=args.executor,
