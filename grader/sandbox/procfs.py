@@ -66,15 +66,16 @@ def run_delays(init) -> dict[int, float]:
     return delays
 
 
-class _OwnSchedstat(threading.local):
-    """The calling thread's /proc/thread-self/schedstat, opened once per thread (read again with pread: the
-    kernel makes the text afresh at offset 0) and closed when the thread ends."""
+class _Schedstat:
+    """A thread's /proc/thread-self/schedstat, opened once (read again with pread: the kernel makes the text afresh
+    at offset 0). Each thread's is held by ``_own`` alone, so it is closed when its thread ends."""
 
-    fd: int | None = None
+    fd = None  # (until opened)
+
+    def __init__(self):
+        self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
 
     def read(self) -> bytes:
-        if self.fd is None:
-            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
         return os.pread(self.fd, 128, 0)
 
     def __del__(self):
@@ -82,13 +83,16 @@ class _OwnSchedstat(threading.local):
             os.close(self.fd)
 
 
-_own = _OwnSchedstat()
+_own = threading.local()  # .stat: the calling thread's _Schedstat (a thread's locals go when it ends)
 
 
 def own_run_delay() -> float:
     """Seconds the calling thread has waited on a run queue (Linux schedstat; 0 where the kernel does not keep it)."""
     try:
-        return int(_own.read().split()[1]) / 1e9
+        stat = getattr(_own, "stat", None)
+        if stat is None:
+            stat = _own.stat = _Schedstat()
+        return int(stat.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return 0.0
 

@@ -23,7 +23,7 @@ from adapters import SubmissionError
 from cases import draw_weights
 from grader.course.samples import write_modules
 from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, stages
-from grader.sandbox import lockdown, scratch
+from grader.sandbox import lockdown, procfs, scratch
 from grader.sandbox.backend import IsolatedBackend, reference_imports
 from grader.sandbox.confinement import Confinement, SandboxUnavailable, SandboxWarning, probe
 from grader.sandbox.limits import Limits
@@ -799,6 +799,27 @@ def test_the_reference_stage_9_plants_reaches_no_stage_8(tmp_path, sandbox):
 
 
 # ---------------------------------------------------------------- what the kernel counts and bounds
+
+
+def test_a_thread_s_own_run_delay_counts_and_its_file_is_closed_when_it_ends():
+    """The grader's threads read their run-queue delay from a file each keeps open: it grows, and a thread that ends
+    leaves no open file behind (a grading run's threads come and go)."""
+    if not Path("/proc/thread-self/schedstat").exists():
+        pytest.skip("this kernel keeps no schedstat")
+    before, seen = set(os.listdir("/proc/self/fd")), []
+
+    def measure():
+        first = procfs.own_run_delay()
+        sum(range(200_000))
+        seen.append(procfs.own_run_delay() >= first >= 0)
+
+    threads = [threading.Thread(target=measure) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == [True] * 8
+    assert set(os.listdir("/proc/self/fd")) <= before, "a thread's schedstat stayed open after it ended"
 
 
 def test_a_busy_machine_s_delays_are_not_the_learner_s_waiting(hostile_root, sandbox):
