@@ -47,10 +47,11 @@ def main():
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
+            status = 1  # (whatever command() raised past its own handlers)
             try:
                 status = command(request)
             finally:
-                os._exit(locals().get("status", 1))
+                os._exit(status)
         _, status = os.waitpid(pid, 0)
         replies.write(json.dumps(os.waitstatus_to_exitcode(status)) + "\n")
 

@@ -41,6 +41,11 @@ def packs(entries) -> list[dict]:
             for i in range(max(map(len, by_stage.values())))]
 
 
+def packs_of(assignment) -> list[dict]:
+    """The packs of ``assignment``'s catalogue entries."""
+    return packs([entry for entry in BUGS + VARIANTS if entry.assignment == assignment])
+
+
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     """name -> record of every catalogue entry (its own stage), of the reference modules beside each pack's entries
@@ -50,7 +55,7 @@ def records(tmp_path_factory):
     records = {}
     for assignment in assignments():  # each graded on its own assignment's stages, as a course grades it
         folder = root / assignment
-        packed = packs([entry for entry in BUGS + VARIANTS if entry.assignment == assignment])
+        packed = packs_of(assignment)
         for index, pack in enumerate(packed):
             write_modules(folder / "submissions" / f"pack-{index}", assignment=assignment,
                           replaced={stage: entry.modules()[stage] for stage, entry in pack.items()})
@@ -108,7 +113,7 @@ def test_a_stage_built_on_another_is_graded_beside_a_mistake_in_it():
     of the stage beside a mistake in the stage it builds on (and some pack an entry of the stage beside one: its
     verdicts are on record)."""
     for assignment in assignments():
-        packed = packs([entry for entry in BUGS + VARIANTS if entry.assignment == assignment])
+        packed = packs_of(assignment)
         for stage in stages(assignment):
             for base in builds_on((SOLUTIONS / f"{stage}.py").read_text()):
                 assert any(stage not in pack and pack.get(base) in BUGS for pack in packed), (stage, base)
