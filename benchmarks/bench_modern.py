@@ -46,7 +46,7 @@ SIZES = {
 
 
 def load(folder, stage):
-    from adapters import load_stage_module
+    from suite_runtime.adapters import load_stage_module
 
     return load_stage_module(Path(folder), stage)
 
@@ -158,7 +158,7 @@ def naive_attention(q, k, v):
 def measure(fn, device):
     """What fn() allocates: the elements of the largest tensor a torch function returns (adapters.Allocations)
     and the most bytes held at once on ``device`` beyond what was held before (adapters.peak_memory)."""
-    from adapters import Allocations, peak_memory
+    from suite_runtime.adapters import Allocations, peak_memory
 
     with Allocations() as watch, peak_memory(device) as held:
         fn()

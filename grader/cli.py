@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from shlex import quote
 
-from stage_names import is_stage_module
+from suite_runtime.stage_names import is_stage_module
 
 from .errors import AttnkitError, GradeError, SampleError
 from .kit import assignment, assignments, plan_points

@@ -23,7 +23,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-from stage_names import ASSIGNMENTS_FOLDER, RECORD, is_stage_module, marker, records, stage_test_file
+from suite_runtime.stage_names import ASSIGNMENTS_FOLDER, RECORD, is_stage_module, marker, records, stage_test_file
 
 from .errors import AssignmentError, CourseError
 

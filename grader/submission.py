@@ -16,7 +16,7 @@ import hashlib
 import shutil
 from pathlib import Path
 
-from stage_names import is_stage_module, module_files
+from suite_runtime.stage_names import is_stage_module, module_files
 
 MAX_MODULE_BYTES = 1 << 20  # a stage module larger than this is not graded
 LINK_NOTE = "This file was submitted as a symbolic link; what the link pointed at is not copied.\n"

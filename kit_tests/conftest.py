@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from adapters import Implementation, LocalBackend
 from grader.kit import SOLUTIONS, SUITE
-from stage_names import register_markers
+from suite_runtime.adapters import Implementation, LocalBackend
+from suite_runtime.stage_names import register_markers
 
 
 def pytest_configure(config):

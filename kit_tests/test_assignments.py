@@ -15,7 +15,7 @@ import pytest
 from grader.authoring.fixtures import generators
 from grader.course.notebook import in_words, prose
 from grader.kit import KIT, SOLUTIONS, SUITE, assignments, stage_info, stages
-from stage_names import module_files, stage_test_file
+from suite_runtime.stage_names import module_files, stage_test_file
 
 STAGES = stages()
 
@@ -118,7 +118,7 @@ def {function}(queries, keys):
 TOY_TEST = '''"""The toy stage {stage}: {what}."""
 import pytest
 
-from checks import assert_close
+from diagnosis import assert_close
 
 pytestmark = pytest.mark.{marker}
 

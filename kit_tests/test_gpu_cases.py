@@ -18,9 +18,9 @@ import pytest
 import torch
 from packaging.requirements import Requirement
 
-from adapters import load_stage_module, peak_memory
 from catalogue import BUGS
 from grader.kit import EXERCISES, KIT, SOLUTIONS, SUITE
+from suite_runtime.adapters import load_stage_module, peak_memory
 
 # What gpu_check.sh may assume on a GPU machine: python3 with these (and what they require), nothing else.
 GPU_MACHINE = ("torch", "numpy", "pytest", "pytest-timeout", "pip", "setuptools")  # (a venv has the last two)
@@ -141,7 +141,8 @@ def test_the_gpu_check_ran_as_on_a_bare_gpu_machine(bare):
     it did without)."""
     absent = set(bare["ATTNKIT_ABSENT"].split(","))
     assert {"grader", "nbgrader", "syrupy", "playwright", "transformers", "tqdm", "matplotlib"} <= absent
-    assert not {"torch", "numpy", "pytest", "_pytest", "pytest_timeout", "pluggy", "adapters", "checks"} & absent
+    assert not {"torch", "numpy", "pytest", "_pytest", "pytest_timeout", "pluggy", "suite_runtime",
+                "diagnosis"} & absent
     found = {"grader": False, "nbgrader": False, "tqdm": False, "pytest_timeout": True, "torch": True}
     run = subprocess.run([sys.executable, "-c", "import importlib.util, sys; print([importlib.util.find_spec(m) "
                           "is not None for m in sys.argv[1:]])", *found], env=bare, capture_output=True, text=True)

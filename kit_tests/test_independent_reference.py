@@ -29,8 +29,8 @@ import math
 import pytest
 import torch
 
-from adapters import load_stage_module
 from grader.kit import SOLUTIONS
+from suite_runtime.adapters import load_stage_module
 
 transformers = pytest.importorskip(
     "transformers", minversion="4.48",

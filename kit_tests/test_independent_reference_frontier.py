@@ -24,8 +24,8 @@ import pytest
 import torch
 from test_independent_reference import EXACT_TABLES, FLOAT32_SOFTMAX, FLOAT64, IMPLEMENTATIONS, assert_same, causal_mask
 
-from adapters import load_stage_module
 from grader.kit import SOLUTIONS
+from suite_runtime.adapters import load_stage_module
 
 transformers = pytest.importorskip(
     "transformers", minversion="4.48",

@@ -79,16 +79,17 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 def module_name(path: Path) -> str:
-    """The dotted name of a file of the grader: grader/sandbox/limits.py -> grader.sandbox.limits."""
-    parts = path.relative_to(KIT).with_suffix("").parts
+    """The dotted name of a module of the grader or of the graded suite's packages: grader/sandbox/limits.py ->
+    grader.sandbox.limits, tests/suite_runtime/adapters.py -> suite_runtime.adapters, tests/conftest.py -> conftest."""
+    parts = path.relative_to(SUITE if path.is_relative_to(SUITE) else KIT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imported(path: Path) -> set[str]:
-    """The modules a file imports, anywhere in it, as absolute names (relative ones resolved, for a file of the
-    grader; ``from . import x`` names the module x)."""
+    """The modules a file imports, anywhere in it, as absolute names (relative ones resolved, for a module of the
+    grader or of the suite's packages; ``from . import x`` names the module x)."""
     found = set()
-    package = module_name(path).split(".") if path.is_relative_to(KIT / "grader") else []
+    package = module_name(path).split(".")
     if package and path.name != "__init__.py":
         package = package[:-1]
     for node in ast.walk(ast.parse(path.read_text())):
@@ -109,9 +110,62 @@ def test_the_graded_suite_never_imports_the_grader():
     """Students get tests/ without the grader: the suite stands alone, and the grader plugs into it
     through its hook (pytest_attnkit_backend), never the other way round."""
     forbidden = {"grader"} | {p.stem for p in Path(__file__).parent.rglob("*.py")}  # and the kit's own tests
-    for path in sorted(SUITE.glob("*.py")) + [KIT / "conftest.py"]:
+    for path in sorted(SUITE.rglob("*.py")) + [KIT / "conftest.py"]:
         reached = {name.split(".")[0] for name in imported(path)} & forbidden
         assert not reached, f"{path.name} imports {sorted(reached)}"
+
+
+# The graded suite's layers, lowest first (tests/: each a package but the last): its runtime (stage names, the
+# adapter, the random cases), the diagnosis engine, its pytest plugin, then the conftest and the stage test files.
+SUITE_LAYERS = {"runtime": "suite_runtime", "diagnosis": "diagnosis", "plugin": "suite_plugin"}
+# What the grader may import of the suite: the stage names and the adapter (a grading box holds copies of those
+# two, with the package's __init__: grader/sandbox/template.py), the random cases (the fixture generators).
+GRADER_READS = {"suite_runtime", "suite_runtime.stage_names", "suite_runtime.adapters", "suite_runtime.cases"}
+BOX_HOLDS = {"suite_runtime", "suite_runtime.adapters", "suite_runtime.stage_names"}
+
+
+def suite_layer(module: str) -> int:
+    top = module.split(".")[0]
+    names = list(SUITE_LAYERS.values())
+    return names.index(top) if top in names else len(names)
+
+
+def suite_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in SUITE.rglob("*.py") if "egg-info" not in str(path)}
+
+
+def test_the_suite_s_layers_import_downwards_only():
+    """Runtime < diagnosis < plugin < tests: the runtime knows nothing of how failures are explained, the
+    diagnosis engine nothing of pytest's wiring, and no package of the suite imports a test file."""
+    modules = suite_modules()
+    upwards = [f"{name} imports {m}" for name, path in modules.items() for m in sorted(imported(path))
+               if m.split(".")[0] in {*SUITE_LAYERS.values(), "conftest"} | {n for n in modules if n.startswith("test_")}
+               and suite_layer(m) > suite_layer(name)]
+    assert not upwards, "a layer of the suite imports one above it:\n" + "\n".join(upwards)
+
+
+def test_the_grader_reads_the_suite_s_runtime_only():
+    """The grader imports the stage names, the adapter and the random cases; never the diagnosis engine, the suite's
+    pytest plugin or a test file (a grading run reaches those through pytest, as a student's run does)."""
+    suite = {*SUITE_LAYERS.values(), "conftest"} | {n for n in suite_modules() if n.startswith("test_")}
+    reached = {f"{module_name(path)} imports {m}" for path in (KIT / "grader").rglob("*.py")
+               for m in imported(path) if m.split(".")[0] in suite and m not in GRADER_READS}
+    assert not reached, sorted(reached)
+
+
+def test_a_box_s_copy_of_the_runtime_is_whole():
+    """What a grading box imports of the suite (its copy of the runtime) imports nothing of the suite beyond it:
+    the standard library, NumPy and torch besides (and tomli, which stage_names reads records with on Python 3.10,
+    never in a box)."""
+    from grader.sandbox.template import SUITE_RUNTIME_MODULES
+
+    modules = suite_modules()
+    copied = {module_name(SUITE / "suite_runtime" / name) for name in SUITE_RUNTIME_MODULES}
+    assert copied == BOX_HOLDS
+    outside = {m for name in copied for m in imported(modules[name])
+               if m.split(".")[0] not in set(sys.stdlib_module_names) | {"__future__", "numpy", "torch", "tomli"}
+               and m not in copied}
+    assert not outside, sorted(outside)
 
 
 # The grader's layers, lowest first: a module imports from its own layer and the layers below it, never above;

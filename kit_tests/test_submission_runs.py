@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from adapters import SubmissionError, load_stage_module
 from grader.course.build import build
 from grader.course.samples import edited, write_modules
 from grader.kit import KIT, SOLUTIONS, stages, suite_files
+from suite_runtime.adapters import SubmissionError, load_stage_module
 
 
 def run_suite(impl, tmp_path, *extra):

@@ -16,8 +16,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import cached_steps, linear_shapes, normal, random_weights, spans
-from checks import BFLOAT16, assert_close, causal, linear, np_rope, softmax, split_heads
+from diagnosis import BFLOAT16, assert_close, causal, linear, np_rope, softmax, split_heads
+from suite_runtime.cases import cached_steps, linear_shapes, normal, random_weights, spans
 
 pytestmark = pytest.mark.latent_attention
 STAGE = "f01_latent_attention"

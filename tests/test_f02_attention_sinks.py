@@ -14,8 +14,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import cached_steps, linear_shapes, normal, random_weights, spans
-from checks import BFLOAT16, assert_close, assert_mask, linear, multihead, split_heads
+from diagnosis import BFLOAT16, assert_close, assert_mask, linear, multihead, split_heads
+from suite_runtime.cases import cached_steps, linear_shapes, normal, random_weights, spans
 
 pytestmark = pytest.mark.attention_sinks
 STAGE = "f02_attention_sinks"

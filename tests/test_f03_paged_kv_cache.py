@@ -13,8 +13,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import mha_shapes, normal, random_weights
-from checks import BFLOAT16, assert_close, linear, multihead, softmax, split_heads
+from diagnosis import BFLOAT16, assert_close, linear, multihead, softmax, split_heads
+from suite_runtime.cases import mha_shapes, normal, random_weights
 
 pytestmark = pytest.mark.paged_kv_cache
 STAGE = "f03_paged_kv_cache"

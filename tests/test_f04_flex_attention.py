@@ -15,8 +15,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import normal
-from checks import BFLOAT16, ERROR_READINGS, ErrorReading, assert_close
+from diagnosis import BFLOAT16, ERROR_READINGS, ErrorReading, assert_close
+from suite_runtime.cases import normal
 
 pytestmark = pytest.mark.flex_attention
 STAGE = "f04_flex_attention"

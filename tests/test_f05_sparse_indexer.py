@@ -16,8 +16,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import linear_shapes, mha_shapes, normal, random_weights
-from checks import BFLOAT16, assert_close, assert_mask, linear, multihead, softmax, split_heads
+from diagnosis import BFLOAT16, assert_close, assert_mask, linear, multihead, softmax, split_heads
+from suite_runtime.cases import linear_shapes, mha_shapes, normal, random_weights
 
 pytestmark = pytest.mark.sparse_indexer
 STAGE = "f05_sparse_indexer"

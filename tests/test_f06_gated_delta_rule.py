@@ -18,8 +18,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import linear_shapes, normal, random_weights
-from checks import BFLOAT16, assert_close, linear, split_heads
+from diagnosis import BFLOAT16, assert_close, linear, split_heads
+from suite_runtime.cases import linear_shapes, normal, random_weights
 
 pytestmark = pytest.mark.gated_delta_rule
 STAGE = "f06_gated_delta_rule"

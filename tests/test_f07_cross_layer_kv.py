@@ -14,8 +14,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import linear_shapes, normal, random_weights, spans
-from checks import assert_close, causal, linear, softmax, split_heads
+from diagnosis import assert_close, causal, linear, softmax, split_heads
+from suite_runtime.cases import linear_shapes, normal, random_weights, spans
 
 pytestmark = pytest.mark.cross_layer_kv
 STAGE = "f07_cross_layer_kv"

@@ -12,8 +12,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import draw_weights, exposing_case, module_case, normal
-from checks import BFLOAT16, assert_close, check_dropout, linear, multihead, multihead_mistakes, softmax, split_heads
+from diagnosis import BFLOAT16, assert_close, check_dropout, linear, multihead, multihead_mistakes, softmax, split_heads
+from suite_runtime.cases import draw_weights, exposing_case, module_case, normal
 
 pytestmark = pytest.mark.pytorch_attention
 STAGE = "m01_pytorch_attention"

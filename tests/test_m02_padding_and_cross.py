@@ -10,8 +10,8 @@ key to attend to gets attention weights 0 (its output is out_proj.bias), never N
 import numpy as np
 import pytest
 
-from cases import draw_weights, exposing_case, linear_shapes, normal, qkv_shapes, random_weights
-from checks import BFLOAT16, assert_close, check_dropout, linear, safe_softmax, softmax
+from diagnosis import BFLOAT16, assert_close, check_dropout, linear, safe_softmax, softmax
+from suite_runtime.cases import draw_weights, exposing_case, linear_shapes, normal, qkv_shapes, random_weights
 
 pytestmark = pytest.mark.padding_and_cross
 STAGE = "m02_padding_and_cross"

@@ -12,8 +12,7 @@ from functools import cache, partial
 import numpy as np
 import pytest
 
-from cases import cached_steps, draw_weights, exposing_case, mha_shapes, normal, random_weights, spans
-from checks import (
+from diagnosis import (
     BFLOAT16,
     BROADCAST,
     assert_close,
@@ -27,6 +26,7 @@ from checks import (
     softmax,
     split_heads,
 )
+from suite_runtime.cases import cached_steps, draw_weights, exposing_case, mha_shapes, normal, random_weights, spans
 
 pytestmark = pytest.mark.kv_cache
 STAGE = "m03_kv_cache"

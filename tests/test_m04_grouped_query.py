@@ -13,8 +13,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import cached_steps, draw_weights, linear_shapes, mha_shapes, normal, random_weights, spans
-from checks import BFLOAT16, assert_close, causal, linear, multihead, parameter_count, softmax, split_heads
+from diagnosis import BFLOAT16, assert_close, causal, linear, multihead, parameter_count, softmax, split_heads
+from suite_runtime.cases import cached_steps, draw_weights, linear_shapes, mha_shapes, normal, random_weights, spans
 
 pytestmark = pytest.mark.grouped_query
 STAGE = "m04_grouped_query"

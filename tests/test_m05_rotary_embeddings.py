@@ -15,8 +15,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import normal, random_weights
-from checks import BFLOAT16, assert_close, causal, linear, np_angles, np_rope, softmax
+from diagnosis import BFLOAT16, assert_close, causal, linear, np_angles, np_rope, softmax
+from suite_runtime.cases import normal, random_weights
 
 pytestmark = pytest.mark.rotary_embeddings
 STAGE = "m05_rotary_embeddings"

@@ -12,8 +12,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import draw_weights, normal
-from checks import BFLOAT16, assert_close, diagnose, linear, softmax, split_heads
+from diagnosis import BFLOAT16, assert_close, diagnose, linear, softmax, split_heads
+from suite_runtime.cases import draw_weights, normal
 
 pytestmark = pytest.mark.sliding_window
 STAGE = "m06_sliding_window"

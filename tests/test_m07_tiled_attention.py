@@ -13,8 +13,8 @@ from functools import cache
 import numpy as np
 import pytest
 
-from cases import normal
-from checks import BFLOAT16, BROADCAST, ErrorReading, assert_close, broadcast_sizes, readings_with
+from diagnosis import BFLOAT16, BROADCAST, ErrorReading, assert_close, broadcast_sizes, readings_with
+from suite_runtime.cases import normal
 
 pytestmark = pytest.mark.tiled_attention
 STAGE = "m07_tiled_attention"
@@ -343,7 +343,7 @@ def test_never_holds_the_score_matrix(stage, rng, is_causal):
     When graded, an allocation beyond MEMORY_HEADROOM fails (the kernel refuses it), so the full matrix cannot
     be computed however it is hidden; the adapters' watch (check_memory) says what was built. Rows spread
     over the sequence are compared with standard attention."""
-    from adapters import SubmissionError
+    from suite_runtime.adapters import SubmissionError
 
     n, block_size, rows = 8192, 256, [0, 1, 2047, 4096, 8191]
     q, k, v = qkv(rng, 1, 1, n, n, 8)

@@ -5,8 +5,8 @@ form and the matmul form return the same (num_tokens,) vector.
 """
 import pytest
 
-from cases import normal
-from checks import assert_close
+from diagnosis import assert_close
+from suite_runtime.cases import normal
 
 pytestmark = pytest.mark.attention_scores
 STAGE = "s01_attention_scores"

@@ -8,8 +8,8 @@ and all_pairs_weights its row-wise softmax: every row sums to 1.
 import numpy as np
 import pytest
 
-from cases import normal
-from checks import assert_close, softmax
+from diagnosis import assert_close, softmax
+from suite_runtime.cases import normal
 
 pytestmark = pytest.mark.normalization
 STAGE = "s02_normalization"

@@ -6,8 +6,8 @@ vectors at once are attn_weights @ inputs, row i for token i.
 import numpy as np
 import pytest
 
-from cases import normal
-from checks import assert_close, softmax
+from diagnosis import assert_close, softmax
+from suite_runtime.cases import normal
 
 pytestmark = pytest.mark.context_vectors
 STAGE = "s03_context_vectors"

@@ -7,8 +7,8 @@ dimension; the context vector is weights @ values.
 import numpy as np
 import pytest
 
-from cases import normal
-from checks import assert_close, softmax
+from diagnosis import assert_close, softmax
+from suite_runtime.cases import normal
 
 pytestmark = pytest.mark.trainable_projections
 STAGE = "s04_trainable_projections"

@@ -8,8 +8,8 @@ transfer_weights_v2_to_v1 makes v1 compute exactly what v2 computes.
 import numpy as np
 import pytest
 
-from cases import draw_weights, normal
-from checks import assert_close, linear, softmax
+from diagnosis import assert_close, linear, softmax
+from suite_runtime.cases import draw_weights, normal
 
 pytestmark = pytest.mark.self_attention
 STAGE = "s05_self_attention"

@@ -10,8 +10,8 @@ leading batch dimension.
 import numpy as np
 import pytest
 
-from cases import normal
-from checks import assert_close, causal, softmax
+from diagnosis import assert_close, causal, softmax
+from suite_runtime.cases import normal
 
 pytestmark = pytest.mark.causal_mask
 STAGE = "s06_causal_mask"

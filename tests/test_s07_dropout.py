@@ -8,7 +8,7 @@ exactly 1 / (1 - p); in eval mode (or with p = 0) the input comes back unchanged
 import numpy as np
 import pytest
 
-from checks import assert_close, check_dropout
+from diagnosis import assert_close, check_dropout
 
 pytestmark = pytest.mark.dropout
 STAGE = "s07_dropout"

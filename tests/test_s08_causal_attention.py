@@ -12,8 +12,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import exposing_case, module_case, qkv_shapes, random_weights
-from checks import (
+from diagnosis import (
     assert_close,
     check_causal_mask,
     check_module_dropout,
@@ -22,6 +21,7 @@ from checks import (
     parameter_count,
     single_head_mistakes,
 )
+from suite_runtime.cases import exposing_case, module_case, qkv_shapes, random_weights
 
 pytestmark = pytest.mark.causal_attention
 STAGE = "s08_causal_attention"

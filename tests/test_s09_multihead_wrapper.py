@@ -7,8 +7,8 @@ along the last dimension: (b, num_tokens, num_heads * d_out).
 import numpy as np
 import pytest
 
-from cases import exposing_case, module_case, qkv_shapes, random_weights, single_heads
-from checks import assert_close, check_module_dropout, multihead
+from diagnosis import assert_close, check_module_dropout, multihead
+from suite_runtime.cases import exposing_case, module_case, qkv_shapes, random_weights, single_heads
 
 pytestmark = pytest.mark.multihead_wrapper
 STAGE = "s09_multihead_wrapper"

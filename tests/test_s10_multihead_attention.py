@@ -13,8 +13,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import exposing_case, mha_shapes, module_case, normal, random_weights
-from checks import (
+from diagnosis import (
     BFLOAT16,
     assert_close,
     check_causal_mask,
@@ -24,6 +23,7 @@ from checks import (
     multihead_mistakes,
     parameter_count,
 )
+from suite_runtime.cases import exposing_case, mha_shapes, module_case, normal, random_weights
 
 pytestmark = pytest.mark.multihead_attention
 STAGE = "s10_multihead_attention"

@@ -14,14 +14,14 @@ from functools import partial
 import numpy as np
 import pytest
 
-from cases import exposing_case, mha_shapes, module_case, qkv_shapes, random_weights
-from checks import (
+from diagnosis import (
     assert_close,
     check_module_dropout,
     check_sizes_from_arguments,
     multihead,
     multihead_mistakes,
 )
+from suite_runtime.cases import exposing_case, mha_shapes, module_case, qkv_shapes, random_weights
 
 pytestmark = pytest.mark.other_forms
 STAGE = "s11_other_forms"

@@ -9,9 +9,9 @@ numbers on every platform). ``NO_FIXTURE`` says why a stage has none.
 import numpy as np
 import torch
 
-from cases import mha_shapes, qkv_shapes, random_weights
 from grader.authoring.fixtures import module_case, rng, seeded_weights
 from grader.kit import assignment
+from suite_runtime.cases import mha_shapes, qkv_shapes, random_weights
 
 example = assignment("attention").module("book")  # the book's running example
 BATCH, JOURNEY, HEADS_EXAMPLE = example.BATCH, example.JOURNEY, example.HEADS_EXAMPLE

@@ -8,9 +8,9 @@ public examples of the stages whose modules take (b, num_tokens, d_in) inputs ar
 """
 import numpy as np
 
-from cases import draw_weights
 from grader.authoring.fixtures import decoding_case, module_case, rng
 from grader.kit import assignment
+from suite_runtime.cases import draw_weights
 
 example = assignment("attention").module("book")  # the book's running example
 BATCH, JOURNEY = example.BATCH, example.JOURNEY

@@ -7,9 +7,9 @@ the public ones start from the book's running example (chapter 3's, assignments/
 """
 import numpy as np
 
-from cases import draw_weights, linear_shapes, mha_shapes, random_weights
 from grader.authoring.fixtures import decoding_case, module_case, rng, seeded_weights
 from grader.kit import assignment
+from suite_runtime.cases import draw_weights, linear_shapes, mha_shapes, random_weights
 
 example = assignment("attention").module("book")  # the book's running example
 BATCH, BOOK_SEED_MODULES, JOURNEY = example.BATCH, example.BOOK_SEED_MODULES, example.JOURNEY

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adapters import Implementation, LocalBackend, load_stage_module
+from suite_runtime.adapters import Implementation, LocalBackend, load_stage_module
 
 from ..errors import AssignmentError
 from ..kit import FIXTURES, SOLUTIONS, assignments

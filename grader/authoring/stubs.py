@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from stage_names import module_files
+from suite_runtime.stage_names import module_files
 
 from ..errors import StubError
 from ..kit import EXERCISES, SOLUTION_BEGIN, SOLUTION_END, SOLUTIONS, stages

@@ -8,7 +8,7 @@
         <assignment>.ipynb        stage explanations, demos, one locked autograder cell per stage
         sNN_topic.py              the stubs (from exercises/; mNN_topic.py for modern-attention)
         conftest.py               the kit's root conftest (pytest options)
-        tests/                    public tests only, conftest.py and the support modules they import
+        tests/                    public tests only, conftest.py and the suite's packages (runtime, diagnosis, plugin)
         fixtures/public/          the published numbers
         pytest.ini                `pytest` there runs the public tests on the student's modules,
                                   each check limited to the course's test_timeout
@@ -29,7 +29,6 @@ nbformat at the top: reading a course (``Course.load``) stays quick.
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import json
 import os
@@ -66,7 +65,9 @@ from ..suite import public_tests
 from .gradebook import GradebookError, check_database, has_password
 from .settings import MARKER_FILE, Course
 
-SUPPORT_FILES = ("conftest.py", "adapters.py", "checks.py")
+# What a release's tests/ holds besides the public test files: the suite's conftest and its three packages (its
+# runtime, the diagnosis engine, its pytest plugin), every module of them.
+SUPPORT_PACKAGES = ("suite_runtime", "diagnosis", "suite_plugin")
 NOTEBOOK_TOOLS = Path(__file__).with_name("notebook_tools.py")  # the release's copy: notebook_tools.py
 NBGRADER_CONFIG = Path(__file__).parent / "templates" / "nbgrader_config.py"  # every course's
 
@@ -77,7 +78,7 @@ def solution_lines() -> set[str]:
     also appear outside the regions or in the student-safe test support files, are not comments,
     and are long enough to mean something."""
     inside, outside = set(), set()
-    for name in SUPPORT_FILES:
+    for name in support_files():
         outside.update(line.strip() for line in (SUITE / name).read_text().splitlines())
     for stage in stages():
         region = False
@@ -168,28 +169,10 @@ def pytest_ini(test_timeout: float = TEST_TIMEOUT, tests: Path = SUITE) -> str:
     )
 
 
-def _local_imports(path: Path) -> set[str]:
-    """Modules of the kit's tests/ folder that a file imports (by plain name)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module.split(".")[0])
-    return {f"{n}.py" for n in names if (SUITE / f"{n}.py").is_file() and not n.startswith("test_")}
-
-
-def support_files(public_tests_dir: Path) -> list[str]:
-    """The support modules students need: SUPPORT_FILES and whatever they or the public tests
-    import from tests/ (e.g. cases.py), transitively."""
-    todo = [SUITE / n for n in SUPPORT_FILES] + sorted(Path(public_tests_dir).glob("test_*.py"))
-    needed = set(SUPPORT_FILES)
-    while todo:
-        for name in _local_imports(todo.pop()):
-            if name not in needed:
-                needed.add(name)
-                todo.append(SUITE / name)
-    return sorted(needed)
+def support_files() -> list[str]:
+    """The support files students need, relative to tests/: its conftest.py and every module of SUPPORT_PACKAGES."""
+    return ["conftest.py"] + sorted(str(path.relative_to(SUITE)) for package in SUPPORT_PACKAGES
+                                    for path in (SUITE / package).glob("*.py"))
 
 
 def _check_target(root: Path):
@@ -297,7 +280,8 @@ def write_release_source(course: Course):
         hidden_names += derived.hidden
         if derived.source:
             (src / "tests" / path.name).write_text(derived.source)
-    for name in support_files(src / "tests"):
+    for name in support_files():
+        (src / "tests" / name).parent.mkdir(exist_ok=True)
         shutil.copyfile(SUITE / name, src / "tests" / name)
     shutil.copyfile(KIT / "conftest.py", src / "conftest.py")  # the --impl and --seed options
     for stage in course.points:

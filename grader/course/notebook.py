@@ -27,7 +27,7 @@ import jinja2
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from stage_names import MODULE, stage_command
+from suite_runtime.stage_names import MODULE, stage_command
 
 from .. import kit
 from ..errors import AssignmentError

@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from stage_names import stage_of
+from suite_runtime.stage_names import stage_of
 
 from ..kit import SOLUTIONS
 from ..sandbox.backend import IsolatedBackend, reference_imports

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import textwrap
 
-from stage_names import marker, stage_of
+from suite_runtime.stage_names import marker, stage_of
 
 from ..kit import stage_info
 from .contracts import Check

@@ -8,7 +8,7 @@ from pathlib import Path
 from shlex import quote
 from typing import Protocol
 
-from stage_names import module_files
+from suite_runtime.stage_names import module_files
 
 from ..errors import TargetError
 from ..kit import assignment_of, assignments, module_patterns, plan_points

@@ -57,7 +57,7 @@ from pathlib import Path, PurePosixPath
 
 import jinja2
 
-from stage_names import module_files, stage_test_file
+from suite_runtime.stage_names import module_files, stage_test_file
 
 from ..errors import UploadError
 from ..grading.records import write_atomic

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import jinja2
 
-from stage_names import teaching_order
+from suite_runtime.stage_names import teaching_order
 
 from ..errors import ReportError
 from ..grading import records as R

@@ -16,7 +16,7 @@ import signal
 import threading
 from pathlib import Path
 
-from stage_names import builds_on, is_stage_module, module_files
+from suite_runtime.stage_names import builds_on, is_stage_module, module_files
 
 from ..kit import SOLUTIONS, assignment_of
 from ..submission import sources
@@ -60,7 +60,9 @@ class IsolatedBackend:
         self.ceilings = dict(ceilings or {})
         self.sandbox = sandbox or Sandbox(confine=confine)
         self._own_sandbox = sandbox is None
-        import adapters  # (torch: imported where a backend is made, not where the sandbox is merely named)
+        from suite_runtime import (
+            adapters,  # (torch: imported where a backend is made, not where the sandbox is merely named)
+        )
 
         self.adapters = adapters
         self.stats = {"boxes": 0, "workers": 0, "stages": 0, "leaving": {}, "dropped_output": {},

@@ -321,7 +321,7 @@ def main():
 
         torch.set_num_threads(1)  # (the environment says so too: see ONE_THREAD in grader/sandbox/limits.py)
         sys.path.insert(0, config["runtime"])
-        import adapters  # noqa: F401
+        from suite_runtime import adapters  # noqa: F401
 
         warm_up(torch, numpy)
         shared = writable_shared_memory()
@@ -535,7 +535,7 @@ def box_main(lib, config, request, fds, under_tmp):
         os.environ.update(HOME=box["tmp"], TMPDIR=box["tmp"], TORCHINDUCTOR_CACHE_DIR=compiler_cache)
         os.chdir(box["tmp"])
         sys.dont_write_bytecode = True  # (learner code may not write files: no __pycache__ either)
-        import adapters
+        from suite_runtime import adapters
 
         write_message(REPLIES, {"kind": "ready"})
         code = serve_box(adapters, box)

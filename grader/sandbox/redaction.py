@@ -25,7 +25,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-from stage_names import module_files, stage_of
+from suite_runtime.stage_names import module_files, stage_of
 
 from ..kit import EXERCISES, FIXTURES, SOLUTION_BEGIN, SOLUTION_END, SOLUTIONS, SUITE, assignment_of
 from ..suite import public_tests

@@ -56,10 +56,12 @@ from .procfs import children, learner_cpu, ns_pids, processes_of, run_delays
 from .wire import CONTROL_BYTES, ProtocolError, pack
 
 CHILD_SCRIPT = Path(__file__).with_name("child.py")
-# What a box imports besides the standard library, NumPy and torch: the child's two siblings, the suite's adapter
-# and the stage names it reads. Found, not imported: the adapter imports torch, which this process need not.
-RUNTIME_MODULES = [CHILD_SCRIPT.with_name("wire.py"), CHILD_SCRIPT.with_name("procfs.py"),
-                   *(Path(importlib.util.find_spec(name).origin) for name in ("adapters", "stage_names"))]
+# What a box imports besides the standard library, NumPy and torch: the child's two siblings, and of the suite's
+# runtime package its adapter and the stage names it reads (nothing else of the suite: kit_tests/test_kit.py). Found,
+# not imported: the adapter imports torch, which this process need not.
+RUNTIME_MODULES = [CHILD_SCRIPT.with_name("wire.py"), CHILD_SCRIPT.with_name("procfs.py")]
+SUITE_RUNTIME = Path(importlib.util.find_spec("suite_runtime").origin).parent
+SUITE_RUNTIME_MODULES = ("__init__.py", "adapters.py", "stage_names.py")
 UID_RANGE = (1_500_000_000, 2_100_000_000)  # fresh uids for boxes (no real user lives there)
 BOX_SECONDS = 30.0  # a box must be ready, or gone, within this
 
@@ -251,6 +253,9 @@ class Sandbox:
         shutil.copyfile(CHILD_SCRIPT, root / "runtime" / CHILD_SCRIPT.name)
         for module in RUNTIME_MODULES:
             shutil.copyfile(module, root / "runtime" / module.name)
+        (root / "runtime" / SUITE_RUNTIME.name).mkdir()
+        for name in SUITE_RUNTIME_MODULES:
+            shutil.copyfile(SUITE_RUNTIME / name, root / "runtime" / SUITE_RUNTIME.name / name)
         for path in [root, *root.rglob("*")]:
             if path.name != scratch.LOCK:  # the boxes' uids may pass through, read the runtime, list nothing
                 path.chmod((0o711 if path.name in (root.name, "incoming", "tmp") else 0o755) if path.is_dir()

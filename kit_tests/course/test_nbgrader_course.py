@@ -27,7 +27,7 @@ from grader.grading.worker import grade_folder
 from grader.kit import FIXTURES, SOLUTIONS, marker, stages, suite_files
 from grader.sandbox.limits import Limits
 from runs import Nbgrader
-from stage_names import module_files
+from suite_runtime.stage_names import module_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -139,7 +139,8 @@ def test_release_has_no_solution_code_hidden_test_or_hidden_fixture(graded):
         assert not found, f"{path.name} contains solution lines: {sorted(found)[:5]}"
         leaked = [n for n in names if re.search(rf"\b{n}\b", text)]
         assert not leaked, f"{path.name} names hidden tests: {leaked}"
-        assert "hidden_fx" not in text or path.name == "conftest.py"
+        # (only the suite's wiring names the hidden fixture's loader, which finds no hidden file in a release)
+        assert "hidden_fx" not in text or path.name == "conftest.py" or path.parent.name == "suite_plugin"
         assert "Grading(" not in text and "grading.stage" not in text, f"{path.name} shows the grading call"
     public_npz = sorted(p.name for p in (release / "fixtures" / "public").glob("*.npz"))
     assert public_npz and all((FIXTURES / "public" / n).is_file() for n in public_npz)

@@ -25,7 +25,7 @@ from grader.grading.run import grade
 from grader.grading.scoring import stage_score
 from grader.grading.targets import folder_target
 from grader.kit import SOLUTIONS, SUITE, assignments, marker, stages
-from stage_names import builds_on
+from suite_runtime.stage_names import builds_on
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SAMPLE = "sample-"  # the demo's samples are graded in the same run, under this prefix
@@ -258,7 +258,7 @@ def test_an_error_is_read_only_as_far_as_its_evidence_goes(suite, stage, text, c
     """What an exception means is read from its own message (never the traceback a sandbox appends, which quotes
     the learner's code) and checked against the call that raised it: a reading the sizes do not bear out says
     nothing."""
-    checks = suite("checks")
+    checks = suite("diagnosis")
     said = checks.explain_error(checks.error_text("SubmissionError", f"{text}\nwhere (most recent call last):\n  mask"),
                                 call and checks.Call(*call), getattr(suite(f"test_{stage}"), "ERROR_READINGS", None))
     assert (words is None and not said) or (words is not None and any(words in s for s in said)), said

@@ -11,7 +11,7 @@ from grader.grading.plugin import GradingPlugin
 from grader.grading.worker import JobLoop, WorkerProcess
 from grader.kit import SOLUTIONS, stages
 from grader.sandbox.limits import Limits
-from stage_names import stage_of
+from suite_runtime.stage_names import stage_of
 
 
 def job(folder):

@@ -19,8 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adapters import SubmissionError
-from cases import draw_weights
 from grader.course.samples import write_modules
 from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, stages
 from grader.sandbox import lockdown, procfs, scratch
@@ -29,7 +27,9 @@ from grader.sandbox.confinement import Confinement, SandboxUnavailable, SandboxW
 from grader.sandbox.limits import Limits
 from grader.sandbox.template import Sandbox
 from runs import kit_modes_kept
-from stage_names import builds_on
+from suite_runtime.adapters import SubmissionError
+from suite_runtime.cases import draw_weights
+from suite_runtime.stage_names import builds_on
 from tamper import attacked, payload, solution, stealing_wrapper, stub
 
 LIMITS = Limits(check_seconds=1.0, memory_bytes=2 << 30, output_bytes=64 << 10, processes=48)
@@ -606,7 +606,7 @@ LOADED_AT_IMPORT = '''
 
 import sys as _sys
 
-from stage_names import is_stage_module as _is_stage_module
+from suite_runtime.stage_names import is_stage_module as _is_stage_module
 
 LOADED = {name: str(getattr(module, "__file__", "")) for name, module in list(_sys.modules.items())
           if _is_stage_module(name)}

@@ -54,7 +54,7 @@ def _atk_hijack_patch_exit():
     # The channel: in the config, or the module's constants (then the serving functions take no pipes).
     pipes = (config["requests_fd"], config["replies_fd"]) if "requests_fd" in config else ()
     requests, replies = pipes or (names.get("REQUESTS"), names.get("REPLIES"))
-    adapters = sys.modules.get("adapters")
+    adapters = sys.modules.get("suite_runtime.adapters")
 
     def serve_stage(adapters, config, module, *rest):
         return original_serve_stage(adapters, dict(config, submission=cache), module, *rest)

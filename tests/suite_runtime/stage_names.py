@@ -24,7 +24,7 @@ from pathlib import Path
 MODULE = re.compile(r"[a-z]\d\d_\w+")  # a stage module's name
 TEST_FILE = re.compile(r"test_([a-z]\d\d_\w+)\.py")  # the name of its test file
 # The kit's assignment records (a student's release has no such folder: its stages share one letter).
-ASSIGNMENTS_FOLDER = Path(__file__).resolve().parent.parent / "assignments"
+ASSIGNMENTS_FOLDER = Path(__file__).resolve().parents[2] / "assignments"
 RECORD = "assignment.toml"
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stage_names import builds_on, is_stage_module
+from .stage_names import builds_on, is_stage_module
 
 # pytest leaves this module's frames out of a failure's traceback (it reads __tracebackhide__ in a frame's
 # globals too): a student's traceback goes from the test's line straight to their own code, the error's

@@ -1,0 +1,52 @@
+"""The diagnosis engine of the graded suite: comparisons whose failures explain themselves from evidence.
+
+A check compares what the learner's code computed with what is expected (``compare``); when they differ, the
+engine looks for what the learner's own numbers bear out: mistakes written as changes of one reference
+computation per mechanism (``references``), searched rather than listed, properties of the learner's code
+measured by probes (dropout's statistics in ``dropout``), and what an exception's message means when the
+operation that raised it bears the reading out (``errors``).
+
+Test files import what they need from here: ``from diagnosis import assert_close, softmax``.
+"""
+from .compare import (
+    BFLOAT16,
+    assert_close,
+    assert_mask,
+    check_causal_mask,
+    check_sizes_from_arguments,
+    diagnose,
+    parameter_count,
+)
+from .dropout import check_dropout, check_module_dropout, kept_fraction_tolerance, rate_mistakes
+from .errors import (
+    BOOK_LENGTH,
+    BROADCAST,
+    ERROR_READINGS,
+    STUB,
+    Call,
+    ErrorReading,
+    broadcast_sizes,
+    error_text,
+    explain_error,
+    readings_with,
+)
+from .references import (
+    causal,
+    linear,
+    multihead,
+    multihead_mistakes,
+    np_angles,
+    np_rope,
+    safe_softmax,
+    single_head_mistakes,
+    softmax,
+    split_heads,
+)
+
+__all__ = [
+    "BFLOAT16", "BOOK_LENGTH", "BROADCAST", "ERROR_READINGS", "STUB", "Call", "ErrorReading", "assert_close",
+    "assert_mask", "broadcast_sizes", "causal", "check_causal_mask", "check_dropout", "check_module_dropout",
+    "check_sizes_from_arguments", "diagnose", "error_text", "explain_error", "kept_fraction_tolerance", "linear",
+    "multihead", "multihead_mistakes", "np_angles", "np_rope", "parameter_count", "rate_mistakes", "readings_with",
+    "safe_softmax", "single_head_mistakes", "softmax", "split_heads",
+]

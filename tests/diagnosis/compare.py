@@ -1,0 +1,143 @@
+"""Comparisons whose failure messages teach: what was expected, what the learner computed, and what the
+learner's own numbers show about why.
+
+``assert_close`` names the array, shows expected against actual (shape, first mismatching row) and, when it
+fails, asks the diagnosis it was given (``diagnosis.explain``) what the learner's numbers bear out.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# pytest leaves this module's frames out of a failure's traceback: it ends at the test's line, then the
+# message says what differs (`pytest --fulltrace` shows every frame).
+__tracebackhide__ = True
+
+# The CUDA cases in bfloat16 against a float64 reference: bf16 keeps 8 bits of mantissa (about 2-3 significant
+# digits), and the kernels round differently from one GPU to another.
+BFLOAT16 = dict(rtol=3e-2, atol=3e-2)
+
+
+def _fmt(a):
+    return np.array2string(np.asarray(a), precision=4, suppress_small=True, separator=", ", max_line_width=100)
+
+
+def _matches(actual, candidate, rtol, atol):
+    candidate = np.asarray(candidate)
+    # NaN matches NaN: some mistakes give NaN in known places (a row of attention with nothing to attend to).
+    return candidate.shape == actual.shape and np.allclose(actual, candidate, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def diagnose(actual, mistakes, rtol, atol):
+    """The descriptions of the mistakes whose result equals ``actual``."""
+    if callable(mistakes):
+        mistakes = mistakes()
+    return [why for why, candidate in (mistakes or {}).items() if _matches(actual, candidate, rtol, atol)]
+
+
+def assert_close(name, actual, expected, *, rtol=1e-4, atol=1e-6, mistakes=None, probes=(), hint=None):
+    """Assert ``actual`` equals ``expected`` within tolerance, explaining any difference.
+
+    mistakes: {"what the learner probably did": the array that mistake produces}, or a function
+    returning that dict (called only when the check fails: some mistakes are costly to compute).
+    probes: functions of ``actual`` for mistakes no single array stands for, called only when the check
+    fails and no mistake's array matched; each tests the property its mistake predicts (it may run the
+    learner's code again on inputs of its own) and returns the mistake's description when the evidence
+    bears it out, else None.
+    hint: a sentence added to any failure (what the value means).
+    """
+    expected = np.asarray(expected)
+    actual = np.asarray(actual)
+    lines = []
+    if actual.shape != expected.shape:
+        lines.append(f"{name} has shape {actual.shape}, expected {expected.shape}.")
+        if actual.shape == expected.shape[::-1] and actual.ndim >= 2:
+            lines.append("The shape is the expected one reversed: is a transpose missing or extra?")
+    elif not np.all(np.isfinite(actual)) and np.all(np.isfinite(expected)):
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(actual))[0])
+        lines.append(f"{name} contains {actual[bad]} at index {bad}; expected finite values.")
+        if expected.ndim <= 1:
+            lines.append(f"  expected: {_fmt(expected)}\n  actual:   {_fmt(actual)}")
+        else:  # the row with the first non-finite value: whole arrays would bury what follows
+            row = bad[:-1]
+            lines.append(f"  row {name}[{', '.join(map(str, row))}]:\n"
+                         f"    expected: {_fmt(expected[row])}\n    actual:   {_fmt(actual[row])}")
+    elif not np.allclose(actual, expected, rtol=rtol, atol=atol):
+        off = ~np.isclose(actual, expected, rtol=rtol, atol=atol)
+        first = tuple(int(i) for i in np.argwhere(off)[0])
+        diff = np.abs(actual - expected)
+        lines.append(
+            f"{name} differs from the expected values in {int(off.sum())} of {off.size} entries "
+            f"(largest difference {diff.max():.4g}; tolerance rtol={rtol:g}, atol={atol:g})."
+        )
+        if expected.ndim <= 1:
+            lines.append(f"  expected: {_fmt(expected)}\n  actual:   {_fmt(actual)}")
+        else:
+            row = first[:-1]
+            lines.append(
+                f"  first mismatching row {name}[{', '.join(map(str, row))}]:\n"
+                f"    expected: {_fmt(expected[row])}\n    actual:   {_fmt(actual[row])}"
+            )
+    else:
+        return
+    named = diagnose(actual, mistakes, rtol, atol)
+    for probe in () if named else probes:
+        why = probe(actual)
+        if why:
+            named.append(why)
+    for why in named:
+        lines.append(f"Likely mistake: {why}")
+    if hint:
+        lines.append(hint)
+    raise AssertionError("\n".join(lines))
+
+
+def assert_mask(name, actual, expected, *, mistakes=None):
+    """A boolean mask (True = takes part) equal to ``expected``, compared as 0/1 numbers, with the masks that
+    typical mistakes give (``mistakes``: {description: boolean mask})."""
+    actual = np.asarray(actual)
+    assert actual.dtype == bool, (
+        f"{name} must be boolean (True = takes part); yours has dtype {actual.dtype}:\n{actual}")
+    assert_close(f"{name} (1 = takes part)", actual.astype(np.float32), np.asarray(expected, np.float32),
+                 mistakes={why: np.asarray(m, np.float32) for why, m in (mistakes or {}).items()})
+
+
+def parameter_count(info):
+    """Number of trainable values of an inspected module, however its parameters are laid out."""
+    return int(sum(np.prod(shape) for shape in info["parameters"].values()))
+
+
+def check_causal_mask(mask, context_length):
+    """A causal mask buffer: (context_length, context_length), possibly with leading 1s for broadcasting;
+    nonzero (True) strictly above the diagonal, zero elsewhere."""
+    mask = np.asarray(mask)
+    t = context_length
+    assert mask.shape[-2:] == (t, t) and mask.size == t * t, (
+        f"mask has shape {mask.shape}; expected (context_length, context_length) = ({t}, {t})"
+    )
+    mask = mask.reshape(t, t)
+    future = np.triu(np.ones((t, t), bool), 1)
+    assert np.all(mask[future] != 0) and np.all(mask[~future] == 0), (
+        f"mask should be 1 (True) strictly above the diagonal (the future) and 0 elsewhere; yours:\n{mask}"
+    )
+
+
+
+
+def check_sizes_from_arguments(info, init, expected_count, what):
+    """A module built with sizes unlike the book's (info: its ``inspect``) has the parameters and the
+    causal mask that its constructor's arguments call for; one that reads a global (the book's
+    d_out = 2, context_length = 6) has not."""
+    count, t = parameter_count(info), init["context_length"]
+    # The causal mask, wherever it lives (heads.0.mask in a module of heads); a missing one is another check's.
+    masks = [np.asarray(b) for n, b in info["buffers"].items() if n.split(".")[-1] == "mask"]
+    problems = []
+    if count != expected_count:
+        problems.append(f"{count} trainable values, expected {expected_count} (parameters: {info['parameters']})")
+    if masks and masks[0].size != t * t:
+        mask = masks[0]
+        problems.append(f"a mask of shape {mask.shape}, expected ({t}, {t}) for context_length={t}")
+    assert not problems, (
+        f"{what}({', '.join(f'{k}={v}' for k, v in init.items())}) has " + " and ".join(problems)
+        + ": take every size from the constructor's arguments, never from a global or the book's example."
+    )
+

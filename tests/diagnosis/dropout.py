@@ -1,0 +1,96 @@
+"""Dropout, judged by its properties: torch's random stream differs across platforms and devices, so a
+dropout is compared with the same computation without it, never with stored masks."""
+from __future__ import annotations
+
+import numpy as np
+
+from .compare import assert_close
+
+__tracebackhide__ = True
+
+def kept_fraction_tolerance(p, n):
+    """How far the kept fraction of n draws may stray from 1 - p: 5 standard deviations (a fixed seed
+    makes each check deterministic; this keeps it true for any seed), at least 0.02."""
+    return max(0.02, 5 * np.sqrt(p * (1 - p) / n))
+
+
+def check_dropout(trained, plain, p, name, *, atol=1e-6):
+    """Training-mode dropout of rate p: ``trained`` is ``plain`` (the same values without dropout) with
+    each nonzero value either dropped (|value| <= atol) or kept and scaled by exactly 1 / (1 - p), about
+    a fraction 1 - p of them kept; the zeros of ``plain`` (e.g. the masked future) stay 0."""
+    trained, plain = np.asarray(trained), np.asarray(plain)
+    assert trained.shape == plain.shape, f"{name}: shape {trained.shape}, expected {plain.shape}"
+    live = plain != 0
+    if not np.all(np.abs(trained[~live]) <= atol):
+        message = (f"{name}: values that are 0 without dropout (the masked future) are not 0 in training mode: "
+                   "dropout may only zero some weights and scale the others, never give weight to a masked key.")
+        # Dropout on the scores, before the softmax, puts weight on masked scores it zeroed, and every row of
+        # weights still sums to what it sums to without dropout (dropout after the softmax changes the sums).
+        if np.allclose(trained.sum(axis=-1), plain.sum(axis=-1), rtol=1e-4, atol=1e-5):
+            message += ("\nLikely mistake: dropout acted on the scores before the softmax (each row of the output "
+                        "still sums to what it sums to without dropout): apply it to the attention weights, after "
+                        "the softmax")
+        raise AssertionError(message)
+    kept = live & (np.abs(trained) > atol)
+    fraction, tolerance = kept.sum() / live.sum(), kept_fraction_tolerance(p, live.sum())
+    assert fraction < 1, (
+        f"{name}: training mode with dropout p={p} dropped nothing: apply the dropout (a module's "
+        "self.dropout) to the attention weights; nn.Dropout acts in training mode only"
+    )
+    if abs(fraction - (1 - p)) >= tolerance:
+        raise AssertionError(
+            f"{name}: {fraction:.3f} of the values were kept, expected {1 - p:.2f} +- {tolerance:.3f} for p={p:.3g} "
+            "(dropout keeps each value with probability 1 - p)."
+            + "".join(f"\nLikely mistake: {why}" for why in rate_mistakes(trained, plain, kept, p)))
+    ratio = trained[kept] / plain[kept]
+    assert_close(f"{name}: kept values / values without dropout", ratio,
+                 np.full(ratio.shape, 1 / (1 - p), np.float32), rtol=1e-4, atol=1e-5,
+                 mistakes={"the kept values were not rescaled by 1 / (1 - p)": np.ones(ratio.shape, np.float32),
+                           "the kept values were multiplied by (1 - p) instead of divided":
+                               np.full(ratio.shape, 1 - p, np.float32)})
+
+
+def rate_mistakes(trained, plain, kept, p):
+    """The mistakes that a kept fraction away from 1 - p bears out: each predicts both the fraction kept and
+    the factor the kept values were scaled by, and is named only when both are what it predicts."""
+    live = plain != 0
+    n, fraction = live.sum(), kept.sum() / live.sum()
+    ratio = trained[kept] / plain[kept]
+    found = []
+    twice = (1 - p) ** 2  # two independent draws must both keep a value, and each scales it by 1 / (1 - p)
+    if (abs(fraction - twice) < kept_fraction_tolerance(1 - twice, n)
+            and np.allclose(ratio, 1 / twice, rtol=1e-4, atol=1e-5)):
+        found.append(
+            f"dropout was applied twice: {fraction:.3f} of the values were kept, about (1 - p)^2 = {twice:.3g}, each "
+            f"scaled by 1 / (1 - p)^2 = {1 / twice:.3g}. The chapter's attention drops its weights once, after the "
+            "softmax: remove the second dropout (nanoGPT's resid_dropout after the output projection, for one; in "
+            "the book's GPT model the transformer block applies that dropout around the attention module)")
+    if p != 0.5 and abs(fraction - p) < kept_fraction_tolerance(p, n):
+        found.append(f"p was used as the probability of keeping a value ({fraction:.3f} kept, about p = {p:.3g}): p is "
+                     "the probability of DROPPING an element (keep where torch.rand_like(x) >= p)")
+    return found
+
+
+def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu"):
+    """A module's dropout, by its properties. Give a case whose output exposes the attention weights
+    (cases.exposing_case) and those weights (``exposed``: ``multihead`` on that case): in training mode with
+    dropout=p each output value is dropped or scaled by 1 / (1 - p) (check_dropout); in eval mode the
+    output is the dropout=0 module's, whatever the seed."""
+    plain = stage.forward(cls, dict(init, dropout=0.0), x, weights, device=device)
+    # Dropout can only be judged on a module that is right without it: otherwise this check would
+    # blame dropout for another mistake of the stage (which its own checks name).
+    if plain.shape != exposed.shape or not np.allclose(plain, exposed, rtol=1e-4, atol=1e-5):
+        raise AssertionError(
+            f"{cls} with dropout=0 does not compute the expected output on this test's case (one-hot "
+            "tokens whose output is the attention weights), so its dropout cannot be checked yet: fix this "
+            "stage's other failures first."
+        )
+    init = dict(init, dropout=p)
+    for seed in (1, 2):
+        assert_close(f"{cls} output in eval mode with dropout={p} (seed {seed})",
+                     stage.forward(cls, init, x, weights, seed=seed, device=device), plain,
+                     hint="In eval mode dropout must do nothing: use nn.Dropout, which follows the module's "
+                     "train()/eval(), or pass training=self.training to F.dropout.")
+    trained = stage.forward(cls, init, x, weights, train=True, seed=0, device=device)
+    check_dropout(trained, plain, p, f"{cls} output in training mode with dropout={p}")
+

@@ -1,0 +1,243 @@
+"""What an exception raised by learner code means, read from its own message and checked against the
+operation that raised it."""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+# ---------------------------------------------------------------- errors
+#
+# An exception carries no numbers to compare with a mistake's, so what it means is read from its own
+# message, and only as far as the evidence goes: each reading is checked against the operation that
+# raised (``Call``: the constructor arguments and the sizes of the inputs the test gave), and one the
+# evidence does not bear out is not shown. A message that says nothing specific beats a wrong one.
+
+STUB = "this part is still a stub: write the code its TODO describes"
+BOOK_LENGTH = 6  # tokens in the book's example ("Your journey starts with one step"): a tell of a hard-coded size
+
+
+@dataclass(frozen=True)
+class Call:
+    """An operation on the learner's code that raised, as the test asked for it: ``op`` and the keyword
+    arguments of ``adapters.OPS[op]``."""
+
+    op: str
+    kwargs: dict
+
+    @property
+    def init(self) -> dict:
+        return self.kwargs.get("init") or {}
+
+    @property
+    def cls(self):
+        return self.kwargs.get("cls")
+
+    def forwards(self):
+        """(b, num_new, num_keys) of each forward the operation ran, in order: a batch of num_new queries
+        attending over num_keys keys (a cached step's keys: every token fed since the cache was emptied)."""
+        if self.op in ("forward", "heads_forward"):
+            shape = np.shape(self.kwargs.get("x"))
+            return [(shape[0], shape[1], shape[1])] if len(shape) >= 2 else []
+        runs, cached = [], 0
+        for step in (self.kwargs.get("steps") or ()) if self.op == "session" else ():
+            if step.get("method") == "reset_cache":
+                cached = 0
+            if step.get("method") != "forward" or not step.get("args") or len(np.shape(step["args"][0])) < 2:
+                continue
+            b, n = np.shape(step["args"][0])[:2]
+            options = step.get("kwargs") or {}
+            if options.get("use_cache"):
+                cached += n
+                runs.append((b, n, cached))
+            else:
+                context = options.get("context")
+                runs.append((b, n, n if context is None else np.shape(context)[1]))
+        return runs
+
+    def function_calls(self, name):
+        """(args, kwargs) of each call of the stage module's function ``name`` in this operation."""
+        if self.op == "call" and self.kwargs.get("func") == name:
+            return [(list(self.kwargs.get("args") or ()), self.kwargs.get("kwargs") or {})]
+        return [(list(s.get("args") or ()), s.get("kwargs") or {}) for s in self.kwargs.get("steps") or ()
+                if self.op == "session" and s.get("function") == name]
+
+    def sizes(self) -> set:
+        """Every size the test chose: the dimensions of every array it passed and every whole-number argument."""
+        found = set()
+
+        def visit(value):
+            if isinstance(value, np.ndarray):
+                found.update(int(s) for s in value.shape)
+            elif isinstance(value, dict):
+                for v in value.values():
+                    visit(v)
+            elif isinstance(value, (list, tuple)):
+                for v in value:
+                    visit(v)
+            elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+                found.add(int(value))
+
+        visit(self.kwargs)
+        return found
+
+
+@dataclass(frozen=True)
+class ErrorReading:
+    """What an error probably means. ``pattern``: a regex over the exception's type and message ("RuntimeError:
+    ..."), never its traceback, which quotes the learner's code. ``meaning``: the words to show (a template for
+    the match's groups) when the message alone is evidence enough, or a function (match, call) giving the words
+    when the failing ``Call`` (None when unknown) bears the reading out, else None."""
+
+    pattern: str
+    meaning: str | Callable
+
+    def read(self, text, call):
+        match = re.search(self.pattern, text)
+        if match is None:
+            return None
+        if callable(self.meaning):
+            return self.meaning(match, call) if call is not None else None
+        return match.expand(self.meaning)
+
+
+BROADCAST = r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at non-singleton dimension (\d+)"
+
+
+def broadcast_sizes(match):
+    """The two sizes that could not be broadcast, and the dimension (of the result) where they met."""
+    return {int(match[1]), int(match[2])}, int(match[3])
+
+
+def mask_not_cut(match, call):
+    """A causal mask kept at context_length x context_length (or cut to the book's 6 tokens) meeting the
+    scores of a sequence of another length: chapter 3's modules, whose queries and keys are x's num_tokens."""
+    sizes, _ = broadcast_sizes(match)
+    length = call.init.get("context_length")
+    for _, num_tokens, num_keys in call.forwards():
+        if num_keys != num_tokens:
+            continue
+        if length and length > num_tokens and sizes == {num_tokens, length}:
+            return (f"the causal mask is context_length x context_length ({length} x {length}) and met the scores of "
+                    f"num_tokens = {num_tokens} tokens: cut it to the sequence, self.mask.bool()[:num_tokens, "
+                    ":num_tokens] with num_tokens = x.shape[1] (never hard-code the sequence length)")
+        if sizes == {num_tokens, BOOK_LENGTH} and BOOK_LENGTH not in call.sizes():
+            return (f"something sized for {BOOK_LENGTH} tokens (the book's example; no size of this check is "
+                    f"{BOOK_LENGTH}) met the scores of num_tokens = {num_tokens} tokens: never hard-code the sequence "
+                    "length or read it from a global: size the mask buffer with the constructor's context_length "
+                    "and cut it with num_tokens = x.shape[1]")
+    return None
+
+
+def view_sizes(match, call):
+    """A view/reshape to sizes that do not fit: which of the sizes the test gave it got wrong."""
+    shape, size = [int(s) for s in match[1].split(",")], int(match[2])
+    if len(shape) < 3 or min(shape) < 1:
+        return None
+    d_in, d_out, num_heads = (call.init.get(k) for k in ("d_in", "d_out", "num_heads"))
+    lead, width = shape[:2], int(np.prod(shape[2:]))
+    for b, num_tokens, _ in call.forwards():
+        if size == b * num_tokens * width and lead != [b, num_tokens]:
+            which = "the batch size b" if shape[0] != b else "num_tokens"
+            return (f"a view to sizes ({shape[0]}, {shape[1]}, ...) where x holds (b, num_tokens) = "
+                    f"({b}, {num_tokens}): take {which} from x.shape instead of hard-coding it")
+        if lead != [b, num_tokens] or not (d_in and d_out) or d_in == d_out:
+            continue
+        if size == b * num_tokens * d_out and width == d_in:
+            return (f"a tensor of width d_out = {d_out} was viewed with x's width d_in = {d_in}: take the width from "
+                    "the constructor (self.d_out), never from x's last size")
+        if size == b * num_tokens * d_in and width == d_out:
+            return (f"a tensor of x's width d_in = {d_in} was viewed as d_out = {d_out} wide: the heads split the "
+                    "projections' outputs W_query(x), W_key(x), W_value(x) (width d_out), not x itself")
+        if size == b * num_tokens * d_out and len(shape) == 4 and num_heads and shape[2] != num_heads:
+            return (f"the heads were split as {shape[2]} x {shape[3]} where the constructor's arguments give num_heads "
+                    f"= {num_heads}, head_dim = d_out // num_heads = {d_out // num_heads}: take both from the "
+                    "constructor's arguments (num_heads, d_out), never from a global or the book's example")
+    return None
+
+
+def matmul_sizes(match, call):
+    """A product whose inner sizes differ: a layer built for another input width, or a transposed operand."""
+    m, inner, other, n = (int(g) for g in match.groups())
+    d_in = call.init.get("d_in")
+    transposed = n == inner  # (the second operand transposed would fit)
+    others = {call.init.get("d_out"), call.init.get("head_dim")}
+    wrong_layer = bool(d_in) and inner == d_in and other != d_in and d_in not in others
+    if transposed:  # (nn.Linear(d_out, d_in), its arguments swapped, shows the same sizes)
+        return (f"({m}x{inner}) @ ({other}x{n}): the inner sizes differ but the second matrix transposed, "
+                f"({n}x{other}), would fit: is a transpose missing or extra? x @ W takes W of shape (d_in, d_out); "
+                "nn.Linear(d_in, d_out)'s weight has shape (d_out, d_in) and is applied as x @ weight.T")
+    if wrong_layer:
+        return (f"a layer built for inputs of width {other} got x, whose width is d_in = {d_in}: build every layer "
+                "from the constructor's arguments (nn.Linear(d_in, ...)), never from globals")
+    return None
+
+
+def parameter_sizes(match, call):
+    """A layer whose input width (the last size of a weight) is not the documented d_in the constructor was given:
+    the module took it from somewhere else."""
+    name = match[1]
+    given, built = ([int(s) for s in re.findall(r"\d+", group)] for group in (match[2], match[3]))
+    d_in = call.init.get("d_in")
+    if not (d_in and len(given) == len(built) == 2 and given[-1] == d_in != built[-1] and given != built[::-1]):
+        return None
+    return (f"{name} has shape {tuple(built)}: a layer built for inputs of width {built[-1]}, but the constructor's "
+            f"d_in is {d_in}: build it as nn.Linear(d_in, ...) from the constructor's arguments, never from globals "
+            "or the book's example")
+
+
+def attribute_never_set(match, call):
+    """An attribute of the module under test read before anything was assigned to it."""
+    if match[1] != call.cls:
+        return None
+    return f"self.{match[2]} is used but never set: assign it in __init__"
+
+
+ERROR_READINGS = [
+    ErrorReading(BROADCAST, mask_not_cut),
+    ErrorReading(r"view size is not compatible with input tensor's size and stride",
+                 "view() on a tensor that is not contiguous in memory (what transpose() returns): call .contiguous() "
+                 "first, or use .reshape()"),
+    ErrorReading(r"shape '\[([-\d, ]+)\]' is invalid for input of size (\d+)", view_sizes),
+    ErrorReading(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", matmul_sizes),
+    ErrorReading(r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) from "
+                 r"checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)", parameter_sizes),
+    ErrorReading(r"'(\w+)' object has no attribute '(\w+)'", attribute_never_set),
+    ErrorReading(r"Expected all tensors to be on the same device",
+                 "tensors on two devices met: create every new tensor on x.device, and keep constant tensors such as "
+                 "the mask as registered buffers (self.register_buffer), which module.to(device) moves"),
+    ErrorReading(r"time limit", "the code ran past the time limit: an infinite loop?"),
+    ErrorReading(r"maximum recursion depth", "a function or forward() calls itself without end"),
+    # What the kit's stubs raise (grader/authoring/stubs.py), and nbgrader's: NotImplementedError() with no message.
+    ErrorReading(r"\ANotImplementedError(:\s*(\w+: .*see its TODO)?)?\s*\Z", STUB),
+]
+
+
+def readings_with(pattern, meaning):
+    """ERROR_READINGS with the reading of ``pattern`` replaced by ``meaning``: a test module's ERROR_READINGS,
+    for a stage where that error means something else (a cached step's mask, a tile's)."""
+    return [ErrorReading(pattern, meaning) if r.pattern == pattern else r for r in ERROR_READINGS]
+
+
+def error_text(typename, message):
+    """An exception as readings read it: "Type: message", without the traceback a grading sandbox appends
+    (its frames quote the learner's code, which is no evidence of what the error means)."""
+    text = message if typename == "SubmissionError" else f"{typename}: {message}"
+    return text.split("\nwhere (most recent call last):", 1)[0].strip()
+
+
+def explain_error(text, call=None, readings=None):
+    """What an exception's ``text`` (error_text) means, as far as the failing ``call`` bears it out: one entry
+    per reading that holds (empty if none). readings: a stage's own (its test module's ERROR_READINGS)."""
+    found = []
+    for reading in ERROR_READINGS if readings is None else readings:
+        try:
+            meaning = reading.read(text, call)
+        except Exception:  # evidence it cannot read (sizes of an unexpected form): it says nothing
+            meaning = None
+        if meaning and meaning not in found:
+            found.append(meaning)
+    return found
+
