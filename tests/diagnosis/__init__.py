@@ -8,6 +8,7 @@ operation that raised it bears the reading out (``errors``).
 
 Test files import what they need from here: ``from diagnosis import assert_close, softmax``.
 """
+from .attention import Attention
 from .compare import (
     BFLOAT16,
     assert_close,
@@ -30,6 +31,9 @@ from .errors import (
     explain_error,
     readings_with,
 )
+from .explain import About, Listed, Probed, Said, Searched
+from .findings import Diagnosed, Finding, FindingRecord
+from .probes import ExposedWeights, weight_findings
 from .references import (
     causal,
     linear,
@@ -42,9 +46,13 @@ from .references import (
     softmax,
     split_heads,
 )
+from .search import Switch
+from .subjects import AttentionModule, WeightsFunction, module_of_heads, same_names, sizes, sizes_per_head, without_out_proj
 
 __all__ = [
-    "BFLOAT16", "BOOK_LENGTH", "BROADCAST", "ERROR_READINGS", "STUB", "Call", "ErrorReading", "assert_close",
+    "About", "Attention", "AttentionModule", "WeightsFunction", "ExposedWeights", "Listed", "Probed", "Said", "Searched", "Switch",
+    "module_of_heads", "same_names", "sizes", "sizes_per_head", "weight_findings", "without_out_proj",
+    "BFLOAT16", "BOOK_LENGTH", "Diagnosed", "Finding", "FindingRecord", "BROADCAST", "ERROR_READINGS", "STUB", "Call", "ErrorReading", "assert_close",
     "assert_mask", "broadcast_sizes", "causal", "check_causal_mask", "check_dropout", "check_module_dropout",
     "check_sizes_from_arguments", "diagnose", "error_text", "explain_error", "kept_fraction_tolerance", "linear",
     "multihead", "multihead_mistakes", "np_angles", "np_rope", "parameter_count", "rate_mistakes", "readings_with",
