@@ -59,8 +59,7 @@ def assert_close(name, actual, expected, *, rtol=1e-4, atol=1e-6, diagnosis: Seq
 
     if actual.shape != expected.shape:
         lines.append(f"{name} has shape {actual.shape}, {first_label} {expected.shape}.")
-        if actual.shape == expected.shape[::-1] and actual.ndim >= 2:
-            lines.append("The shape is the expected one reversed: is a transpose missing or extra?")
+        diagnosis = [*diagnosis, Said(lambda values: shape_findings(values.shape, expected.shape))]
     elif not np.all(np.isfinite(actual)) and np.all(np.isfinite(expected)):
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(actual))[0])
         lines.append(f"{name} contains {actual[bad]} at index {bad}; {first_label}: finite values.")
@@ -96,6 +95,32 @@ def assert_close(name, actual, expected, *, rtol=1e-4, atol=1e-6, diagnosis: Seq
     if hint:
         lines.append(hint)
     raise Diagnosed("\n".join(lines), findings)
+
+
+def shape_findings(actual: tuple, expected: tuple) -> list[Finding]:
+    """What a wrong shape shows, when it holds the expected number of values: axes swapped, or an axis that grew by
+    the factor another shrank by (parts joined along the wrong axis)."""
+    if actual == expected or int(np.prod(actual)) != int(np.prod(expected)) or len(actual) != len(expected):
+        return []
+    if sorted(actual) == sorted(expected) and len(actual) >= 2:
+        swapped = [i for i, (a, e) in enumerate(zip(actual, expected)) if a != e]
+        if len(swapped) == 2:
+            i, j = swapped
+            return [Finding(f"your shape is the expected one with axes {i} and {j} swapped.",
+                            (f"a transpose is missing or extra (of axes {i} and {j})",), "shapes", "probe",
+                            weight=1)]
+    grew = [i for i, (a, e) in enumerate(zip(actual, expected)) if a > e and a % e == 0]
+    shrank = [i for i, (a, e) in enumerate(zip(actual, expected)) if a < e and e % a == 0]
+    if len(grew) == 1 and len(shrank) == 1:
+        i, j = grew[0], shrank[0]
+        factor = actual[i] // expected[i]
+        if expected[j] // actual[j] == factor:
+            last = "the last axis" if j == len(expected) - 1 else f"axis {j}"
+            return [Finding(f"your values fill axis {i} {factor} times over ({actual[i]} = {factor} x {expected[i]}) "
+                            f"and {last} {factor} times less ({actual[j]} = {expected[j]} / {factor}).",
+                            (f"{factor} parts were joined along axis {i} instead of {last} (torch.cat(..., dim={j if j < len(expected) - 1 else -1}))",),
+                            "shapes", "probe", weight=1)]
+    return []
 
 
 def assert_mask(name, actual, expected, *, mistakes=None):

@@ -184,11 +184,8 @@ def _sums(w, observed, rows, allowed):
                      "softmax, say), or they are not a softmax over the keys",), "softmax", "probe", weight=6)]
 
 
-def _temperature(w, observed, rows, allowed):
-    """The factor the learner's weights show the scores were multiplied by: for each readable row, log w is that
-    factor times the scores plus a constant, over the keys the row gives weight to."""
-    scores = np.asarray(w.scores, dtype=np.float64)
-    use = rows[..., None] & allowed & (observed > 1e-30)
+def _fit(scores, observed, use):
+    """The factor f and the residual of log w = f * scores + a constant per row, over the entries ``use``."""
     xs, ys = [], []
     for index in np.argwhere(np.any(use, axis=-1)):
         index = tuple(index)
@@ -199,13 +196,30 @@ def _temperature(w, observed, rows, allowed):
         xs.append(x - x.mean())
         ys.append(y - y.mean())
     if not xs:
-        return []
+        return None
     x, y = np.concatenate(xs), np.concatenate(ys)
     if np.sum(x * x) < 1e-12:
-        return []
+        return None
     factor = float(np.sum(x * y) / np.sum(x * x))
     residual = np.sqrt(np.mean((y - factor * x) ** 2))
-    if residual > 1e-3 * max(1.0, np.sqrt(np.mean(y ** 2))) or factor <= 0:
+    good = residual <= 1e-3 * max(1.0, np.sqrt(np.mean(y ** 2))) and factor > 0
+    return factor if good else None
+
+
+def _temperature(w, observed, rows, allowed):
+    """The factor the learner's weights show the scores were multiplied by: for each readable row, log w is that
+    factor times the scores plus a constant, over the keys the row gives weight to."""
+    scores = np.asarray(w.scores, dtype=np.float64)
+    use = rows[..., None] & allowed & (observed > 1e-30)
+    if _fit(scores, observed, use) is None and scores.shape[-1] == scores.shape[-2]:
+        transposed = _fit(np.swapaxes(scores, -1, -2), observed, use)
+        if transposed is not None and abs(transposed / w.scale - 1) < 1e-3:
+            return [Finding(f"{w.what} are the softmax of the transposed scores: row i holds every query's score "
+                            "against key i, not query i's scores against every key.",
+                            ("keys @ queries^T: the scores are transposed (row i must hold query i's scores, "
+                             "queries @ keys.transpose(...))",), "scores", "probe", weight=4)]
+    factor = _fit(scores, observed, use)
+    if factor is None:
         return []  # not a softmax of these scores at one temperature: another probe or the search says why
     if abs(factor / w.scale - 1) < 1e-3:
         return []  # the right temperature
@@ -305,9 +319,22 @@ def batch_findings(run: Run, x, *, what="your output") -> list[Finding]:
                     "batching", "probe", weight=1)]
 
 
-def heads_findings(run_permuted: Callable[[], tuple[np.ndarray, np.ndarray]], *, what="your output") -> list[Finding]:
-    """``run_permuted()``: the output with the heads' weights as given and with two heads swapped (their rows of
-    the projections and their columns of out_proj): independent heads give the same output."""
+SPLIT_HEADS = ("swapping two heads' weights (their rows of W_query, W_key and W_value, and their columns of out_proj) "
+               "changed {what}: the heads are not computed each from its own features.",
+               "the split into heads takes a head's features from several heads (a view straight to (b, num_heads, "
+               "num_tokens, head_dim) without transpose), or the heads are merged back in another order than they "
+               "were split (a view without transpose(1, 2) first)")
+HEAD_MODULES = ("swapping the weights of heads 0 and 1 did not just swap their blocks of {what}: the output is not "
+                "the heads' outputs side by side, in the order of self.heads.",
+                "the heads' outputs were joined in another order or along another axis: torch.cat([head(x) for head "
+                "in self.heads], dim=-1)")
+
+
+def heads_findings(run_permuted: Callable[[], tuple[np.ndarray, np.ndarray]], *, what="your output",
+                   words: tuple[str, str] = SPLIT_HEADS) -> list[Finding]:
+    """``run_permuted()``: the output with the heads' weights as given, and what independent heads give with two
+    heads swapped (the same output, or its blocks swapped back): they must be equal. ``words``: what the evidence
+    and its cause are called for this kind of module."""
     try:
         before, after = run_permuted()
     except Exception:
@@ -315,12 +342,7 @@ def heads_findings(run_permuted: Callable[[], tuple[np.ndarray, np.ndarray]], *,
     before, after = np.asarray(before), np.asarray(after)
     if before.shape != after.shape or np.allclose(before, after, rtol=1e-4, atol=1e-5, equal_nan=True):
         return []
-    return [Finding(f"swapping two heads' weights (their rows of W_query, W_key and W_value, and their columns of "
-                    f"out_proj) changed {what}: the heads are not computed each from its own features.",
-                    ("the split into heads takes a head's features from several heads (a view straight to (b, "
-                     "num_heads, num_tokens, head_dim) without transpose), or the heads are merged back in another "
-                     "order than they were split (a view without transpose(1, 2) first)",),
-                    "heads", "probe", weight=2)]
+    return [Finding(words[0].format(what=what), (words[1],), "heads", "probe", weight=2)]
 
 
 def dtype_findings(run64: Callable[[], np.ndarray], *, what="your output") -> list[Finding]:

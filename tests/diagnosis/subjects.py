@@ -18,8 +18,15 @@ import numpy as np
 
 from . import attention as A
 from .explain import Evidence, Probed, Said, Searched
-from .probes import ExposedWeights, batch_findings, dependency_findings, dtype_findings, heads_findings, \
-    weight_findings
+from .probes import (
+    HEAD_MODULES,
+    ExposedWeights,
+    batch_findings,
+    dependency_findings,
+    dtype_findings,
+    heads_findings,
+    weight_findings,
+)
 
 Layout = Callable[[dict, int], dict]  # (canonical weights, num_heads) -> the module's state_dict
 
@@ -38,6 +45,25 @@ def module_of_heads(weights: dict, num_heads: int, prefix: str = "heads.") -> di
     found = {f"{prefix}{h}.{name}": value[h * head_dim:(h + 1) * head_dim] for h in range(num_heads)
              for name, value in weights.items() if name.startswith("W_")}
     return found | {k: v for k, v in weights.items() if k.startswith("out_proj.")}
+
+
+def heads_as_one(weights: dict, num_heads: int, prefix: str = "heads.") -> dict:
+    """A module of heads' state_dict (heads.{h}.W_query ...) as the canonical weights: the heads' projections
+    stacked, head h's rows after head h - 1's."""
+    found = {}
+    for name in sorted({k.split(".", 2)[2] for k in weights if k.startswith(prefix)}):
+        found[name] = np.concatenate([weights[f"{prefix}{h}.{name}"] for h in range(num_heads)])
+    return found | {k: v for k, v in weights.items() if not k.startswith(prefix)}
+
+
+def as_parameters(weights: dict, num_heads: int) -> dict:
+    """SelfAttention_v1's layout: each projection an nn.Parameter of shape (d_in, d_out), used as x @ W."""
+    return {name: weights[f"{name}.weight"].T for name in ("W_query", "W_key", "W_value")}
+
+
+def sizes_only(init: dict, d_in: int, d_out: int, context_length: int) -> dict:
+    """Constructor arguments of a module with no context_length or dropout (SelfAttention): its sizes."""
+    return {**{k: v for k, v in init.items() if k == "qkv_bias"}, "d_in": d_in, "d_out": d_out}
 
 
 def sizes(init: dict, d_in: int, d_out: int, context_length: int) -> dict:
@@ -65,18 +91,28 @@ class AttentionModule:
     sized: Callable[[dict, int, int, int], dict] = sizes
     what: str = "your output"
     options: dict = field(default_factory=dict)  # passed to every forward (device, dtype)
+    batched: bool = True  # False: forward takes one sequence (num_tokens, d_in), as chapter 3's SelfAttention does
 
     def run(self, x, weights, init=None, **options):
-        """The learner's output for ``x`` with the canonical ``weights``."""
-        spec = self.spec
-        return self.stage.forward(self.cls, init or self.init, x, self.layout(weights, spec.num_heads),
-                                  **{**self.options, **options})
+        """The learner's output for ``x`` (b, num_tokens, d_in) with the canonical ``weights``."""
+        state = self.layout(weights, self.spec.num_heads)
+        options = {**self.options, **options}
+        if self.batched:
+            return self.stage.forward(self.cls, init or self.init, x, state, **options)
+        return np.stack([self.stage.forward(self.cls, init or self.init, row, state, **options) for row in x])
 
     # -- the evidence of a failed check of this module's output
 
     def evidence(self, x, weights, *, rows=slice(None)) -> list[Evidence]:
         """What a failed check of ``run(x, weights)[:, rows]`` is diagnosed with: the mechanism's switches searched
-        on this case (and a second one to tell candidates apart), and the probes of this module."""
+        on this case (and a second one to tell candidates apart), and the probes of this module. Nothing is worked
+        out unless the check fails. An unbatched module's check compares one sequence: its evidence is about that
+        sequence, as a batch of one."""
+        if not self.batched:
+            return [Unbatched(Deferred(lambda: self.sources(np.asarray(x)[None], weights, rows)))]
+        return [Deferred(lambda: self.sources(x, weights, rows))]
+
+    def sources(self, x, weights, rows) -> list[Evidence]:
         x = np.asarray(x)
         d_in, d_out = x.shape[-1], weights["W_query.weight"].shape[0]
         kv_width = weights["W_key.weight"].shape[0]
@@ -96,7 +132,7 @@ class AttentionModule:
         return [Searched(compute, switches, self.what, second),
                 Probed([lambda: self.probe_weights_or_dependencies(x, weights), lambda: batch_findings(lambda a: self.run(a, weights), x,
                                                                               what=self.what),
-                        lambda: self.probe_heads(x, weights),
+                        lambda: self.probe_heads(x, weights) if self.batched else [],
                         lambda: dtype_findings(lambda: self.run(x, weights, dtype="float64"), what=self.what)])]
 
     def second_case(self, x, weights):
@@ -109,8 +145,9 @@ class AttentionModule:
         head_dim = weights["W_query.weight"].shape[0] // spec.num_heads + 1
         d_out, kv = spec.num_heads * head_dim, spec.groups * head_dim
         context_length = max(self.init.get("context_length", t), t) + 1
-        init = {**self.sized(self.init, d_in + 1, d_out, context_length),
-                "qkv_bias": "W_query.bias" in weights}
+        init = self.sized(self.init, d_in + 1, d_out, context_length)
+        if "qkv_bias" in init:
+            init["qkv_bias"] = "W_query.bias" in weights
         shapes = {"W_query": (d_out, d_in + 1), "W_key": (kv, d_in + 1), "W_value": (kv, d_in + 1),
                   "out_proj": (d_out, d_out)}
         weights2 = {}
@@ -243,13 +280,39 @@ class AttentionModule:
             blocks = after.reshape(b, t, -1, head_dim)[:, :, np.argsort(order)].reshape(b, t, -1)
             return before, blocks
 
-        return heads_findings(both, what=self.what)
+        return heads_findings(both, what=self.what, words=HEAD_MODULES)
 
     def probe_dependencies(self, x, weights):
         t = np.asarray(x).shape[1]
         positions = np.arange(t)
         return dependency_findings(lambda a: self.run(a, weights), x,
                                    A.allowed_keys(self.spec, positions, positions), what=self.what)
+
+
+@dataclass
+class Deferred:
+    """Sources of evidence worked out only when a check fails (``make()`` gives them)."""
+
+    make: Callable[[], list[Evidence]]
+
+    def findings(self, actual, rtol, atol):
+        found = []
+        for source in self.make():
+            try:
+                found += source.findings(actual, rtol, atol)
+            except Exception:  # a source that cannot run on this code says nothing
+                continue
+        return found
+
+
+@dataclass
+class Unbatched:
+    """Evidence about one sequence of an unbatched module, found on it as a batch of one."""
+
+    evidence: Evidence
+
+    def findings(self, actual, rtol, atol):
+        return self.evidence.findings(np.asarray(actual)[None], rtol, atol)
 
 
 @dataclass
