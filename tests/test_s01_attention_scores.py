@@ -1,7 +1,8 @@
 """Stage 1: attention scores for one query.
 
 Spec: the score of token i is the dot product inputs[i] . query. The loop
-form and the matmul form return the same (num_tokens,) vector.
+form and the matmul form each return that (num_tokens,) vector; each form is
+graded on its own.
 """
 import pytest
 
@@ -39,18 +40,12 @@ def test_scores_for_other_sizes_and_a_query_outside_the_inputs(stage, hidden_fx,
     )
 
 
-def test_loop_and_matmul_forms_agree(stage, hidden_fx):
-    inputs, query = hidden_fx["case0/inputs"], hidden_fx["case0/query"]
-    assert_close(
-        "matmul scores vs loop scores",
-        stage.attention_scores_matmul(inputs, query), stage.attention_scores_loop(inputs, query),
-    )
-
-
 @pytest.mark.parametrize("form", FORMS)
 def test_random_cases(stage, reference, rng, form):
     for _ in range(3):
         t, d = rng.integers(2, 12), rng.integers(2, 9)
         inputs, query = normal(rng, t, d), normal(rng, d)
         expected = reference.stage(STAGE).attention_scores_matmul(inputs, query)
-        assert_close(f"scores for inputs {inputs.shape}", getattr(stage, form)(inputs, query), expected)
+        assert_close(f"scores for inputs {inputs.shape}", getattr(stage, form)(inputs, query), expected,
+                     mistakes={"the scores of every pair of tokens; one query needs one score per token": inputs @ inputs.T,
+                               "scores against inputs[1] instead of the given query": inputs @ inputs[1]})

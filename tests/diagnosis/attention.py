@@ -78,6 +78,34 @@ def rope(x, positions, theta, choice=None):
     return x * np.cos(angles) + rotated * np.sin(angles)
 
 
+def _unstable(x, axis=-1):
+    """softmax without subtracting the max first, in float32 as torch computes it: exp overflows to inf for scores
+    above about 88, and inf / inf is NaN."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(np.asarray(x, dtype=np.float32))
+        return (e / e.sum(axis=axis, keepdims=True)).astype(np.float64)
+
+
+def _whole_sum(x, axis=-1):
+    """exp(x - max per row) divided by the sum over the whole tensor."""
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+        return e / e.sum()
+
+
+def _flat(x, axis=-1):
+    """One softmax over every entry of the tensor."""
+    return softmax(np.asarray(x).reshape(-1)).reshape(np.shape(x))
+
+
+def _sum_normalised(x, axis=-1):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(x, dtype=np.float64) / np.sum(x, axis=axis, keepdims=True)
+
+
+BY_HAND = {"unstable": _unstable, "whole_sum": _whole_sum, "flat": _flat, "sum": _sum_normalised}
+
+
 def allowed_keys(spec: Attention, query_positions, key_positions, choices: Choices = NONE):
     """Boolean (n_queries, n_keys): which keys each query may attend to, by the tokens' positions."""
     i = np.asarray(query_positions)[:, None]
@@ -88,7 +116,7 @@ def allowed_keys(spec: Attention, query_positions, key_positions, choices: Choic
     allowed = np.ones((i.shape[0], j.shape[1]), bool)
     if spec.causal:
         allowed = {None: j <= i, "top_left": j <= i, "none": allowed, "diagonal": j < i, "next": j <= i + 1,
-                   "past": j >= i}[causal]
+                   "past": j >= i, "inverted": j > i, "inverted_nan": j > i}[causal]
     if spec.window is not None:
         w = spec.window
         band = {None: i - j < w, "plus_one": i - j <= w, "minus_one": i - j < w - 1, "two_sided": abs(i - j) < w,
@@ -110,13 +138,14 @@ def attention_weights(scores, allowed, scale: float, choices: Choices = NONE, em
     if choices.get("scores") == "transposed":
         s = np.swapaxes(s, -1, -2)
     axis = -2 if choices.get("softmax") == "queries" else -1
+    normalise = BY_HAND.get(choices.get("by_hand"), softmax)
     fill = choices.get("fill")
     if fill == "zero":
-        w = softmax(np.where(allowed, s, 0.0), axis)
+        w = normalise(np.where(allowed, s, 0.0), axis)
     elif fill == "after":
-        w = softmax(s, axis) * allowed
+        w = normalise(s, axis) * allowed
     else:
-        w = softmax(np.where(allowed, s, -np.inf), axis)
+        w = normalise(np.where(allowed, s, -np.inf), axis)
         if empty_rows == "zero":
             w = np.where(np.any(allowed, axis=-1, keepdims=True), w, 0.0)
     if choices.get("softmax") == "twice":
@@ -176,8 +205,9 @@ def forward(spec: Attention, x, weights, choices: Choices = NONE, *, context=Non
         k, v = expand(k), expand(v)
     allowed = allowed_keys(spec, query_positions, key_positions, choices) if context is None else \
         np.ones((t, n), bool)
+    # (an inverted boolean mask given to F.scaled_dot_product_attention: a row left with no key gives 0, or NaN)
     w = attention_weights(q @ np.swapaxes(k, -1, -2), allowed, scale_of(spec, head_dim, d_in, d_out, choices),
-                          choices)
+                          choices, empty_rows="zero" if choices.get("causal") == "inverted" else "nan")
     out = merge(w @ v, choices)
     if spec.out_proj and choices.get("out_proj") != "missing":
         out = linear(out, weights, "out_proj")
@@ -205,10 +235,19 @@ SCORES = Switch("scores", "scores", {
     "transposed": "keys @ queries^T: the scores are transposed (row i must hold query i's scores, "
                   "queries @ keys.transpose(...))"})
 SOFTMAX = Switch("softmax", "softmax", {
-    "queries": "softmax over the wrong dimension: the query axis (dim=-2, or dim=1 of a batch); each query's "
-               "weights over the keys must sum to 1, so use dim=-1",
+    "queries": "softmax over the wrong dimension, the query axis (dim=-2: dim 0 of one table of scores, dim 1 of a "
+               "batch); each query's weights over the keys must sum to 1, so use dim=-1",
     "twice": "softmax was applied twice: the weights were already normalised, and a second softmax flattens them "
              "and gives the masked future weight exp(0) > 0"})
+# The ways a softmax written by hand goes wrong (the stages that write one; a module's uses torch.softmax).
+SOFTMAX_BY_HAND = Switch("by_hand", "softmax", {
+    "unstable": "the max was not subtracted before exp: exp overflows to inf for large scores (inf / inf is NaN); "
+                "subtract each row's max first, softmax(x) = softmax(x - max(x))",
+    "whole_sum": "the exponentials were divided by their sum over the whole tensor; sum each row (dim=dim, "
+                 "keepdim=True)",
+    "flat": "one softmax over the whole tensor: the max and the sum must be taken per row (keepdim=True)",
+    "sum": "the scores were divided by their sum, not passed through softmax (exp, then divide by the sum of the "
+           "exponentials)"})
 CAUSAL = Switch("causal", "masking", {
     "none": "the causal mask is missing: tokens see the future",
     "diagonal": "the mask hides each token's own position too (torch.triu(..., diagonal=0), or j < i): a token "
@@ -217,6 +256,10 @@ CAUSAL = Switch("causal", "masking", {
     "next": "the mask starts one diagonal too high (torch.triu(..., diagonal=2), or j <= i + 1): each token also "
             "sees the next one; mask the strict upper triangle, torch.triu(..., diagonal=1)",
     "past": "the mask hides the past instead of the future (tril and triu swapped)"})
+SDPA_MASK = ("the boolean mask is inverted: F.scaled_dot_product_attention takes attn_mask True where a token takes "
+             "part, so pass the allowed positions, ~mask (the causal buffer marks the future)")
+INVERTED = {"inverted": SDPA_MASK,
+            "inverted_nan": SDPA_MASK + " (here a row left with nothing to attend to gives NaN)"}
 CACHED_ROWS = {"top_left": "the new queries of a cached step were masked as if they came first (rows 0.. of the "
                            "mask, or is_causal with more keys than queries, which aligns them top-left): they are the "
                            "last num_new of num_keys positions"}
@@ -288,7 +331,7 @@ def switches(spec: Attention, d_in: int, d_out: int, kv_width: int | None = None
     kv_width = d_out if kv_width is None else kv_width
     found = [scaling_switch(spec, head_dim, d_in, d_out), SCORES, SOFTMAX, FILL, *PROJECTIONS.values()]
     if spec.causal:
-        found.append(CAUSAL.plus(CACHED_ROWS) if cached else CAUSAL)
+        found.append(CAUSAL.plus(INVERTED).plus(CACHED_ROWS if cached else {}))
     if spec.window is not None:
         found.append(WINDOW)
     if not spec.out_proj:

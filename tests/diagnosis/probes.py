@@ -177,8 +177,9 @@ def _sums(w, observed, rows, allowed):
     if nq == nk and np.allclose(columns, 1, atol=1e-3):
         return [Finding(f"{w.what} sum to 1 down each column (over the queries), not along each row: row "
                         f"{index[-1]} sums to {sums[index]:.4g}.",
-                        ("softmax over the wrong dimension: the query axis (dim=-2, or dim=1 of a batch); each query's "
-                         "weights over the keys must sum to 1, so use dim=-1",), "softmax", "probe", weight=4)]
+                        ("softmax over the wrong dimension, the query axis (dim=-2: dim 0 of one table of scores, dim "
+                         "1 of a batch); each query's weights over the keys must sum to 1, so use dim=-1",), "softmax",
+                        "probe", weight=4)]
     return [Finding(f"{w.what} of a query do not sum to 1: row {index[-1]} sums to {sums[index]:.4g}.",
                     ("the weights were changed after the softmax without being renormalised (masked after the "
                      "softmax, say), or they are not a softmax over the keys",), "softmax", "probe", weight=6)]

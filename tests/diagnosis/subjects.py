@@ -326,6 +326,7 @@ class WeightsFunction:
     width: int | None = None  # the d_k the scale is 1/sqrt(d_k) of; None: no scale
     rerun: Callable[[np.ndarray, int | None], np.ndarray] | None = None
     what: str = "your weights"
+    by_hand: bool = False  # a softmax the stage writes by hand: its own mistakes are searched too
 
     def scale(self, width, choices=A.NONE) -> float:
         if width is None:
@@ -342,7 +343,11 @@ class WeightsFunction:
 
     def evidence(self, scores) -> list[Evidence]:
         scores = np.asarray(scores, dtype=np.float64)
-        switches = [A.SCORES, A.SOFTMAX, A.FILL] + ([A.CAUSAL] if self.spec.causal else [])
+        if scores.ndim == 1:  # one query's scores: a row of one
+            return [Unbatched(source) for source in self.evidence(scores[None])]
+        switches = [A.SCORES, A.SOFTMAX] + ([A.FILL, A.CAUSAL] if self.spec.causal else [])
+        if self.by_hand:
+            switches.append(A.SOFTMAX_BY_HAND)
         if self.width is not None:
             switches.insert(0, A.scaling_switch(self.spec, self.width, self.width, self.width))
         if scores.shape[-1] != scores.shape[-2]:
