@@ -164,7 +164,7 @@ BUGS = [
                  "context_vec.view(b, num_tokens, self.d_out)"),),
                "view after transpose without contiguous()", "contiguous"),
     Submission("values_are_inputs", S10, (("values = self.W_value(x)", "values = x"),),
-               "the values are the raw inputs", "the values were the inputs",
+               "the values are the raw inputs", "not x itself",
                not_said=("instead of hard-coding",)),
     Submission("num_heads_never_stored", S10, (("        self.num_heads = num_heads\n", ""),),
                "self.num_heads is used but never set", "self.num_heads is used but never set",

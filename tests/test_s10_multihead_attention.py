@@ -132,7 +132,7 @@ def test_sizes_come_from_the_constructor(stage):
 
 
 def test_output_of_a_token_ignores_later_tokens(stage):
-    init, x, weights = mha_case(8, b=1, t=7, d_in=6, d_out=6, context_length=7, num_heads=3, qkv_bias=True)
+    init, x, weights = mha_case(8, b=1, t=7, d_in=5, d_out=6, context_length=7, num_heads=3, qkv_bias=True)
     changed = x.copy()
     changed[:, 5:] -= 2.0
     before, after = stage.forward(CLS, init, x, weights), stage.forward(CLS, init, changed, weights)

@@ -103,7 +103,15 @@ def _sum_normalised(x, axis=-1):
         return np.asarray(x, dtype=np.float64) / np.sum(x, axis=axis, keepdims=True)
 
 
-BY_HAND = {"unstable": _unstable, "whole_sum": _whole_sum, "flat": _flat, "sum": _sum_normalised}
+def _global_max(x, axis=-1):
+    """exp(x - the max of the whole tensor), in float32 as torch computes it, divided by each row's sum."""
+    with np.errstate(under="ignore", invalid="ignore"):
+        e = np.exp((np.asarray(x, dtype=np.float64) - np.max(x)).astype(np.float32)).astype(np.float64)
+        return e / e.sum(axis=axis, keepdims=True)
+
+
+BY_HAND = {"unstable": _unstable, "whole_sum": _whole_sum, "flat": _flat, "sum": _sum_normalised,
+           "global_max": _global_max}
 
 
 def allowed_keys(spec: Attention, query_positions, key_positions, choices: Choices = NONE):
@@ -128,7 +136,8 @@ def allowed_keys(spec: Attention, query_positions, key_positions, choices: Choic
 def scale_of(spec: Attention, head_dim: int, d_in: int, d_out: int, choices: Choices = NONE) -> float:
     """What the scores are multiplied by before the softmax."""
     return {None: 1 / np.sqrt(head_dim), "none": 1.0, "times": np.sqrt(head_dim), "no_sqrt": 1 / head_dim,
-            "d_out": 1 / np.sqrt(d_out), "d_in": 1 / np.sqrt(d_in), "twice": 1 / head_dim}[choices.get("scale")]
+            "d_out": 1 / np.sqrt(d_out), "d_in": 1 / np.sqrt(d_in), "twice": 1 / head_dim,
+            "num_heads": 1 / np.sqrt(spec.num_heads)}[choices.get("scale")]
 
 
 def attention_weights(scores, allowed, scale: float, choices: Choices = NONE, empty_rows="nan"):
@@ -225,6 +234,9 @@ def scaling_switch(spec: Attention, head_dim: int, d_in: int, d_out: int) -> Swi
     if d_out != head_dim:
         wrong["d_out"] = (f"the scores were scaled by sqrt(d_out), the model width; each head's dot products have "
                           f"{k} terms, so divide by sqrt({k})")
+    if spec.num_heads > 1 and spec.num_heads not in (head_dim, d_out):
+        wrong["num_heads"] = (f"the scores were scaled by sqrt(num_heads), the number of heads; each head's dot "
+                              f"products have {k} terms, so divide by sqrt({k})")
     if d_in not in (head_dim, d_out):
         wrong["d_in"] = (f"the scores were scaled by sqrt(d_in), the input width; the dot products have {k} terms, "
                          f"so divide by sqrt({k})")
@@ -245,6 +257,8 @@ SOFTMAX_BY_HAND = Switch("by_hand", "softmax", {
                 "subtract each row's max first, softmax(x) = softmax(x - max(x))",
     "whole_sum": "the exponentials were divided by their sum over the whole tensor; sum each row (dim=dim, "
                  "keepdim=True)",
+    "global_max": "the max subtracted before exp was the whole tensor's, not each row's: a row far below it underflows "
+                  "to 0 / 0 = NaN; subtract each row's max, x.max(dim=dim, keepdim=True)",
     "flat": "one softmax over the whole tensor: the max and the sum must be taken per row (keepdim=True)",
     "sum": "the scores were divided by their sum, not passed through softmax (exp, then divide by the sum of the "
            "exponentials)"})

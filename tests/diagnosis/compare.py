@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .explain import Evidence, Listed, Said, explain
-from .findings import Diagnosed, Finding
+from .findings import Finding, diagnosed
 
 # pytest leaves this module's frames out of a failure's traceback: it ends at the test's line, then the
 # message says what differs (`pytest --fulltrace` shows every frame).
@@ -94,7 +94,7 @@ def assert_close(name, actual, expected, *, rtol=1e-4, atol=1e-6, diagnosis: Seq
     lines += [line for finding in findings for line in finding.lines()]
     if hint:
         lines.append(hint)
-    raise Diagnosed("\n".join(lines), findings)
+    raise diagnosed("\n".join(lines), findings)
 
 
 def shape_findings(actual: tuple, expected: tuple) -> list[Finding]:

@@ -46,10 +46,10 @@ class Searched:
     def findings(self, actual, rtol, atol):
         found = search(actual, self.compute, self.switches, rtol=rtol, atol=atol, pairs=self.pairs)
         separated = False
-        if len(found) > 1 and self.second is not None:
+        if found and self.second is not None:
             try:
                 second = self.second()
-            except Exception:  # the learner's code fails on the second case: it separates nothing
+            except Exception:  # the learner's code fails on the second case: it tells nothing apart
                 second = None
             found, separated = separate(found, second, rtol, atol)
         return findings_of(found, self.what, separated)
@@ -156,6 +156,9 @@ def reconcile(found: list[Finding]) -> list[Finding]:
             f = Finding(f.shows.replace(": these inputs cannot tell them apart.", "; the evidence above tells which."),
                         tuple(decided & set(f.causes)), f.mechanism, f.source, f.weight)
         kept.append(f)
+    # A change of the reference computation that gives the learner's numbers exactly accounts for everything the
+    # probes measured on them: the probes' evidence stays, their own (more general) causes give way to it.
+    settled = any(f.source == "mutation" and len(f.causes) == 1 for f in kept)
     specific = {m for f in kept if f.source in ("mutation", "listed") for m in f.mechanism.split(", ") if m}
-    return merged([Finding(f.shows, (), f.mechanism, f.source, f.weight)  # the search names the cause
-                   if f.source == "probe" and f.causes and f.mechanism in specific else f for f in kept])
+    return merged([Finding(f.shows, (), f.mechanism, f.source, f.weight)
+                   if f.source == "probe" and f.causes and (settled or f.mechanism in specific) else f for f in kept])

@@ -72,10 +72,10 @@ def merged(findings: list[Finding]) -> list[Finding]:
     return kept
 
 
-class Diagnosed(AssertionError):
-    """A failed check with what the evidence bears out: the message shows them, ``findings`` carries them as data
-    (the suite's report hook copies them into the test's report, where a grader reads them)."""
-
-    def __init__(self, message: str, findings: list[Finding] = ()):
-        super().__init__(message)
-        self.findings = list(findings)
+def diagnosed(message: str, findings: list[Finding]) -> AssertionError:
+    """A failed check with what the evidence bears out: an AssertionError (as any failed check is) whose message
+    shows them and whose ``findings`` carries them as data (the suite's report hook copies them into the test's
+    report, where a grader reads them)."""
+    error = AssertionError(message)
+    error.findings = list(findings)  # type: ignore[attr-defined]
+    return error

@@ -172,14 +172,20 @@ def _sums(w, observed, rows, allowed):
     if not np.any(off):
         return []
     index = tuple(int(i) for i in np.argwhere(off)[0])
-    columns = np.nansum(np.where(np.isfinite(observed), observed, 0), axis=-2)
+    finite = np.where(np.isfinite(observed), observed, 0)
     nq, nk = observed.shape[-2:]
-    if nq == nk and np.allclose(columns, 1, atol=1e-3):
+    if nq == nk and np.allclose(finite.sum(axis=-2), 1, atol=1e-3):
         return [Finding(f"{w.what} sum to 1 down each column (over the queries), not along each row: row "
                         f"{index[-1]} sums to {sums[index]:.4g}.",
                         ("softmax over the wrong dimension, the query axis (dim=-2: dim 0 of one table of scores, dim "
                          "1 of a batch); each query's weights over the keys must sum to 1, so use dim=-1",), "softmax",
                         "probe", weight=4)]
+    for axis in range(observed.ndim - 2):  # a batch's (or heads') axis
+        if observed.shape[axis] > 1 and np.allclose(finite.sum(axis=axis), 1, atol=1e-3):
+            return [Finding(f"{w.what} sum to 1 across axis {axis} (over the {observed.shape[axis]} tables of a "
+                            f"batch), not along each row: row {index[-1]} sums to {sums[index]:.4g}.",
+                            (f"the softmax (or its sum) ran over dim {axis}, a batch axis: take it over the keys, "
+                             "dim=-1",), "softmax", "probe", weight=4)]
     return [Finding(f"{w.what} of a query do not sum to 1: row {index[-1]} sums to {sums[index]:.4g}.",
                     ("the weights were changed after the softmax without being renormalised (masked after the "
                      "softmax, say), or they are not a softmax over the keys",), "softmax", "probe", weight=6)]
@@ -279,7 +285,9 @@ def dependency_findings(run: Run, x, may_see: np.ndarray, *, what="your output",
             f"the output of token {i} changes when token {j} changes, a later token: {what} depends on future "
             "tokens.",
             ("the causal mask lets a query see keys after it: it is missing, hides the wrong side, or starts too high "
-             "(only keys j <= i may take part: mask the strict upper triangle, torch.triu(..., diagonal=1))",),
+             "(only keys j <= i may take part: mask the strict upper triangle, torch.triu(..., diagonal=1))",
+             "tokens are mixed after the attention: a view or reshape that interleaves the token axis with another "
+             "(merging the heads without transpose(1, 2) first, say)"),
             "masking", "probe", weight=1))
     other = depends & ~may & ~np.triu(np.ones((t, t), bool), 1)
     if np.any(other):
@@ -291,8 +299,9 @@ def dependency_findings(run: Run, x, may_see: np.ndarray, *, what="your output",
         i, j = (int(v) for v in np.argwhere(ignored)[0])
         found.append(Finding(f"the output of token {i} does not change when token {j} changes, though token {i} "
                              f"must see token {j}.",
-                             ("a key that must take part was masked (or its weight is lost)",), "masking", "probe",
-                             weight=3))
+                             ("a key that must take part was masked (or its weight is lost)",
+                              "tokens are mixed after the attention: a view or reshape that interleaves the token axis "
+                              "with another"), "masking", "probe", weight=3))
     return found
 
 

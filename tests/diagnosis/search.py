@@ -103,9 +103,11 @@ def search(actual, compute: Compute, switches: Sequence[Switch], *, rtol: float,
 
 def separate(found: list[Change], second: tuple[np.ndarray, Compute] | None, rtol: float,
              atol: float) -> tuple[list[Change], bool]:
-    """Of several ``found`` changes, those that also give the learner's output on a second case (``second``: the
-    learner's output there and the computation of that case), and whether the second case was used."""
-    if len(found) < 2 or second is None:
+    """Of the ``found`` changes, those that also give the learner's output on a second case of other sizes
+    (``second``: the learner's output there and the computation of that case), and whether it was used. A change
+    that matched the check's case only because its sizes coincide (a divisor of 2 that is sqrt(d_out) and
+    sqrt(num_heads) there) is dropped; where none holds on the second case, none is claimed."""
+    if not found or second is None:
         return found, False
     actual, compute = second
     kept = []
@@ -115,7 +117,7 @@ def separate(found: list[Change], second: tuple[np.ndarray, Compute] | None, rto
                 kept.append(change)
         except Exception:
             continue
-    return (kept, True) if kept else (found, False)
+    return kept, True
 
 
 def findings_of(found: list[Change], what: str, separated: bool = False) -> list[Finding]:

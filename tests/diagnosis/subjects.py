@@ -219,8 +219,10 @@ class AttentionModule:
         name = spec.head_name
         divisors = {f"sqrt({name})": np.sqrt(head_dim), "1": 1.0, f"1/sqrt({name})": 1 / np.sqrt(head_dim),
                     name: float(head_dim), "sqrt(d_out)": np.sqrt(d_out), "sqrt(d_in)": np.sqrt(d_in)}
+        if spec.num_heads > 1:
+            divisors["sqrt(num_heads)"] = np.sqrt(spec.num_heads)
         value_of = {"none": "1", "times": f"1/sqrt({name})", "no_sqrt": name, "d_out": "sqrt(d_out)",
-                    "d_in": "sqrt(d_in)"}
+                    "d_in": "sqrt(d_in)", "num_heads": "sqrt(num_heads)"}
         words = {value_of[v]: w for v, w in switch.wrong.items()}
         return weight_findings(ExposedWeights(
             observed, scores, A.allowed_keys(spec, positions, positions), 1 / np.sqrt(head_dim), divisors, words,

@@ -71,7 +71,7 @@ def pytest_runtest_makereport(item, call):
             if crash is not None:  # for one-line reports (grading feedback, -rf summaries)
                 crash.message += f"\n{text}"
     elif report.failed and call.excinfo is not None:
-        # What the check's diagnosis found (diagnosis.Diagnosed), as data: a grader lists it in its records.
+        # What the check's diagnosis found (diagnosis.diagnosed), as data: a grader lists it in its records.
         report.attnkit_findings = [f.record() for f in getattr(call.excinfo.value, "findings", [])]
     return report
 
