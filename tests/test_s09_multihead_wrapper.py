@@ -66,8 +66,8 @@ def test_output_is_the_heads_side_by_side(stage, num_heads):
     x = np.random.default_rng(num_heads).normal(size=(2, 6, 5)).astype(np.float32)
     out, heads = stage.heads_forward(CLS, init, x, head_weights(num_heads, num_heads, 5, 3, False))
     assert len(heads) == num_heads, f"expected {num_heads} heads in self.heads, found {len(heads)}"
-    assert_close("wrapper output", out, np.concatenate(heads, axis=-1),
-                 hint="Concatenate the heads' outputs along the last dimension (dim=-1).")
+    assert_close("wrapper output", out, np.concatenate(heads, axis=-1), labels=("your heads side by side", "yours"),
+                 hint="The output is the heads' outputs side by side, along the last dimension.")
 
 
 def test_heads_do_not_share_weights(stage):

@@ -16,11 +16,14 @@ import pytest
 from diagnosis import (
     Attention,
     AttentionModule,
+    Finding,
+    Said,
     assert_close,
     check_module_dropout,
     check_sizes_from_arguments,
     module_of_heads,
     multihead,
+    without_out_proj,
 )
 from suite_runtime.cases import exposing_case, mha_shapes, module_case, qkv_shapes, random_weights
 
@@ -129,9 +132,16 @@ def test_head_takes_its_sizes_from_its_arguments(stage, reference):
     init = dict(d_in=5, head_dim=3, context_length=7, dropout=0.0, qkv_bias=True)
     weights = random_weights(r, qkv_shapes(5, 3, bias=True))
     x = r.normal(size=(2, 4, 5)).astype(np.float32)
+    head = AttentionModule(stage, "Head", init, Attention(num_heads=1, out_proj=False), without_out_proj,
+                           sized=head_sizes)
     assert_close("Head(5, 3, 7, 0.0, True)(x)", stage.forward("Head", init, x, weights),
-                 reference.stage(STAGE).forward("Head", init, x, weights),
-                 hint="Use d_in, head_dim and context_length from the constructor, and cut the mask to num_tokens.")
+                 reference.stage(STAGE).forward("Head", init, x, weights), diagnosis=head.evidence(x, weights))
+
+
+def head_sizes(init, d_in, d_out, context_length):
+    """Head's constructor arguments for these sizes: its width is head_dim."""
+    return {**init, "d_in": d_in, "head_dim": d_out, "context_length": context_length, "dropout": 0.0,
+            "qkv_bias": False}
 
 
 def test_combined_qkv_mask_broadcasts_over_batch_and_heads(stage):
@@ -170,8 +180,9 @@ def test_dropout_acts_on_the_weights_in_training_mode_only(stage, reference, cls
     check_module_dropout(stage, cls, init, x, mapped, 0.5, multihead(x, weights, init["num_heads"]), device)
 
 
-WIDTH = ("the same check passed with d_in == d_out: the output has width d_out even when the input's width d_in "
-         "differs: take it from the constructor (self.d_out), never from x's last size")
+WIDTH = Finding("the same check passed with d_in == d_out, and your output has x's width d_in here.",
+                ("the output has width d_out even when the input's width d_in differs: take it from the constructor "
+                 "(self.d_out), never from x's last size",), "shapes", "probe")
 
 
 @pytest.mark.parametrize("cls", FORMS)
@@ -182,10 +193,11 @@ def test_output_width_is_d_out_when_d_in_differs(stage, reference, cls, device):
         init = dict(d_in=d_in, d_out=8, context_length=6, dropout=0.0, num_heads=2, qkv_bias=True)
         x, weights = r.normal(size=(2, 6, d_in)).astype(np.float32), random_weights(r, mha_shapes(d_in, 8, True))
         mapped = mapping(reference.stage(STAGE), cls, weights, init["num_heads"])
-        assert_close(f"{cls}(d_in={d_in}, d_out=8) output", stage.forward(cls, init, x, mapped, device=device),
-                     mha.forward("MultiHeadAttention", init, x, weights),
-                     diagnosis=diagnosis(stage, cls, init, x, weights, device=device),
-                     hint=WIDTH if d_in != init["d_out"] else None)
+        out = stage.forward(cls, init, x, mapped, device=device)
+        width_from_x = d_in != init["d_out"] and np.shape(out)[-1:] == (d_in,)  # what a width read from x gives
+        assert_close(f"{cls}(d_in={d_in}, d_out=8) output", out, mha.forward("MultiHeadAttention", init, x, weights),
+                     diagnosis=[*diagnosis(stage, cls, init, x, weights, device=device),
+                                *([Said(lambda values: [WIDTH])] if width_from_x else [])])
 
 
 SIZES = {  # unlike the book's, so that a size read from a global shows; qkv_bias=False (biases: other checks)

@@ -11,6 +11,7 @@ Weights are always the canonical ones (W_query, W_key, W_value, out_proj, each `
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +30,9 @@ from .probes import (
 )
 
 Layout = Callable[[dict, int], dict]  # (canonical weights, num_heads) -> the module's state_dict
+# What the probes found on each stage module of a submission (its adapter Stage: one per test file and submission),
+# by module and sizes: gone with the submission's Stage.
+_PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def same_names(weights: dict, num_heads: int) -> dict:
@@ -130,10 +134,27 @@ class AttentionModule:
                     lambda choices: A.forward(self.spec, x2, weights2, choices)[:, rows])
 
         return [Searched(compute, switches, self.what, second),
-                Probed([lambda: self.probe_weights_or_dependencies(x, weights), lambda: batch_findings(lambda a: self.run(a, weights), x,
-                                                                              what=self.what),
-                        lambda: self.probe_heads(x, weights) if self.batched else [],
-                        lambda: dtype_findings(lambda: self.run(x, weights, dtype="float64"), what=self.what)])]
+                Probed([lambda: self.probes(x, weights)])]
+
+    def probes(self, x, weights) -> list:
+        """The probes of this module, on a case of the probes' own with the check's sizes (fresh numbers): what they
+        find is a property of the module, so a submission's checks of one module with the same sizes share it (it is
+        worked out once per stage module of a submission: ``_PROBED``)."""
+        x = np.asarray(x)
+        key = (self.cls, repr(sorted(self.init.items())), self.spec, self.layout.__name__, self.sized.__name__,
+               self.batched, repr(sorted(self.options.items())), x.shape,
+               tuple(sorted((k, np.shape(v)) for k, v in weights.items())))
+        table = _PROBED.setdefault(self.stage, {})
+        if key not in table:
+            rng = np.random.default_rng(77)
+            own_x = rng.normal(size=x.shape).astype(np.float32)
+            own = {k: rng.uniform(-0.6, 0.6, size=np.shape(v)).astype(np.float32) for k, v in weights.items()}
+            found = self.probe_weights_or_dependencies(own_x, own)
+            found += batch_findings(lambda a: self.run(a, own), own_x, what=self.what)
+            found += self.probe_heads(own_x, own) if self.batched else []
+            found += dtype_findings(lambda: self.run(own_x, own, dtype="float64"), what=self.what)
+            table[key] = found
+        return table[key]
 
     def second_case(self, x, weights):
         """A case of other sizes (one more input feature, one more feature per head, one more token), fresh
