@@ -11,15 +11,16 @@ choices a learner makes in that computation, each wrong value with its words: th
 """
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from .search import Switch
 
-Choices = Mapping[str, Hashable]
-NONE: Mapping[str, Hashable] = {}
+Choices = Mapping[str, Any]
+NONE: Mapping[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def attention_weights(scores, allowed, scale: float, choices: Choices = NONE, em
     if choices.get("scores") == "transposed":
         s = np.swapaxes(s, -1, -2)
     axis = -2 if choices.get("softmax") == "queries" else -1
-    normalise = BY_HAND.get(choices.get("by_hand"), softmax)
+    normalise = BY_HAND.get(str(choices.get("by_hand")), softmax)
     fill = choices.get("fill")
     if fill == "zero":
         w = normalise(np.where(allowed, s, 0.0), axis)
@@ -190,7 +191,7 @@ def forward(spec: Attention, x, weights, choices: Choices = NONE, *, context=Non
     k = linear(source, weights, "W_key", bias)
     v = {"inputs": lambda: source, "keys": lambda: linear(source, weights, "W_key", bias),
          "queries": lambda: linear(source, weights, "W_query", bias)}.get(
-        choices.get("values"), lambda: linear(source, weights, "W_value", bias))()
+        str(choices.get("values")), lambda: linear(source, weights, "W_value", bias))()
     d_in, d_out = x.shape[-1], q.shape[-1]
     head_dim = d_out // num_heads
     if d_out % num_heads or k.shape[-1] % groups or k.shape[-1] // groups != head_dim:

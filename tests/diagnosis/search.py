@@ -10,15 +10,16 @@ several changes give the learner's numbers, a second case, drawn to tell them ap
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from itertools import combinations
 
 import numpy as np
 
 from .findings import Finding
 
-Choices = Mapping[str, Hashable]  # switch name -> the value chosen (a switch not named keeps its right value)
+Choices = Mapping[str, Any]  # switch name -> the value chosen (a switch not named keeps its right value)
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Switch:
 
     name: str
     mechanism: str
-    wrong: Mapping[Hashable, str] = field(default_factory=dict)
+    wrong: Mapping[Any, str] = field(default_factory=dict)
 
     def only(self, *values) -> Switch:
         """This switch with only the wrong ``values`` (those the case at hand can show)."""
@@ -37,7 +38,7 @@ class Switch:
     def without(self, *values) -> Switch:
         return Switch(self.name, self.mechanism, {v: w for v, w in self.wrong.items() if v not in values})
 
-    def plus(self, more: Mapping[Hashable, str]) -> Switch:
+    def plus(self, more: Mapping[Any, str]) -> Switch:
         return Switch(self.name, self.mechanism, {**self.wrong, **more})
 
 
@@ -45,7 +46,7 @@ class Switch:
 class Change:
     """A set of wrong choices (one value per switch) and what they are in words."""
 
-    choices: tuple[tuple[str, Hashable], ...]
+    choices: tuple[tuple[str, Any], ...]
     words: tuple[str, ...]
     mechanisms: tuple[str, ...]
 
