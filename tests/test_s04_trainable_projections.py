@@ -6,7 +6,7 @@ dimension; the context vector is weights @ values.
 """
 import pytest
 
-from diagnosis import Attention, WeightsFunction, assert_close, softmax
+from diagnosis import Attention, Said, WeightsFunction, argument_findings, assert_close, softmax
 from suite_runtime.cases import normal
 
 pytestmark = pytest.mark.trainable_projections
@@ -27,14 +27,22 @@ def context_mistakes(weights, inputs, values):
     }
 
 
+def arguments(stage, function, args, names, what):
+    """Whether ``function`` of the stage uses each of its arguments (perturbed one at a time)."""
+    return [Said(lambda values: argument_findings(getattr(stage, function), args, names, what=what))]
+
+
 def check_projections(stage, fx, name):
-    assert_close(f"query ({name})", stage.project(fx.x_query, fx.W_query), fx.query)
-    assert_close(f"keys ({name})", stage.project(fx.inputs, fx.W_key), fx.keys)
-    assert_close(f"values ({name})", stage.project(fx.inputs, fx.W_value), fx.values)
+    for what, x, w, expected in (("query", fx.x_query, fx.W_query, fx.query), ("keys", fx.inputs, fx.W_key, fx.keys),
+                                 ("values", fx.inputs, fx.W_value, fx.values)):
+        assert_close(f"{what} ({name})", stage.project(x, w), expected,
+                     diagnosis=arguments(stage, "project", [x, w], ["x", "W"], f"your {what}"))
 
 
 def check_scores(stage, fx, name):
-    assert_close(f"attn_scores ({name})", stage.scores_for_query(fx.query, fx.keys), fx.attn_scores)
+    assert_close(f"attn_scores ({name})", stage.scores_for_query(fx.query, fx.keys), fx.attn_scores,
+                 diagnosis=arguments(stage, "scores_for_query", [fx.query, fx.keys], ["the query", "the keys"],
+                                     "your scores"))
 
 
 def check_weights(stage, fx, name):
@@ -47,6 +55,8 @@ def check_context(stage, fx, name):
     assert_close(
         f"context_vec ({name})", stage.context_for_query(fx.attn_weights, fx.values), fx.context_vec,
         mistakes=context_mistakes(fx.attn_weights, fx.inputs, fx.values),
+        diagnosis=arguments(stage, "context_for_query", [fx.attn_weights, fx.values], ["the weights", "the values"],
+                            "your context vector"),
     )
 
 

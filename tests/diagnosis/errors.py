@@ -121,10 +121,10 @@ def size_from_the_batch_axis(match, call):
     for value in [*call.kwargs.get("args", ()), *(call.kwargs.get("kwargs") or {}).values()]:
         shape = np.shape(value)
         if len(shape) >= 3 and shape[0] in sizes and shape[-1] in sizes and shape[0] != shape[-1]:
-            return (f"a tensor sized {shape[0]}, the batch size of an input of shape {tuple(shape)} (its axis 0), met one "
-                    f"sized {shape[-1]}, its number of tokens: a size was read from shape[0], which is the number of "
-                    "tokens only for a single table; read it from the last axes (shape[-1]), the same for one table and "
-                    "for a batch")
+            return (f"a tensor sized {shape[0]}, the batch size of an input of shape {tuple(shape)} (its axis 0), met "
+                    f"one sized {shape[-1]}, its number of tokens: a size was read from shape[0], which is the number "
+                    "of tokens only for a single table; read it from the last axes (shape[-1]), the same for one table "
+                    "and for a batch")
     return None
 
 

@@ -158,7 +158,7 @@ def reconcile(found: list[Finding]) -> list[Finding]:
         kept.append(f)
     # A change of the reference computation that gives the learner's numbers exactly accounts for everything the
     # probes measured on them: the probes' evidence stays, their own (more general) causes give way to it.
-    settled = any(f.source == "mutation" and len(f.causes) == 1 for f in kept)
+    settled = any(f.source in ("mutation", "listed") and len(f.causes) == 1 for f in kept)
     specific = {m for f in kept if f.source in ("mutation", "listed") for m in f.mechanism.split(", ") if m}
     return merged([Finding(f.shows, (), f.mechanism, f.source, f.weight)
                    if f.source == "probe" and f.causes and (settled or f.mechanism in specific) else f for f in kept])

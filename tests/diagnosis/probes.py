@@ -362,7 +362,8 @@ def dtype_findings(run64: Callable[[], np.ndarray], *, what="your output") -> li
     except Exception as exc:
         text = str(exc)
         if "dtype" in text or "Double" in text or "Float" in text:
-            return [Finding(f"given float64 inputs and parameters, the computation raised: {text.splitlines()[0][:160]}",
+            first = text.splitlines()[0][:160]
+            return [Finding(f"given float64 inputs and parameters, the computation raised: {first}",
                             ("a tensor made inside the computation has a fixed dtype (the default float32): create "
                              "new tensors with dtype=x.dtype and device=x.device, or derive them from x",),
                             "dtypes", "probe", weight=8)]
@@ -375,3 +376,29 @@ def dtype_findings(run64: Callable[[], np.ndarray], *, what="your output") -> li
                          "result followed it: create new tensors with dtype=x.dtype, or derive them from x",),
                         "dtypes", "probe", weight=8)]
     return []
+
+
+def argument_findings(call: Callable[..., np.ndarray], args: list, names: list[str], *,
+                      what="your output") -> list[Finding]:
+    """Perturb each argument of ``call`` in turn (the arrays among ``args``, named by ``names``): an argument the
+    output does not change with is not used."""
+    try:
+        base = np.asarray(call(*args))
+    except Exception:
+        return []
+    rng = np.random.default_rng(2718)
+    found = []
+    for index, (value, name) in enumerate(zip(args, names)):
+        if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+            continue
+        changed = list(args)
+        changed[index] = (value + rng.normal(0.5, 1.0, size=value.shape)).astype(value.dtype)
+        try:
+            after = np.asarray(call(*changed))
+        except Exception:
+            continue
+        if after.shape == base.shape and np.allclose(after, base, rtol=1e-6, atol=1e-8, equal_nan=True):
+            found.append(Finding(f"{what} stayed the same when {name} changed.",
+                                 (f"{name} is not used: something else (a global, a fixed value such as inputs[1], "
+                                  "another argument) stands in its place",), "arguments", "probe", weight=1))
+    return found
