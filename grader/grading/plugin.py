@@ -172,6 +172,6 @@ def _full_message(report) -> str:
         return str(longrepr[2]).removeprefix("Skipped: ")
     crash = getattr(longrepr, "reprcrash", None)
     if crash is not None and crash.message:
-        return re.sub(r"^(AssertionError|Failed|(suite_runtime\.)?adapters\.SubmissionError|grader\.\w+\.\w+Error): ", "",
-                      crash.message)
+        return re.sub(r"^(AssertionError|Failed|(suite_runtime\.)?adapters\.SubmissionError|grader\.\w+\.\w+Error): ",
+                      "", crash.message)
     return str(longrepr).strip().splitlines()[-1] if str(longrepr).strip() else ""
