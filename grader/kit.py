@@ -162,7 +162,8 @@ def stage_named(name: str) -> str:
         return name
     found = [stage for stage in every if marker(stage) == name]
     if not found:
-        raise AssignmentError(f"no stage {name!r}: name one by its module or its marker ({', '.join(map(marker, every))})")
+        raise AssignmentError(f"no stage {name!r}: name one by its module or its marker "
+                              f"({', '.join(map(marker, every))})")
     return found[0]
 
 
