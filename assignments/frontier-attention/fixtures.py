@@ -19,9 +19,10 @@ BATCH, JOURNEY = example.BATCH, example.JOURNEY
 # ---------------------------------------------------------------- f01
 
 # b, num_tokens, d_in, d_out, context_length, num_heads, kv_latent_dim, rope_dim, theta_base, chunks
+# (every case's sizes pairwise distinct: a swapped dimension cannot pass)
 F01_HIDDEN = [
-    (2, 9, 6, 12, 10, 3, 4, 4, 10_000.0, (4, 1, 1, 3)),
-    (1, 8, 8, 16, 8, 2, 3, 6, 500.0, (2, 3, 1, 2)),  # the whole context; a latent smaller than a head
+    (2, 9, 6, 15, 11, 3, 7, 4, 10_000.0, (4, 1, 1, 3)),
+    (1, 8, 10, 12, 13, 2, 3, 4, 500.0, (2, 3, 1, 2)),  # a latent smaller than a head
 ]
 
 
@@ -33,9 +34,10 @@ def f01_latent_attention(ref, public, hidden):
         weights["kv_norm.weight"] = r.uniform(0.5, 1.5, init["kv_latent_dim"])  # a norm's scale, near 1
         decoding_case(out, prefix, stage, cls, init, x, chunks, weights)
 
-    # The journey batch through 2 heads of 2 content features, a latent of 2 and rotary parts of 2.
-    case(public, "", rng(20100), BATCH, (3, 1, 1, 1), d_in=3, d_out=4, context_length=6, num_heads=2,
-         kv_latent_dim=2, rope_dim=2)
+    # The journey batch (2 x 6 tokens of 3 features) through 4 heads of 5 content features, a latent of 7 and
+    # rotary parts of 8: every size different.
+    case(public, "", rng(20100), BATCH, (3, 1, 1, 1), d_in=3, d_out=20, context_length=10, num_heads=4,
+         kv_latent_dim=7, rope_dim=8)
     for i, (b, t, d_in, d_out, ctx, heads, latent, rope, theta, chunks) in enumerate(F01_HIDDEN):
         r = rng(20110 + i)
         case(hidden, f"case{i}/", r, r.normal(size=(b, t, d_in)).astype(np.float32), chunks, d_in=d_in, d_out=d_out,
