@@ -47,10 +47,11 @@ def f01_latent_attention(ref, public, hidden):
 # ---------------------------------------------------------------- f02
 
 # b, num_tokens, d_in, d_out, num_heads, num_kv_groups, window, num_sink_tokens, qkv_bias, chunks
+# (the sizes of each case pairwise distinct: batch, tokens, d_in, d_out, heads, key/value groups, head_dim)
 F02_HIDDEN = [
-    (2, 12, 5, 12, 4, 2, 4, 2, True, (5, 1, 1, 1, 1, 3)),  # StreamingLLM: sink tokens and a window
-    (1, 10, 6, 8, 2, 1, 3, 0, False, (1,) * 10),  # gpt-oss's sliding layers: a window and learned sinks
-    (2, 9, 4, 12, 3, 3, None, 0, True, (4, 2, 3)),  # no window: full causal attention with learned sinks
+    (3, 12, 5, 24, 4, 2, 4, 2, True, (5, 1, 1, 1, 1, 3)),  # StreamingLLM: sink tokens and a window
+    (2, 10, 6, 12, 4, 1, 5, 0, False, (1,) * 10),  # gpt-oss's sliding layers: a window and learned sinks
+    (2, 9, 5, 12, 3, None, None, 0, True, (4, 2, 3)),  # no window: full causal attention with learned sinks
 ]
 
 
@@ -73,12 +74,14 @@ def f02_attention_sinks(ref, public, hidden):
         weights["sinks"] = r.normal(size=init["num_heads"])  # logits of the size of the scores
         decoding_case(out, prefix, stage, cls, init, x, chunks, weights)
 
-    case(public, "", rng(20201), BATCH, (3, 1, 1, 1), d_in=3, d_out=4, context_length=6, num_heads=2,
+    # The journey batch (2 x 6 tokens of 3 features) through 4 query heads of 5 features sharing 1 key/value head.
+    case(public, "", rng(20201), BATCH, (3, 1, 1, 1), d_in=3, d_out=20, context_length=6, num_heads=4,
          num_kv_groups=1, window=3, num_sink_tokens=1)
     for i, (b, t, d_in, d_out, heads, kv, window, sinks, bias, chunks) in enumerate(F02_HIDDEN):
         r = rng(20210 + i)
-        init = dict(d_in=d_in, d_out=d_out, context_length=t, num_heads=heads, num_kv_groups=kv,
-                    num_sink_tokens=sinks, qkv_bias=bias)
+        init = dict(d_in=d_in, d_out=d_out, context_length=t, num_heads=heads, num_sink_tokens=sinks, qkv_bias=bias)
+        if kv is not None:
+            init["num_kv_groups"] = kv
         if window is not None:
             init["window"] = window
         case(hidden, f"case{i}/", r, r.normal(size=(b, t, d_in)).astype(np.float32), chunks, **init)

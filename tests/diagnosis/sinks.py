@@ -270,3 +270,51 @@ def sink_findings(observed, scores, mask, scale, sinks, *, what="your attention 
                         "probe", weight=3)]
     return [Finding(shows + ".", ("the sink's term in the denominator is not exp(sinks[h] - m) with the same m as "
                                   "the scores' terms",), "sinks", "probe", weight=4)]
+
+
+def mask_findings(mask, query_positions, key_positions, spec: Sinks, *, what="your mask") -> list[Finding]:
+    """What a learner's mask (n_q, n_k; True = takes part) shows of the rule j <= i and (j < num_sink_tokens or
+    i - j < window): keys after a query, a query's own position, the window's true width, the sink tokens' count."""
+    mask = np.asarray(mask) > 0.5
+    i, j = np.asarray(query_positions)[:, None], np.asarray(key_positions)[None, :]
+    found = []
+    later = mask & (j > i)
+    if np.any(later):
+        a, b = (int(v) for v in np.argwhere(later)[0])
+        found.append(Finding(f"query {int(i[a, 0])} sees key {int(j[0, b])}, a later position: the output depends on "
+                             "future tokens.", (NOT_CAUSAL,), "masking", "probe", weight=1))
+    own = (j == i)
+    if np.any(own) and not np.any(mask & own):
+        found.append(Finding(f"no query sees its own position ({what} is False where j == i).",
+                             (A.CAUSAL.wrong["diagonal"],), "masking", "probe", weight=2))
+    if spec.window is None:
+        return found
+    w, n = spec.window, spec.num_sink_tokens
+    back = i - j
+    banded = mask & (back >= 0) & (j >= n)
+    reach = np.where(banded, back + 1, 0).max(axis=-1)
+    full = i[:, 0] >= w + n
+    if np.any(full):
+        measured = sorted({int(r) for r in reach[full]})
+        if measured != [w]:
+            found.append(Finding(
+                f"the queries at positions {w + n} and later see the last {' or '.join(map(str, measured))} positions "
+                f"(themselves included) besides the sink tokens, not window={w}.",
+                (WINDOW.wrong["plus_one"] if measured == [w + 1] else WINDOW.wrong["minus_one"] if measured == [w - 1]
+                 else "the window's width is not the window argument: key j is in it when 0 <= i - j < window",),
+                "masking", "probe", weight=3))
+    far = i[:, 0] - w + 1 > n + 1  # queries whose window starts after the sink tokens and one more position
+    if np.any(far):
+        outside = mask & (back >= w) & (back >= 0)
+        kpos = np.asarray(key_positions)
+        counts = sorted({int(row.sum()) for row in outside[far]})
+        starts = all(np.array_equal(kpos[row], np.arange(row.sum())) for row in outside[far])
+        if starts and counts != [n] and len(counts) == 1:
+            m = counts[0]
+            words = {n + 1: SINK_TOKENS.wrong["plus_one"], n - 1: SINK_TOKENS.wrong["minus_one"],
+                     0: SINK_TOKENS.wrong["none"]}
+            found.append(Finding(
+                f"queries far past the start see the first {m} positions outside their window; num_sink_tokens={n}.",
+                (words.get(m, "the sink tokens are positions 0 .. num_sink_tokens - 1: j < num_sink_tokens"),),
+                "sink tokens", "probe", weight=3))
+    return found
