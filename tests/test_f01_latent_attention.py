@@ -14,9 +14,8 @@ and mha_cache_bytes_per_token count the cache's bytes per token.
 import numpy as np
 import pytest
 
-from diagnosis import BFLOAT16, Listed, Probed, Said, Searched, assert_close
+from diagnosis import BFLOAT16, Listed, Probed, Searched, assert_close
 from diagnosis import latent as L
-from diagnosis.findings import Finding
 from diagnosis.modules import module_probes
 from diagnosis.subjects import Deferred
 from suite_runtime.cases import cached_steps, linear_shapes, normal, pairwise_distinct, random_weights, spans

@@ -99,7 +99,7 @@ def f03_paged_kv_cache(ref, public, hidden):
 
     # Sequence 0 is the journey sentence; sequences 1 and 2 are other tokens of the same width.
     r = rng(20300)
-    init = dict(d_in=3, d_out=4, num_heads=2, num_blocks=8, block_size=2)
+    init = dict(d_in=3, d_out=28, num_heads=4, num_blocks=8, block_size=2)  # (every size different)
     public.add_init("", init)
     weights = public.add_weights("", draw_weights(r, stage, cls, init), cls)
     a = public.add("a/x", JOURNEY, "sequence 0: the journey embeddings (6, 3)")
@@ -108,7 +108,7 @@ def f03_paged_kv_cache(ref, public, hidden):
     public.add("a/output", full_forward(init, weights, a), "sequence 0's full causal forward (1, 6, 4)")
 
     r = rng(20310)
-    init = dict(d_in=5, d_out=6, num_heads=3, num_blocks=9, block_size=3, qkv_bias=True)
+    init = dict(d_in=5, d_out=8, num_heads=2, num_blocks=9, block_size=3, qkv_bias=True)
     hidden.add_init("", init)
     weights = hidden.add_weights("", draw_weights(r, stage, cls, init), cls)
     for i, n in enumerate((9, 8, 9)):

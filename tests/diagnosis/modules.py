@@ -21,14 +21,16 @@ def causal_tokens(num_tokens: int) -> np.ndarray:
 
 
 def module_probes(run: Run, x, *, may_see=None, run64: Callable[[], np.ndarray] | None = None,
-                  what: str = "your output", must_see: bool = True,
-                  future: str = FUTURE) -> list[Callable[[], list[Finding]]]:
+                  what: str = "your output", must_see: bool = True, future: str = FUTURE,
+                  mechanism: str = "masking") -> list[Callable[[], list[Finding]]]:
     """Probes of a module run by ``run(x)`` (the learner's output for inputs x (b, T, d_in)): dependencies on the
     tokens (``may_see``, default causal; ``must_see`` False where a module may ignore some of them), batch rows,
-    and (``run64``: the learner's output in float64) dtypes."""
+    and (``run64``: the learner's output in float64) dtypes. ``future`` and ``mechanism``: what lets an output depend
+    on later tokens in this module, and the mechanism that is (``probes.dependency_words``)."""
     x = np.asarray(x)
     may = causal_tokens(x.shape[1]) if may_see is None else may_see
-    found = [lambda: one_call_dependency_findings(run, x, may, what=what, must_see=must_see, future=future),
+    found = [lambda: one_call_dependency_findings(run, x, may, what=what, must_see=must_see, future=future,
+                                                  mechanism=mechanism),
              lambda: batch_findings(run, x, what=what)]
     if run64 is not None:
         found.append(lambda: dtype_findings(run64, what=what))

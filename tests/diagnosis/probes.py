@@ -279,7 +279,7 @@ def dependency_findings(run: Run, x, may_see: np.ndarray, *, what="your output",
 
 
 def one_call_dependency_findings(run: Run, x, may_see: np.ndarray, *, what="your output", must_see: bool = True,
-                                 future: str = FUTURE) -> list[Finding]:
+                                 future: str = FUTURE, mechanism: str = "masking") -> list[Finding]:
     """``dependency_findings`` in one call of the learner's code: batch row 0 of ``x`` (1, T, ...) as given, and one
     more row per token with that token perturbed (the rows of a batch are independent: ``batch_findings`` says
     where they are not). ``must_see``: whether every token ``may_see`` allows must move the output (False where a
@@ -301,14 +301,15 @@ def one_call_dependency_findings(run: Run, x, may_see: np.ndarray, *, what="your
     depends = np.zeros((t, t), bool)
     for j in range(t):
         depends[:, j] = _moved(out[:1], out[j + 1:j + 2]).any(axis=0)
-    return dependency_words(depends, may_see, what=what, must_see=must_see, future=future)
+    return dependency_words(depends, may_see, what=what, must_see=must_see, future=future, mechanism=mechanism)
 
 
 def dependency_words(depends: np.ndarray, may_see: np.ndarray, *, what="your output", must_see: bool = True,
-                     future: str = FUTURE) -> list[Finding]:
+                     future: str = FUTURE, mechanism: str = "masking") -> list[Finding]:
     """What a (T, T) matrix of dependencies shows (``depends[i, j]``: token i's output moved when token j changed),
     against ``may_see`` (which tokens each token's output may depend on); ``future``: what lets a token's output
-    depend on later tokens in the mechanism at hand (a causal mask's mistakes by default)."""
+    depend on later tokens in the mechanism at hand (a causal mask's mistakes by default), ``mechanism`` its name
+    (a searched cause of that mechanism takes the place of these generic ones: ``explain.reconcile``)."""
     t = depends.shape[0]
     found = []
     may = np.asarray(may_see, bool) | np.eye(t, dtype=bool)
@@ -317,18 +318,18 @@ def dependency_words(depends: np.ndarray, may_see: np.ndarray, *, what="your out
         i, j = (int(v) for v in np.argwhere(later)[0])
         found.append(Finding(
             f"the output of token {i} changes when token {j} changes, a later token: {what} depends on future "
-            "tokens.", (future,), "masking", "probe", weight=1))
+            "tokens.", (future,), mechanism, "probe", weight=1))
     other = depends & ~may & ~np.triu(np.ones((t, t), bool), 1)
     if np.any(other):
         i, j = (int(v) for v in np.argwhere(other)[0])
         found.append(Finding(f"the output of token {i} changes when token {j} changes, a token it must not see.",
-                             ("a key that must be masked for this query takes part",), "masking", "probe", weight=2))
+                             ("a key that must be masked for this query takes part",), mechanism, "probe", weight=2))
     ignored = ~depends & may & ~np.eye(t, dtype=bool)
     if must_see and np.any(ignored):
         i, j = (int(v) for v in np.argwhere(ignored)[0])
         found.append(Finding(f"the output of token {i} does not change when token {j} changes, though token {i} "
                              f"must see token {j}.",
-                             ("a key that must take part was masked (or its weight is lost)",), "masking", "probe",
+                             ("a key that must take part was masked (or its weight is lost)",), mechanism, "probe",
                              weight=3))
     return found
 
