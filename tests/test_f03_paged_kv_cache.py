@@ -205,8 +205,8 @@ def public_ops(fx):
 @pytest.mark.public
 def test_two_sequences_side_by_side_on_the_example(stage, public_fx):
     """Sequence 0 (the journey tokens) and sequence 1 in blocks of 2 slots, 4 heads of 7 features: prompts, a step of
-    both at once, then
-    sequence 1 ends and sequence 2 takes its blocks. Every output equals the contiguous cache's (the full forward)."""
+    both at once, then sequence 1 ends and sequence 2 takes its blocks. Every output equals the contiguous cache's (the
+    full forward)."""
     ops = public_ops(public_fx)
     report = check_scenario(stage, public_fx.init(), public_fx.sub("weights/"), ops)
     assert_close("sequence 0's outputs over its 6 tokens", np.concatenate(

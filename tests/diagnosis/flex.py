@@ -157,7 +157,7 @@ def switches(spec: Flex, num_heads: int) -> list[Switch]:
     """The choices of ``spec``'s computation, each wrong value with its words."""
     found = [SCALE]
     if spec.mask is not None:
-        found += [MASK, CAUSAL]
+        found += [MASK, CAUSAL.without("none") if spec.mask == "documents" else CAUSAL]
     if spec.mask == "window":
         found.append(WINDOW)
     if spec.mask == "documents":
