@@ -148,17 +148,18 @@ def clear_selection_case(stage, cls, init, seed, x=None, shape=None, margin=1e-3
 
 
 # b, num_tokens, d_in, d_out, num_heads, index_heads, index_dim, top_k, qkv_bias
+# (the sizes of each case pairwise distinct: batch, tokens, d_in, d_out, heads, head_dim, index heads, index_dim)
 F05_HIDDEN = [
-    (2, 10, 6, 8, 2, 4, 3, 4, True),
-    (1, 12, 5, 12, 3, 6, 2, 1, False),  # top_k 1: each query attends to one key
+    (3, 10, 6, 8, 2, 5, 7, 4, True),
+    (1, 11, 5, 12, 3, 6, 2, 1, False),  # top_k 1: each query attends to one key
 ]
 
 
 def f05_sparse_indexer(ref, public, hidden):
     stage, cls = ref.stage("f05_sparse_indexer"), "SparseAttention"
     r = rng(20500)
-    q = public.add("index/queries", r.normal(size=(2, 6, 4, 2)), "indexer queries (b, n_q, index_heads, index_dim)")
-    k = public.add("index/keys", r.normal(size=(2, 6, 2)), "indexer keys (b, n_k, index_dim)")
+    q = public.add("index/queries", r.normal(size=(2, 6, 4, 3)), "indexer queries (b, n_q, index_heads, index_dim)")
+    k = public.add("index/keys", r.normal(size=(2, 5, 3)), "indexer keys (b, n_k, index_dim)")
     w = public.add("index/weights", r.normal(size=(2, 6, 4)), "indexer head weights (b, n_q, index_heads)")
     public.add("index/scores", stage.lightning_index_scores(q, k, w), "lightning_index_scores(queries, keys, weights)")
 
@@ -172,8 +173,8 @@ def f05_sparse_indexer(ref, public, hidden):
         out.add(f"{prefix}selected", selected, "select(x): each query's top_k keys")
         out.add(f"{prefix}output", output, "forward(x): attention over the selected keys")
 
-    # The journey batch: 2 heads, an indexer of 4 heads of 2 features, the top 3 keys of each query.
-    case(public, "", dict(d_in=3, d_out=4, context_length=6, num_heads=2, index_heads=4, index_dim=2, top_k=3),
+    # The journey batch: 4 heads of 5 features, an indexer of 7 heads of 8 features, the top 3 keys of each query.
+    case(public, "", dict(d_in=3, d_out=20, context_length=6, num_heads=4, index_heads=7, index_dim=8, top_k=3),
          20501, x=BATCH)
     for i, (b, t, d_in, d_out, heads, index_heads, index_dim, top_k, bias) in enumerate(F05_HIDDEN):
         init = dict(d_in=d_in, d_out=d_out, context_length=t, num_heads=heads, index_heads=index_heads,

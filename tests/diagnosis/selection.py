@@ -171,21 +171,20 @@ def selection_findings(chosen, scores, top_k: int, *, own_scores=None, what="you
         return found
     short = counts < expected
     if np.any(short):
-        _, i = (int(v) for v in np.argwhere(short)[0])
+        bb, i = (int(v) for v in np.argwhere(short)[0])
         causes = []
         if own_scores is None or np.array_equal(chosen, select(own_scores, top_k, {"order": "top_k_first"})) or \
                 np.array_equal(chosen, select(scores, top_k, {"order": "top_k_first"})):
             causes.append(FUTURE_IN_TOP_K)
         if np.all(counts == np.minimum(np.arange(1, t + 1), top_k - 1)):
             causes = [SELECT[3].wrong["minus_one"]]
-        found.append(Finding(f"{what} keeps {int(counts[0, i])} key{'s' if counts[0, i] != 1 else ''} for query {i}, "
-                             f"which has {i + 1} keys at or before it: with top_k = {top_k} it keeps "
-                             f"{int(expected[i])}.", tuple(causes) or (
+        found.append(Finding(f"{what} keeps {_count(counts[bb, i])} for query {i}, which has {_count(i + 1)} at or "
+                             f"before it: with top_k = {top_k} it keeps {int(expected[i])}.", tuple(causes) or (
                                  "a query keeps fewer keys than min(top_k, the number of keys at or before it)",),
                              "top-k selection", "probe", weight=2))
     elif np.any(counts > expected):
-        _, i = (int(v) for v in np.argwhere(counts > expected)[0])
-        found.append(Finding(f"{what} keeps {int(counts[0, i])} keys for query {i}; with top_k = {top_k} it keeps "
+        bb, i = (int(v) for v in np.argwhere(counts > expected)[0])
+        found.append(Finding(f"{what} keeps {_count(counts[bb, i])} for query {i}; with top_k = {top_k} it keeps "
                              f"{int(expected[i])}.", (SELECT[3].wrong["plus_one"],) if np.all(
                                  counts == np.minimum(np.arange(1, t + 1), top_k + 1)) else (
                                  "a query keeps more keys than top_k",), "top-k selection", "probe", weight=2))
@@ -201,6 +200,10 @@ def selection_findings(chosen, scores, top_k: int, *, own_scores=None, what="you
     if ranked is not None and not found:
         found.append(ranked)
     return found
+
+
+def _count(n) -> str:
+    return f"{int(n)} key" + ("" if n == 1 else "s")
 
 
 def _ranking(chosen, scores, past):
@@ -232,8 +235,8 @@ def index_probe_case(heads: int = 3, dim: int = 5):
     q = rng.normal(size=(2, 2, heads, dim)).astype(np.float32)
     k = np.zeros((2, 2, dim), np.float32)
     k[:, 0, 0] = k[:, 1, 1] = 1
-    q[0, 0, 0] = 0
-    q[0, 0, 0, :2] = (0.8, -0.6)
+    q[0, 0] = 0
+    q[0, 0, :, :2] = (0.8, -0.6)  # (every head the same query: weighted or not, key 1's clipped terms are 0)
     w = np.zeros((2, 2, heads), np.float32)
     w[0, :, 0] = 1
     return q, k, w
