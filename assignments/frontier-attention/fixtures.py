@@ -200,7 +200,7 @@ def delta_rule_inputs(out, r, b, h, t, d_k, d_v, with_state):
 
 def f06_gated_delta_rule(ref, public, hidden):
     stage, cls = ref.stage("f06_gated_delta_rule"), "GatedDeltaNet"
-    for out, r, sizes, with_state in ((public, rng(20600), (1, 2, 6, 3, 3), False),
+    for out, r, sizes, with_state in ((public, rng(20600), (1, 2, 6, 3, 4), False),
                                       (hidden, rng(20610), (2, 3, 20, 4, 5), True)):
         inputs = delta_rule_inputs(out, r, *sizes, with_state)
         result, state = stage.gated_delta_rule_recurrent(*inputs)
@@ -212,10 +212,10 @@ def f06_gated_delta_rule(ref, public, hidden):
         weights["W_gate.bias"] = weights["W_gate.bias"] + 3.0  # gates near 0.95: a memory of ~20 tokens
         module_case(out, prefix, stage, cls, init, x, weights, cls, f"{cls} forward(x) (recurrent form)")
 
-    layer(public, "layer/", rng(20601), BATCH, d_in=3, d_out=4, num_heads=2)
+    layer(public, "layer/", rng(20601), BATCH, d_in=3, d_out=20, num_heads=4)  # (every size different)
     r = rng(20620)
     layer(hidden, "case0/", r, r.normal(size=(2, 9, 5)).astype(np.float32), d_in=5, d_out=12, num_heads=3)
-    layer(hidden, "case1/", r, r.normal(size=(1, 9, 8)).astype(np.float32), d_in=8, d_out=8, num_heads=1)
+    layer(hidden, "case1/", r, r.normal(size=(1, 9, 7)).astype(np.float32), d_in=7, d_out=8, num_heads=2)
 
 
 # ---------------------------------------------------------------- f07
