@@ -237,11 +237,11 @@ def f07_cross_layer_kv(ref, public, hidden):
         out.add(f"{prefix}output", stage.forward(cls, init, x, weights), f"{cls} full causal forward")
 
     r = rng(20700)
-    case(public, "", r, r.normal(size=(2, 6, 8)).astype(np.float32), (3, 1, 1, 1), [0, 0, 2, 2], d_model=8,
-         context_length=6, num_heads=2, num_kv_groups=1)
+    case(public, "", r, r.normal(size=(2, 6, 15)).astype(np.float32), (3, 1, 1, 1), [0, 0, 2, 2], d_model=15,
+         context_length=6, num_heads=3, num_kv_groups=1)  # (every size different)
     r = rng(20710)
-    case(hidden, "case0/", r, r.normal(size=(2, 9, 12)).astype(np.float32), (4, 1, 3, 1), [0, 1, 2, 2, 2],
-         d_model=12, context_length=10, num_heads=6, num_kv_groups=2)  # Gemma 3n: the last 2 of 5 layers reuse
-    case(hidden, "case1/", r, r.normal(size=(1, 8, 6)).astype(np.float32), (2, 2, 1, 3), [0, 1, 1, 1],
-         d_model=6, context_length=8, num_heads=3, num_kv_groups=1)  # YOCO: one set for the second half
+    case(hidden, "case0/", r, r.normal(size=(1, 9, 18)).astype(np.float32), (4, 1, 3, 1), [0, 1, 2, 2, 2],
+         d_model=18, context_length=10, num_heads=6, num_kv_groups=2)  # Gemma 3n: the last 2 of 5 layers reuse
+    case(hidden, "case1/", r, r.normal(size=(2, 8, 15)).astype(np.float32), (2, 2, 1, 3), [0, 1, 1, 1],
+         d_model=15, context_length=8, num_heads=3, num_kv_groups=1)  # YOCO: one set for the second half
 
