@@ -139,7 +139,8 @@ def test_the_suite_s_layers_import_downwards_only():
     diagnosis engine nothing of pytest's wiring, and no package of the suite imports a test file."""
     modules = suite_modules()
     upwards = [f"{name} imports {m}" for name, path in modules.items() for m in sorted(imported(path))
-               if m.split(".")[0] in {*SUITE_LAYERS.values(), "conftest"} | {n for n in modules if n.startswith("test_")}
+               if m.split(".")[0] in {*SUITE_LAYERS.values(), "conftest"} | {n for n in modules
+                                                                            if n.startswith("test_")}
                and suite_layer(m) > suite_layer(name)]
     assert not upwards, "a layer of the suite imports one above it:\n" + "\n".join(upwards)
 

@@ -214,7 +214,7 @@ def test_top_k_of_the_whole_length_is_causal_attention(stage, rng):
 def test_random_cases(stage, rng, device):
     """Random sizes and top_k, inputs drawn until every selection is clear."""
     for top_k in (1, int(rng.integers(2, 5))):
-        def draw(r):
+        def draw(r, top_k=top_k):
             heads, head_dim = int(r.integers(2, 4)), int(r.integers(2, 5))
             return dict(num_heads=heads, head_dim=head_dim, d_out=heads * head_dim, d_in=int(r.integers(2, 9)),
                         index_heads=int(r.integers(2, 7)), index_dim=int(r.integers(2, 7)), b=int(r.integers(1, 4)),

@@ -197,7 +197,8 @@ LAYER = [
     Switch("norm", "layer", {
         "missing": "the queries and keys were not L2-normalised: F.normalize(..., dim=-1) over each head's features",
         "keys_only": "the queries were not L2-normalised (the keys were): normalise both per head"}),
-    Switch("beta_act", "layer", {"missing": "beta = W_beta(x) without the sigmoid: beta = sigmoid(W_beta(x)) in (0, 1)"}),
+    Switch("beta_act", "layer", {
+        "missing": "beta = W_beta(x) without the sigmoid: beta = sigmoid(W_beta(x)) in (0, 1)"}),
     Switch("gate_act", "layer", {
         "sigmoid": "g = sigmoid(W_gate(x)): g is a log decay, logsigmoid(W_gate(x)) <= 0",
         "missing": "g = W_gate(x) without logsigmoid: g = logsigmoid(W_gate(x)) <= 0"}),
@@ -267,10 +268,11 @@ def recurrence_findings(out, q, k, v, g, beta, state, *, what="your outputs") ->
     if abs(ratio / alpha[1] - 1) < 1e-3:  # the decays are right; the size may not be
         scale = factors[0] / alpha[0]
         if abs(scale - 1) > 1e-3:
-            names = {np.sqrt(d_k): (NO_QUERY_SCALE,), 1 / np.sqrt(d_k): ("the queries were scaled by 1/sqrt(d_k) twice",)}
+            names = {np.sqrt(d_k): (NO_QUERY_SCALE,),
+                     1 / np.sqrt(d_k): ("the queries were scaled by 1/sqrt(d_k) twice",)}
             named = next((c for key, c in names.items() if abs(scale / key - 1) < 1e-3), None)
-            return [Finding(f"with zero keys (nothing written), {what} read the initial state decayed as the gates say, "
-                            f"but {scale:.4g} times too large.", named or (
+            return [Finding(f"with zero keys (nothing written), {what} read the initial state decayed as the gates "
+                            f"say, but {scale:.4g} times too large.", named or (
                                 "the read o_t = S^T q_t (q scaled by 1/sqrt(d_k)) is scaled by something else",),
                             "scaling", "probe", weight=3)]
     else:
