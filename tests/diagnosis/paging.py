@@ -74,7 +74,7 @@ def replay(weights, num_heads: int, block_size: int, num_blocks: int, ops, table
                 k_pool[block, :, slot] = k[:, t]
                 v_pool[block, :, slot] = v[:, t]
             lengths[seq] = start + n
-            order = sorted(table) if choices.get("gather") == "sorted" else table
+            order = {"sorted": sorted(table), "reversed": table[::-1]}.get(choices.get("gather"), table)
             keys, values = (lay_out(pool[order], start + n, choices) for pool in (k_pool, v_pool))
             num_keys = keys.shape[1]
             allowed = A.allowed_keys(A.Attention(), np.arange(num_keys - n, num_keys), np.arange(num_keys), choices)
@@ -98,7 +98,9 @@ GATHER = Switch("gather", "block tables", {
     "whole_blocks": WHOLE_BLOCKS,
     "no_transpose": HEAD_LAYOUT,
     "sorted": "the blocks were gathered in the order of their ids, not the table's: a sequence's blocks need not be "
-              "neighbours nor in order; lay them out as block_table lists them"})
+              "neighbours nor in order; lay them out as block_table lists them",
+    "reversed": "the blocks were laid out last to first: token p is in block table[p // block_size], so the table's "
+                "first block holds the first tokens"})
 WRITE = Switch("write", "block tables", {
     "from_zero": NO_OFFSET,
     "swapped": "block and slot were swapped: the token at position p goes to block table[p // block_size], slot "

@@ -80,7 +80,8 @@ def chunked(q, k, v, g, beta, chunk_size: int, state=None, choices: Choices = NO
     for start in range(0, t, chunk_size):
         part = slice(start, min(start + chunk_size, t))
         qc, kc, vc, bc = q[..., part, :], k[..., part, :], v[..., part, :], beta[..., part]
-        gamma = np.cumsum(g[..., part], axis=-1) if c != "gamma_not_cumulative" else g[..., part]
+        gamma = {"gamma_not_cumulative": g[..., part], "gamma_global": np.cumsum(g, axis=-1)[..., part]}.get(
+            c, np.cumsum(g[..., part], axis=-1))
         size = part.stop - part.start
         below = np.tril(np.ones((size, size), bool))
         diff = gamma[..., :, None] - gamma[..., None, :]
@@ -185,6 +186,8 @@ CHUNK = Switch("chunk", "recurrence", {
     "no_intra_decay": NO_INTRA_DECAY,
     "gamma_not_cumulative": "gamma was taken as g itself: it is the cumulative sum of g over the chunk up to each "
                             "token (g.cumsum(dim=-1))",
+    "gamma_global": "gamma was summed from the sequence's start: it restarts at each chunk (the cumulative sum of the "
+                    "chunk's own g), the decay before it being already in the state the chunk starts from",
     "decay_transposed": "Gamma was built as exp(gamma_j - gamma_i): Gamma[i, j] = exp(gamma_i - gamma_j) for j <= i "
                         "(the decay from token j to token i)",
     "w_without_decay": "W was solved from diag(beta) K without exp(gamma): W = (I + A)^-1 diag(beta exp(gamma)) K",
@@ -276,7 +279,9 @@ def recurrence_findings(out, q, k, v, g, beta, state, *, what="your outputs") ->
                                 "the read o_t = S^T q_t (q scaled by 1/sqrt(d_k)) is scaled by something else",),
                             "scaling", "probe", weight=3)]
     else:
-        causes = {1.0: (NO_GATE,), g0[1]: (GATE_RAW,), alpha[1] / alpha[0]: (
+        causes = {1.0: (NO_GATE,), g0[1]: (GATE_RAW,), alpha[0] * alpha[1]: (
+            "the earlier tokens' decay was applied again: each token's (or chunk's) decay counts from the state it "
+            "starts from (in the chunked form, gamma restarts at each chunk)",), alpha[1] / alpha[0]: (
             "the state carried from token to token (or chunk to chunk) lost its earlier decay: each token's gate "
             "multiplies the state as it is",), 1 / alpha[1]: (
             "the state was multiplied by exp(-g_t), which grows it: the gate is exp(g_t) <= 1",)}

@@ -32,7 +32,7 @@ def index_scores(q_idx, k_idx, w, choices: Choices = NONE):
     relu = choices.get("relu")
     if relu is None:
         dots = np.maximum(dots, 0)
-    weights = np.ones_like(w) if choices.get("head_weights") == "missing" else w
+    weights = {"missing": np.ones_like(w), "softmax": A.softmax(w)}.get(choices.get("head_weights"), w)
     scores = np.einsum("bth,bths->bts", weights, dots)
     if relu == "after":
         scores = np.maximum(scores, 0)
@@ -102,7 +102,10 @@ INDEX = [
     Switch("relu", "indexer", {
         "missing": NO_RELU,
         "after": "the ReLU was applied to the weighted sum: clip each head's dot product at 0, then weight and sum"}),
-    Switch("head_weights", "indexer", {"missing": UNWEIGHTED}),
+    Switch("head_weights", "indexer", {
+        "missing": UNWEIGHTED,
+        "softmax": "the head weights were normalised (a softmax) before weighting: head j's ReLU score is multiplied "
+                   "by w[t, j] as given"}),
     Switch("head_scale", "indexer", {
         "missing": NO_HEAD_SCALE,
         "no_sqrt": "the index scores were divided by index_heads: divide by sqrt(index_heads)"}),
@@ -256,9 +259,15 @@ def index_findings(actual, q, k, w, *, what="your lightning_index_scores") -> li
                              f"{what} gives key 1 the score {actual[0, 0, 1]:.3g}, not 0: the dot product was not "
                              "clipped at 0.", (NO_RELU,), "indexer", "probe", weight=3))
     if np.any(np.abs(actual[1]) > 1e-6):
+        relu = np.maximum(np.einsum("thd,sd->ths", np.asarray(q[1], np.float64), np.asarray(k[1], np.float64))
+                          / np.sqrt(dim), 0)
+        summed = relu.sum(axis=1) / np.sqrt(heads)
+        causes = {UNWEIGHTED: summed, INDEX[1].wrong["softmax"]: summed / heads}
+        named = [why for why, values in causes.items() if np.allclose(actual[1], values, rtol=1e-3, atol=1e-6)]
         found.append(Finding(f"with every head weight 0, {what} gives scores like {actual[1, 0, 0]:.3g}, not 0: the "
-                             "heads' terms were not multiplied by their weights.", (UNWEIGHTED,), "indexer", "probe",
-                             weight=3))
+                             "heads' terms were not multiplied by the weights as given.", tuple(named) or (
+                                 "the head weights were left out, or changed before they multiply the heads' terms",),
+                             "indexer", "probe", weight=3))
     if dots[0] > 0 and not found:
         factor = actual[0, 0, 0] / dots[0]
         right = 1 / np.sqrt(dim) / np.sqrt(heads)

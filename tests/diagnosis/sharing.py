@@ -56,8 +56,12 @@ def stack(x, weights, spec: Sharing, choices: Choices = NONE, chunks=None):
                 old = cache.get(layer)
                 cache[layer] = fresh[layer] if old is None or choices.get("cache") == "new_only" else \
                     [np.concatenate(p, axis=2) for p in zip(old, fresh[layer])]
+            reprojected = choices.get("reprojected")
             if sharing == "weights" and source != layer:
                 k, v = kv_of(stream, source)
+            elif reprojected and source != layer:
+                own = kv_of(stream, source)
+                k, v = (own[0], cache[source][1]) if reprojected == "keys" else (cache[source][0], own[1])
             elif sharing == "new_only" and source != layer:
                 k, v = fresh[source]
             else:
@@ -91,6 +95,11 @@ SHARING = Switch("sharing", "cross-layer sharing", {
     "new_only": NEW_KEYS_ONLY,
     "stack_input": "the computing layers projected the stack's input x: each computes its keys and values from ITS "
                    "input, the residual stream h as it reaches that layer"})
+REPROJECTED = Switch("reprojected", "cross-layer sharing", {
+    "values": "the reusing layers took their source's keys but re-projected the values (the source's W_value applied "
+              "to their own input): attend to the values the source layer made from its input too",
+    "keys": "the reusing layers took their source's values but re-projected the keys (the source's W_key applied to "
+            "their own input): attend to the keys the source layer made from its input too"})
 RESIDUAL = Switch("residual", "layers", {
     "missing": "the residual connection is missing: h = h + layer(h, ...), not h = layer(h, ...)"})
 
@@ -102,7 +111,7 @@ def switches(spec: Sharing, chunks=None) -> list[Switch]:
     sharing = SHARING if reusing else SHARING.only("stack_input")
     if not cached:
         sharing = sharing.without("new_only")
-    found = [sharing, RESIDUAL, A.CAUSAL.only("none", "diagonal").plus(A.CACHED_ROWS if cached else {}),
+    found = [sharing, *([REPROJECTED] if reusing else []), RESIDUAL, A.CAUSAL.only("none", "diagonal").plus(A.CACHED_ROWS if cached else {}),
              A.scaling_switch(A.Attention(num_heads=spec.num_heads), 1, 1, 1).only("none", "times", "no_sqrt"),
              A.FILL.only("zero"), A.PROJECTIONS["out_proj"], *[c.only("new_only") for c in D.switches(chunks,
                                                                                                     rotary=False)]]

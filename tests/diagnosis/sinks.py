@@ -268,6 +268,14 @@ def sink_findings(observed, scores, mask, scale, sinks, *, what="your attention 
     if all(abs(z - e * scale) < 1e-3 * max(1, abs(e)) for z, e in zip(per_head, sinks) if np.isfinite(z)):
         return [Finding(shows + f": they were multiplied by the scores' scale {scale:.4g}.", (SINK_SCALED,), "sinks",
                         "probe", weight=3)]
+    finite = [z for z in per_head if np.isfinite(z)]
+    if len(sinks) > 1 and len(finite) == len(sinks) and np.ptp(finite) < 1e-3 * max(1, abs(finite[0])):
+        which = "their mean" if abs(finite[0] - np.mean(sinks)) < 1e-3 * max(1, abs(finite[0])) else (
+            f"sinks[{int(np.argmin(np.abs(sinks - finite[0])))}]"
+            if np.min(np.abs(sinks - finite[0])) < 1e-3 * max(1, abs(finite[0])) else "one value")
+        return [Finding(shows + f": every head shows the same one, {which}.", (
+            "one sink logit was used for every head: head h's rows take sinks[h] (view sinks as (num_heads, 1, 1) "
+            "against scores (b, num_heads, n_q, n_k))",), "sinks", "probe", weight=3)]
     return [Finding(shows + ".", ("the sink's term in the denominator is not exp(sinks[h] - m) with the same m as "
                                   "the scores' terms",), "sinks", "probe", weight=4)]
 
