@@ -111,7 +111,8 @@ def switches(spec: Sharing, chunks=None) -> list[Switch]:
     sharing = SHARING if reusing else SHARING.only("stack_input")
     if not cached:
         sharing = sharing.without("new_only")
-    found = [sharing, *([REPROJECTED] if reusing else []), RESIDUAL, A.CAUSAL.only("none", "diagonal").plus(A.CACHED_ROWS if cached else {}),
+    causal = A.CAUSAL.only("none", "diagonal").plus(A.CACHED_ROWS if cached else {})
+    found = [sharing, *([REPROJECTED] if reusing else []), RESIDUAL, causal,
              A.scaling_switch(A.Attention(num_heads=spec.num_heads), 1, 1, 1).only("none", "times", "no_sqrt"),
              A.FILL.only("zero"), A.PROJECTIONS["out_proj"], *[c.only("new_only") for c in D.switches(chunks,
                                                                                                     rotary=False)]]
