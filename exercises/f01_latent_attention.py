@@ -38,6 +38,13 @@ API
     mla_cache_bytes_per_token(kv_latent_dim, rope_dim, num_layers, bytes_per_element=2)
     mha_cache_bytes_per_token(num_kv_heads, head_dim, num_layers, bytes_per_element=2): a cache of keys and values
         (multi-head attention: num_kv_heads = num_heads; grouped-query: num_kv_groups)
+
+What the checks test besides: each form on its own (absorbed=False and absorbed=True are graded separately);
+decoding one token in the absorbed form makes no tensor as large as the cached tokens' per-head keys (W_key_up and
+W_value_up never meet the cached latents); every size comes from the constructor's arguments (the cases use
+head_dim, kv_latent_dim, rope_dim, num_heads and the token count all different); the module runs in the dtype and on
+the device of its parameters: the large case runs in bfloat16 (on a GPU when there is one), compared with a float32
+computation at bfloat16's tolerance, so make new tensors with x's dtype and device.
 """
 import torch
 import torch.nn as nn

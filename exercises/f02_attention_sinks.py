@@ -31,6 +31,12 @@ API
         under sink_window_mask with softmax_with_sinks. With use_cache, x holds the new tokens only; cache_k and
         cache_v (b, num_kv_groups, kept, head_dim) keep at most num_sink_tokens + window positions (every one when
         window is None), cache_positions (kept,) their positions; reset_cache() empties them.
+
+What the checks test besides: softmax_with_sinks gives weights 0 (not NaN) to a row whose every key is masked, with a
+sink and without one (-inf), and does not overflow for logits in the hundreds; every cached step equals the full
+forward's rows; the cache never holds more than num_sink_tokens + window positions; every size comes from the
+constructor's arguments; the module runs in the dtype and on the device of its parameters (the large case in
+bfloat16, on a GPU when there is one, at bfloat16's tolerance).
 """
 import torch
 import torch.nn as nn

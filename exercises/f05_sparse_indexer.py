@@ -24,6 +24,11 @@ API
         index_scores(x) -> (b, T, T): I for every query and key of x, -inf where s > t
         select(x) -> bool (b, T, T): True where key s is among query t's top_k
         forward(x) -> (b, T, d_out): causal multi-head attention over the selected keys only
+
+What the checks test besides: a selection is checked where it is well defined (each query's top_k-th and next index
+scores clearly apart); in bfloat16 (the large case, on a GPU when there is one) near-equal index scores may swap, so
+there select(x) is judged by its own scores up to bfloat16's rounding and forward(x) against attention over the
+learner's own selection; the module runs in the dtype and on the device of its parameters.
 """
 import torch
 import torch.nn as nn

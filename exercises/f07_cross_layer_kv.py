@@ -29,6 +29,10 @@ API
         With use_cache, x holds the new tokens only; cache_k and cache_v are lists with one (b, num_kv_groups,
         tokens_so_far, head_dim) tensor per layer that computes keys and values, in layer order (empty when nothing
         is cached); reset_cache() empties them.
+
+What the checks test besides: a reusing layer has no W_key or W_value parameter at all; every cached step equals the
+full forward's rows, also after reset_cache(); the module runs in the dtype and on the device of its parameters (the
+large case in bfloat16, on a GPU when there is one, at a tolerance of 0.1 for four residual adds in bfloat16).
 """
 import torch
 import torch.nn as nn

@@ -25,6 +25,13 @@ API
         free(seq_id): the sequence is done; its blocks go back to the free list.
         block_table(seq_id) -> list of the sequence's block ids, in order; blocks_in_use() -> int
         Running out of blocks raises RuntimeError.
+
+What the checks test besides: every output equals what a contiguous cache gives (the full causal forward of each
+sequence); after each step a sequence of n tokens holds exactly ceil(n / block_size) blocks and blocks_in_use()
+counts the live sequences' blocks; freed blocks are taken again (a pool that holds just what the busiest moment needs
+must suffice); no two live sequences share a block; k_pool and v_pool keep their shape; the module runs in the dtype
+and on the device of its parameters (the large case in bfloat16, on a GPU when there is one, at bfloat16's
+tolerance).
 """
 import torch
 import torch.nn as nn

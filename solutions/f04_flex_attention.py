@@ -29,6 +29,10 @@ API (q, k, v: (b, num_heads, num_tokens, head_dim); every attention returns q's 
     alibi_slopes(num_heads) -> (num_heads,) float32; alibi(slopes) -> score_mod; soft_cap(cap) -> score_mod
     attend(q, k, v, score_mod=None, mask_mod=None): flex_attention with a block mask made from mask_mod
     causal_attention, sliding_window_attention, alibi_attention, gemma2_attention, packed_attention (given)
+
+What the checks test besides: each model's attention against a dense computation of the same scores, mask and
+softmax, in float32, with values of any width (the probes use values as wide as the keys are many); a query with no
+key gets 0, as flex_attention gives.
 """
 import math
 

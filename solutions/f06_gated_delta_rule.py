@@ -38,6 +38,11 @@ float64 for float64 inputs; outputs in v's dtype)
         forward(x, use_cache=False, chunk_size=None): (b, T, d_in) -> (b, T, d_out), recurrent form when chunk_size is
         None, chunked otherwise. With use_cache, starts from and leaves its state in `state` (b, h, d_k, d_v), None
         when empty; reset_cache() empties it.
+
+What the checks test besides: each form on its own (the recurrent and the chunked form are graded separately, each
+against the recurrence), outputs and final state, with and without an initial state, for chunk sizes that do and do
+not divide the length; the large case runs the chunked form in bfloat16 (on a GPU when there is one) against a
+float32 recurrence at bfloat16's tolerance.
 """
 import torch
 import torch.nn as nn

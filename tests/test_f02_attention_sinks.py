@@ -9,13 +9,15 @@ out_proj, sinks (num_heads,); scores / sqrt(head_dim) under the mask, softmax_wi
 forward(x, use_cache=False) with a cache (cache_k, cache_v: (b, num_kv_groups, kept, head_dim)) that keeps the
 first num_sink_tokens positions and the last window, so every cached step equals the full forward.
 """
-from functools import partial
-
 import numpy as np
 import pytest
 
-from diagnosis import BFLOAT16, assert_close, assert_mask, linear, multihead, split_heads
-from suite_runtime.cases import cached_steps, linear_shapes, normal, random_weights, spans
+from diagnosis import BFLOAT16, Attention, AttentionModule, Probed, Said, Searched, assert_close, assert_mask
+from diagnosis import sinks as S
+from diagnosis.modules import module_probes
+from diagnosis.probes import ExposedWeights, weight_findings
+from diagnosis.subjects import Deferred
+from suite_runtime.cases import cached_steps, linear_shapes, normal, pairwise_distinct, random_weights, spans
 
 pytestmark = pytest.mark.attention_sinks
 STAGE = "f02_attention_sinks"
@@ -23,94 +25,101 @@ CLS = "SinkAttention"
 FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32 against a float64 NumPy reference: rounding only
 TOLERANCE = {"float32": FLOAT32, "bfloat16": BFLOAT16}
 
-# What typical mistakes are called in the feedback (the catalogue of mistakes looks for these words).
-SINKS_IGNORED = ("the sink logits were left out: softmax_with_sinks adds exp(sinks[h]) to the denominator of every "
-                 "row of head h, so the weights sum to less than 1 (the sink mixes no value)")
-SINK_SCALED = ("the sink logits were scaled by 1/sqrt(head_dim) with the scores: a sink is a logit of its own, "
-               "added to the softmax as it is")
-WINDOW_OFF = ("the window is off by one: key j is inside it when i - j < window (window tokens, the query's own "
-              "included)")
-SINK_TOKENS_OFF = ("one sink token too many: the sink tokens are positions 0 .. num_sink_tokens - 1 "
-                   "(j < num_sink_tokens)")
-NO_SINK_TOKENS = ("the sink tokens were not kept: the first num_sink_tokens positions stay visible to every query "
-                  "(and in the cache) however far the window has moved")
-EVICTED = ("the sink tokens were evicted from the cache: keep the first num_sink_tokens positions for good, besides "
-           "the last window")
-NOT_CAUSAL = "the mask lets queries see later keys: j <= i must hold as well"
-OVERFLOW = ("exp overflowed: subtract the larger of the row's max score and its sink logit before exp (softmax is "
-            "unchanged by it, and every exp is then at most 1)")
+
+# ---------------------------------------------------------------- what a failed check is diagnosed with
+
+def spec_of(init):
+    return S.Sinks(init["num_heads"], init.get("num_kv_groups"), init.get("window"), init.get("num_sink_tokens", 0))
 
 
-# ---------------------------------------------------------------- NumPy references (float64)
-
-def np_mask(query_positions, key_positions, window=None, num_sink_tokens=0, *, window_le=False, causal=True):
-    i, j = np.asarray(query_positions)[:, None], np.asarray(key_positions)[None, :]
-    keep = j <= i if causal else np.ones((i.size, j.size), bool)
-    if window is None:
-        return keep
-    inside = i - j <= window if window_le else i - j < window
-    return keep & ((j < num_sink_tokens) | inside)
+def np_mask(query_positions, key_positions, window=None, num_sink_tokens=0):
+    return S.allowed(S.Sinks(window=window, num_sink_tokens=num_sink_tokens), query_positions, key_positions)
 
 
-def mask_mistakes(query_positions, key_positions, window, num_sink_tokens):
-    run = partial(np_mask, query_positions, key_positions)
-    found = {NOT_CAUSAL: run(window, num_sink_tokens, causal=False)}
-    if window is None:
-        return found
-    return found | {WINDOW_OFF: run(window, num_sink_tokens, window_le=True),
-                    SINK_TOKENS_OFF: run(window, num_sink_tokens + 1), NO_SINK_TOKENS: run(window, 0)}
+def check_mask(stage, q, k, window, sinks):
+    """sink_window_mask(q, k, window, sinks) of the learner against the rule, its switches searched and the mask's
+    window and sink tokens measured."""
+    spec = S.Sinks(window=window, num_sink_tokens=sinks)
+    got = stage.sink_window_mask(q, k, window=window, num_sink_tokens=sinks)
+    assert_mask(f"sink_window_mask({q.tolist()}, {k.tolist()}, window={window}, num_sink_tokens={sinks})", got,
+                np_mask(q, k, window, sinks), diagnosis=[
+                    Searched(lambda choices: S.allowed(spec, q, k, choices).astype(np.float32), S.mask_switches(spec),
+                             "your mask"),
+                    Said(lambda actual: S.mask_findings(actual, q, k, spec))])
 
 
-def np_softmax_with_sinks(scores, sinks, *, use_sinks=True, shift=True, dtype=np.float64):
-    """softmax_with_sinks in NumPy. use_sinks=False: a plain softmax; shift=False: exp without subtracting the max
-    (in ``dtype``: float32 overflows as the learner's would)."""
-    s = np.asarray(scores, dtype)
-    z = np.asarray(sinks, dtype).reshape(-1, 1, 1) if use_sinks else np.full((s.shape[1], 1, 1), -np.inf, dtype)
-    with np.errstate(over="ignore", invalid="ignore"):
-        m = np.maximum(s.max(axis=-1, keepdims=True), z) if shift else np.zeros_like(s[..., :1])
-        m = np.where(np.isneginf(m), 0, m)
-        e = np.exp(s - m)
-        total = e.sum(axis=-1, keepdims=True) + np.exp(z - m)
-        return e / np.where(total == 0, 1, total)
+def check_softmax(stage, name, scores, sinks):
+    """softmax_with_sinks of the learner against the reference, its switches searched and the share each row leaves
+    to the sink read from the learner's weights."""
+    got = stage.softmax_with_sinks(scores, sinks)
+    assert_close(f"softmax_with_sinks ({name})", got, S.softmax(scores, sinks), **FLOAT32, diagnosis=[
+        Searched(lambda choices: S.softmax(scores, sinks, choices), S.softmax_switches(), "your weights"),
+        Said(lambda actual: S.sink_findings(actual, np.where(np.isfinite(scores), scores, 0), np.isfinite(scores), 1.0,
+                                            sinks, what="your weights") if np.all(np.isfinite(sinks)) else [])])
 
 
-def softmax_mistakes(scores, sinks):
-    return {SINKS_IGNORED: np_softmax_with_sinks(scores, sinks, use_sinks=False),
-            OVERFLOW: np_softmax_with_sinks(scores, sinks, shift=False, dtype=np.float32)}
+def diagnosis(stage, init, x, weights, chunks=None, rows=slice(None)):
+    """What a failed check of the module's output (``rows`` of a decoding of x in ``chunks``; None: the full
+    forward) is diagnosed with: the sinks' and masks' switches (diagnosis.sinks) and attention's, searched on this case
+    and on a second one of other sizes; the attention weights read through an exposing case (the keys each query
+    sees, the temperature, the share left to the sink); and the probes of every module."""
+    def make():
+        spec = spec_of(init)
+
+        def compute(choices):
+            return S.forward(spec, x, weights, choices, chunks)[:, rows]
+
+        def second():
+            h = init["num_heads"]
+            init2 = dict(init, d_in=init["d_in"] + 1, d_out=init["d_out"] + h)
+            parts = [*(chunks or [x.shape[1]])]
+            parts[0] += 1
+            init2["context_length"] = sum(parts)
+            r = np.random.default_rng(92)
+            weights2 = sink_weights(r, init2)
+            x2 = normal(r, x.shape[0], sum(parts), init2["d_in"])
+            steps = cached_steps(x2, parts) if chunks else [{"method": "forward", "args": [x2]}]
+            got = np.concatenate(stage.session(CLS, init2, weights2, steps=steps), axis=1)
+            return got, lambda choices: S.forward(spec_of(init2), x2, weights2, choices, parts if chunks else None)
+
+        def run(a, dtype="float32"):
+            return stage.session(CLS, init, weights, steps=[{"method": "forward", "args": [a]}], dtype=dtype)[0]
+
+        switches = S.switches(spec, init["d_in"], init["d_out"], chunks, bias=bool(init.get("qkv_bias")))
+        return [Searched(compute, switches, "your output", second),
+                Probed([lambda: exposed_findings(stage, spec),
+                        *module_probes(run, x, may_see=S.allowed(spec, np.arange(x.shape[1]), np.arange(x.shape[1])),
+                                       run64=lambda: run(x, "float64"))])]
+
+    return [Deferred(make)]
 
 
-def np_sink_attention(x, weights, init, *, positions=None, key_positions=None, sink_scale=1.0, use_sinks=True,
-                      **mask_options):
-    """SinkAttention's full forward in NumPy (queries at ``positions``, default 0..T-1, attending to the keys at
-    ``key_positions``, default the same): mask_options go to np_mask (window, num_sink_tokens and the mistakes'
-    switches), sink_scale multiplies the sink logits (a mistake scales them by 1/sqrt(head_dim))."""
-    x = np.asarray(x, dtype=np.float64)
-    b, t, _ = x.shape
-    num_heads = init["num_heads"]
-    kv = init.get("num_kv_groups") or num_heads
-    q = split_heads(linear(x, weights, "W_query"), num_heads)
-    k, v = (np.repeat(split_heads(linear(x, weights, n), kv), num_heads // kv, axis=1) for n in ("W_key", "W_value"))
-    hd = q.shape[-1]
-    positions = np.arange(t) if positions is None else positions
-    mask_options = {"window": init.get("window"), "num_sink_tokens": init.get("num_sink_tokens", 0), **mask_options}
-    allowed = np_mask(positions, positions if key_positions is None else key_positions, **mask_options)
-    scores = np.where(allowed, q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd), -np.inf)
-    w = np_softmax_with_sinks(scores, weights["sinks"] * sink_scale, use_sinks=use_sinks)
-    return linear((w @ v).transpose(0, 2, 1, 3).reshape(b, t, -1), weights, "out_proj")
-
-
-def attention_mistakes(x, weights, init, rows=slice(None), cached=False):
-    """{description: the output's tokens ``rows``} of the typical mistakes (cached: those of a cached decoding)."""
-    run = partial(np_sink_attention, x, weights, init)
-    hd = init["d_out"] // init["num_heads"]
-    found = {SINKS_IGNORED: run(use_sinks=False), SINK_SCALED: run(sink_scale=1 / np.sqrt(hd)),
-             NOT_CAUSAL: run(causal=False)}
-    if init.get("window") is not None:
-        found[WINDOW_OFF] = run(window_le=True)
-        if init.get("num_sink_tokens", 0):
-            found[SINK_TOKENS_OFF] = run(num_sink_tokens=init["num_sink_tokens"] + 1)
-            found[EVICTED if cached else NO_SINK_TOKENS] = run(num_sink_tokens=0)
-    return {why: out[:, rows] for why, out in found.items()}
+def exposed_findings(stage, spec):
+    """The learner's weights read through an exposing case (diagnosis.sinks.exposure): which keys each query sees,
+    the temperature of the scores, and the share each row leaves to the sink."""
+    t = max(6, (spec.window or 0) + spec.num_sink_tokens + 3)
+    sinks = np.linspace(0.6, -0.8, spec.num_heads).astype(np.float32)
+    sizes, x, weights, read = S.exposure(spec, t, sinks)
+    observed = read(stage.session(CLS, sizes, weights, steps=[{"method": "forward", "args": [x]}])[0])
+    h, g = spec.num_heads, spec.groups
+    q = np.asarray(x, np.float64) @ weights["W_query.weight"].T.astype(np.float64)
+    k = np.asarray(x, np.float64) @ weights["W_key.weight"].T.astype(np.float64)
+    q = q.reshape(2, t, h, t).transpose(0, 2, 1, 3)
+    k = np.repeat(k.reshape(2, t, g, t).transpose(0, 2, 1, 3), h // g, axis=1)
+    scores = q @ np.swapaxes(k, -1, -2)
+    positions = np.arange(t)
+    mask = S.allowed(spec, positions, positions)
+    scale = 1 / np.sqrt(t)
+    name = "head_dim"
+    switch = S.A.scaling_switch(Attention(), t, t + 2, h * t)
+    divisors = {"sqrt(head_dim)": np.sqrt(t), "1": 1.0, "1/sqrt(head_dim)": 1 / np.sqrt(t), name: float(t),
+                "sqrt(d_out)": np.sqrt(h * t), "sqrt(d_in)": np.sqrt(t + 2)}
+    value_of = {"none": "1", "times": "1/sqrt(head_dim)", "no_sqrt": name, "d_out": "sqrt(d_out)",
+                "d_in": "sqrt(d_in)"}
+    words = {value_of[v]: w for v, w in switch.wrong.items()}
+    found = weight_findings(ExposedWeights(observed, scores, mask, scale, divisors, words, positions, positions,
+                                           spec.window, empty_rows="sinks", sink_tokens=spec.num_sink_tokens))
+    return found + S.sink_findings(observed, scores, mask, scale, sinks)
 
 
 def sink_shapes(d_in, d_out, num_heads, num_kv_groups=None, qkv_bias=False, **_):
@@ -126,11 +135,11 @@ def sink_weights(rng, init):
     return weights
 
 
-def check_steps(outputs, expected, chunks, x, weights, init, what=""):
+def check_steps(stage, outputs, expected, chunks, x, weights, init, what=""):
     for k, (a, e) in enumerate(spans(chunks)):
-        assert_close(f"{what}step {k}: forward(x[:, {a}:{e}], use_cache=True)", outputs[k], expected[:, a:e],
-                     **FLOAT32, mistakes=partial(attention_mistakes, x, weights, init, slice(a, e), cached=True),
-                     hint=f"Expected: rows {a}..{e - 1} of the full forward (chunks of {tuple(chunks)} tokens).")
+        assert_close(f"{what}step {k}: forward(x[:, {a}:{e}], use_cache=True) (rows {a}..{e - 1} of the full forward, "
+                     f"chunks of {tuple(chunks)} tokens)", outputs[k], expected[:, a:e], **FLOAT32,
+                     diagnosis=diagnosis(stage, init, x, weights, chunks, slice(a, e)))
 
 
 def check_kept(cache_k, init, b, fed, when):
@@ -160,26 +169,22 @@ def case_of(fx, prefix=""):
 def test_sink_window_mask_on_the_example(stage, public_fx):
     """Positions 0..7, a window of 3 and 2 sink tokens: each query sees tokens 0 and 1 and its last 3."""
     positions = public_fx["mask/positions"]
-    assert_mask("sink_window_mask(arange(8), arange(8), window=3, num_sink_tokens=2)",
-                stage.sink_window_mask(positions, positions, window=3, num_sink_tokens=2), public_fx["mask/allowed"],
-                mistakes=mask_mistakes(positions, positions, 3, 2))
+    check_mask(stage, positions, positions, 3, 2)
 
 
 @pytest.mark.public
 def test_softmax_with_sinks_on_the_example(stage, public_fx):
     """Scores of 2 heads with masked keys, a row of large scores and a row with every key masked."""
-    scores, sinks = public_fx["softmax/scores"], public_fx["softmax/sinks"]
-    assert_close("softmax_with_sinks(scores, sinks)", stage.softmax_with_sinks(scores, sinks),
-                 public_fx["softmax/weights"], **FLOAT32, mistakes=softmax_mistakes(scores, sinks))
+    check_softmax(stage, "the example's scores and sinks", public_fx["softmax/scores"], public_fx["softmax/sinks"])
 
 
 @pytest.mark.public
 def test_forward_on_the_example(stage, public_fx):
-    """The journey batch: 2 query heads sharing 1 key/value head, a window of 3, 1 sink token, learned sinks."""
+    """The journey batch: 4 query heads of 5 features sharing 1 key/value head, a window of 3, 1 sink token, learned
+    sinks (every size different: a swapped dimension cannot pass)."""
     init, x, weights, _ = case_of(public_fx)
-    assert_close(f"{CLS}(3, 4, 6, 2, num_kv_groups=1, window=3, num_sink_tokens=1) output",
-                 stage.forward(CLS, init, x, weights), public_fx.output, **FLOAT32,
-                 mistakes=lambda: attention_mistakes(x, weights, init))
+    assert_close(f"{CLS}({init}) output", stage.forward(CLS, init, x, weights), public_fx.output, **FLOAT32,
+                 diagnosis=diagnosis(stage, init, x, weights))
 
 
 @pytest.mark.public
@@ -191,7 +196,7 @@ def test_streaming_decoding_on_the_example(stage, public_fx):
     for step in cached_steps(x, chunks):
         steps += [step, {"get": "cache_k"}]
     results = stage.session(CLS, init, weights, steps=steps)
-    check_steps(results[0::2], public_fx.output, chunks, x, weights, init)
+    check_steps(stage, results[0::2], public_fx.output, chunks, x, weights, init)
     for k, (_, e) in enumerate(spans(chunks)):
         check_kept(results[2 * k + 1], init, x.shape[0], e, f"after step {k} (tokens 0..{e - 1} fed)")
 
@@ -201,13 +206,11 @@ def test_streaming_decoding_on_the_example(stage, public_fx):
 def test_sink_window_mask_at_other_positions(stage, rng):
     """Queries further on than the keys begin (a cache's positions), other windows, no window."""
     cases = [(np.arange(10, 13), np.array([0, 1, 8, 9, 10, 11, 12]), 3, 2), (np.arange(6), np.arange(6), None, 0),
-             (np.arange(7), np.arange(7), 1, 0), (np.arange(9), np.arange(9), 4, 3)]
+             (np.arange(7), np.arange(7), 1, 0), (np.arange(11), np.arange(11), 4, 3)]
     t = int(rng.integers(3, 12))
     cases.append((np.arange(t), np.arange(t), int(rng.integers(1, t)), int(rng.integers(0, 3))))
     for q, k, window, sinks in cases:
-        assert_mask(f"sink_window_mask({q.tolist()}, {k.tolist()}, window={window}, num_sink_tokens={sinks})",
-                    stage.sink_window_mask(q, k, window=window, num_sink_tokens=sinks), np_mask(q, k, window, sinks),
-                    mistakes=mask_mistakes(q, k, window, sinks))
+        check_mask(stage, q, k, window, sinks)
 
 
 def test_softmax_with_sinks_matches_numpy(stage, rng):
@@ -219,10 +222,9 @@ def test_softmax_with_sinks_matches_numpy(stage, rng):
     sinks = normal(rng, 3, scale=3.0)
     cases = [("random", scores, sinks), ("large logits", scores * 200, sinks * 200),
              ("no sink (-inf)", scores, np.full(3, -np.inf, np.float32)),
-             ("every key masked, no sink", np.full((1, 2, 2, 3), -np.inf, np.float32), np.full(2, -np.inf, np.float32))]
+             ("every key masked, no sink", np.full((1, 2, 3, 4), -np.inf, np.float32), np.full(2, -np.inf, np.float32))]
     for name, s, z in cases:
-        assert_close(f"softmax_with_sinks ({name})", stage.softmax_with_sinks(s, z), np_softmax_with_sinks(s, z),
-                     **FLOAT32, mistakes=softmax_mistakes(s, z))
+        check_softmax(stage, name, s, z)
 
 
 @pytest.mark.parametrize("case", ["case0", "case1", "case2"])
@@ -231,51 +233,76 @@ def test_stored_cases_full_and_cached(stage, hidden_fx, case):
     a time (case1); no window, learned sinks (case2)."""
     init, x, weights, chunks = case_of(hidden_fx, f"{case}/")
     assert_close(f"{init}: forward(x)", stage.forward(CLS, init, x, weights), hidden_fx[f"{case}/output"], **FLOAT32,
-                 mistakes=partial(attention_mistakes, x, weights, init))
+                 diagnosis=diagnosis(stage, init, x, weights))
     *outputs, cache_k = stage.session(CLS, init, weights, steps=[*cached_steps(x, chunks), {"get": "cache_k"}])
-    check_steps(outputs, hidden_fx[f"{case}/output"], chunks, x, weights, init, f"{init}: ")
+    check_steps(stage, outputs, hidden_fx[f"{case}/output"], chunks, x, weights, init, f"{init}: ")
     check_kept(cache_k, init, x.shape[0], x.shape[1], "at the end")
 
 
+def without_sinks(weights, num_heads):
+    """Chapter 3's weights as SinkAttention's: sink logits of -inf (no sink)."""
+    return {**weights, "sinks": np.full(num_heads, -np.inf, np.float32)}
+
+
+def sized(init, d_in, d_out, context_length):
+    return {**init, "d_in": d_in, "d_out": d_out, "context_length": context_length}
+
+
 def test_without_sinks_or_window_it_is_causal_attention(stage, rng):
-    """sinks = -inf (no sink) and no window: chapter 3's causal multi-head attention (checks.multihead)."""
-    num_heads, t = int(rng.integers(1, 4)), int(rng.integers(2, 8))
-    init = dict(d_in=int(rng.integers(2, 6)), d_out=num_heads * int(rng.integers(1, 4)), context_length=t,
-                num_heads=num_heads, qkv_bias=True)
-    weights = sink_weights(rng, init)
-    weights["sinks"] = np.full(num_heads, -np.inf, np.float32)
-    x = normal(rng, 2, t, init["d_in"])
-    assert_close(f"{init} with sinks = -inf: forward(x)", stage.forward(CLS, init, x, weights),
-                 multihead(x, weights, num_heads), **FLOAT32)
+    """sinks = -inf (no sink) and no window: chapter 3's causal multi-head attention, diagnosed as chapter 3's
+    (diagnosis.AttentionModule)."""
+    def draw(r):
+        heads, head_dim = int(r.integers(2, 4)), int(r.integers(2, 5))
+        return dict(num_heads=heads, head_dim=head_dim, d_out=heads * head_dim, d_in=int(r.integers(2, 9)),
+                    t=int(r.integers(3, 9)), b=int(r.integers(1, 4)))
+    sizes = pairwise_distinct(rng, draw)
+    init = dict(d_in=sizes["d_in"], d_out=sizes["d_out"], context_length=sizes["t"], num_heads=sizes["num_heads"],
+                qkv_bias=True)
+    weights = random_weights(rng, {k: v for k, v in sink_shapes(**init).items() if k != "sinks"})
+    x = normal(rng, sizes["b"], sizes["t"], init["d_in"])
+    module = AttentionModule(stage, CLS, init, Attention(num_heads=init["num_heads"]), without_sinks, sized)
+    assert_close(f"{init} with sinks = -inf: forward(x)", module.run(x, weights),
+                 S.A.forward(Attention(num_heads=init["num_heads"]), x, weights), **FLOAT32,
+                 diagnosis=module.evidence(x, weights))
 
 
 def test_the_cache_stays_bounded_over_a_long_text(stage, rng):
     """20 tokens one by one through 2 sink tokens and a window of 3: every output equals the full forward, and the
     cache never holds more than 5 positions."""
-    init = dict(d_in=4, d_out=6, context_length=20, num_heads=2, num_kv_groups=1, window=3, num_sink_tokens=2)
-    weights, x = sink_weights(rng, init), normal(rng, 1, 20, 4)
+    init = dict(d_in=5, d_out=12, context_length=20, num_heads=4, num_kv_groups=1, window=3, num_sink_tokens=2)
+    weights, x = sink_weights(rng, init), normal(rng, 2, 20, 5)
     steps = []
     for step in cached_steps(x, [1] * 20):
         steps += [step, {"get": "cache_k"}]
     results = stage.session(CLS, init, weights, steps=steps)
-    check_steps(results[0::2], np_sink_attention(x, weights, init), [1] * 20, x, weights, init)
+    check_steps(stage, results[0::2], S.forward(spec_of(init), x, weights), [1] * 20, x, weights, init)
     for k in range(20):
-        check_kept(results[2 * k + 1], init, 1, k + 1, f"after token {k}")
+        check_kept(results[2 * k + 1], init, 2, k + 1, f"after token {k}")
+
+
+def random_init(rng):
+    """Random sizes, pairwise distinct (batch, tokens, d_in, heads, key/value groups, head_dim, d_out)."""
+    def draw(r):
+        kv, group, head_dim = int(r.integers(1, 4)), int(r.integers(2, 4)), int(r.integers(2, 6))
+        return dict(b=int(r.integers(1, 4)), t=int(r.integers(4, 12)), d_in=int(r.integers(2, 9)), num_kv_groups=kv,
+                    num_heads=kv * group, head_dim=head_dim, d_out=kv * group * head_dim)
+    sizes = pairwise_distinct(rng, draw)
+    t = sizes["t"]
+    window = None if rng.integers(4) == 0 else int(rng.integers(1, t))
+    init = dict(d_in=sizes["d_in"], d_out=sizes["d_out"], context_length=t, num_heads=sizes["num_heads"],
+                num_kv_groups=sizes["num_kv_groups"], window=window, num_sink_tokens=int(rng.integers(0, 3)),
+                qkv_bias=bool(rng.integers(2)))
+    return sizes["b"], t, init
 
 
 def test_random_cases_against_the_reference(stage, reference, rng, device):
     """Random sizes, windows and sink tokens, random chunks, reset_cache() and a second sequence."""
     ref = reference.stage(STAGE)
     for _ in range(2):
-        kv, group = int(rng.integers(1, 3)), int(rng.integers(1, 3))
-        t = int(rng.integers(3, 12))
-        window = None if rng.integers(4) == 0 else int(rng.integers(1, t))
-        init = dict(d_in=int(rng.integers(2, 6)), d_out=kv * group * int(rng.integers(1, 3)), context_length=t,
-                    num_heads=kv * group, num_kv_groups=kv, window=window, num_sink_tokens=int(rng.integers(0, 3)),
-                    qkv_bias=bool(rng.integers(2)))
+        b, t, init = random_init(rng)
         weights = sink_weights(rng, init)
-        first, second = normal(rng, 2, t, init["d_in"]), normal(rng, 2, t, init["d_in"])
-        cuts = np.sort(rng.choice(np.arange(1, t), size=int(rng.integers(0, t)), replace=False))
+        first, second = normal(rng, b, t, init["d_in"]), normal(rng, b, t, init["d_in"])
+        cuts = np.sort(rng.choice(np.arange(1, t), size=int(rng.integers(1, t)), replace=False))
         chunks = np.diff([0, *cuts, t]).tolist()
         steps = [*cached_steps(first, chunks), {"method": "reset_cache"}, *cached_steps(second, chunks[::-1])]
         outputs = stage.session(CLS, init, weights, steps=steps, device=device)
@@ -283,7 +310,7 @@ def test_random_cases_against_the_reference(stage, reference, rng, device):
         for seq, got, parts, what in ((first, outputs[:n], chunks, ""), (second, outputs[n + 1:], chunks[::-1],
                                                                          "after reset_cache(), ")):
             [expected] = ref.session(CLS, init, weights, steps=[{"method": "forward", "args": [seq]}])
-            check_steps(got, expected, parts, seq, weights, init, f"{init}: {what}")
+            check_steps(stage, got, expected, parts, seq, weights, init, f"{init}: {what}")
 
 
 def torch_sink_attention(x, weights, num_heads, num_kv_groups, window, device):
@@ -309,11 +336,11 @@ def torch_sink_attention(x, weights, num_heads, num_kv_groups, window, device):
 
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case is a sliding layer of gpt-oss-20b (d_model 2880, 64
     # query heads of 64, 8 key/value heads, a window of 128, learned sinks)
-    "cpu": dict(b=2, t=40, d_in=48, num_heads=8, head_dim=8, num_kv_groups=2, window=8, dtypes=("float32", "bfloat16")),
+    "cpu": dict(b=2, t=40, d_in=48, num_heads=8, head_dim=6, num_kv_groups=4, window=8, dtypes=("float32", "bfloat16")),
     "cuda": dict(b=1, t=4096, d_in=2880, num_heads=64, head_dim=64, num_kv_groups=8, window=128,
                  dtypes=("bfloat16",)),
     # the dry run (--gpu-cases-on cpu): the CUDA case, small, on the CPU
-    "dry run": dict(b=1, t=64, d_in=96, num_heads=16, head_dim=8, num_kv_groups=2, window=16, dtypes=("bfloat16",)),
+    "dry run": dict(b=1, t=64, d_in=96, num_heads=16, head_dim=12, num_kv_groups=2, window=16, dtypes=("bfloat16",)),
 }
 
 

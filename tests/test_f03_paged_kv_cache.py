@@ -8,36 +8,22 @@ sequence of n tokens holds ceil(n / block_size) blocks (token p in block table[p
 p % block_size); free(seq_id) returns them for reuse; block_table(seq_id) -> its block ids; blocks_in_use().
 """
 import re
-from functools import partial
 
 import numpy as np
 import pytest
 
-from diagnosis import BFLOAT16, assert_close, linear, multihead, softmax, split_heads
-from suite_runtime.cases import mha_shapes, normal, random_weights
+from diagnosis import BFLOAT16, Attention, Probed, Searched, assert_close, diagnosed
+from diagnosis import paging as P
+from diagnosis.attention import forward as attention_forward
+from diagnosis.modules import module_probes
+from diagnosis.subjects import Deferred
+from suite_runtime.cases import mha_shapes, normal, pairwise_distinct, random_weights
 
 pytestmark = pytest.mark.paged_kv_cache
 STAGE = "f03_paged_kv_cache"
 CLS = "PagedAttention"
 FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32 against a float64 NumPy reference: rounding only
 TOLERANCE = {"float32": FLOAT32, "bfloat16": BFLOAT16}
-
-# What typical mistakes are called in the feedback (the catalogue of mistakes looks for these words).
-WHOLE_BLOCKS = ("the gathered keys were not cut at the sequence's length: whole blocks bring their unwritten slots "
-                "(zeros, or a freed sequence's keys) and shift the causal rows; keep the first seq_len tokens")
-HEAD_LAYOUT = ("the blocks were laid end to end without moving the head axis first: pool[table] is (blocks, "
-               "num_heads, block_size, head_dim); transpose to (num_heads, blocks, block_size, head_dim) before "
-               "merging blocks and slots into one token axis")
-BLOCK_PER_STEP = ("a new block was taken although the last one had free slots: a sequence of n tokens holds "
-                  "ceil(n / block_size) blocks")
-NOT_RETURNED = "free() must give the sequence's blocks back to the free list (self.free_blocks) for reuse"
-NOT_REUSED = ("the pool ran dry, although it holds every block the live sequences need, and the same steps pass with a "
-              "pool as large as all the blocks ever taken: the blocks of freed sequences were never taken again. "
-              + NOT_RETURNED)
-NO_OFFSET = ("each step wrote its keys from position 0 and attended to its new tokens alone: the new tokens go after "
-             "the seq_len tokens already cached (positions seq_len, seq_len + 1, ...)")
-TABLE_KEPT = ("free() kept the sequence's block table: forget the table and the length, so that the id can start "
-              "a new sequence")
 
 
 # ---------------------------------------------------------------- scenarios and NumPy references
@@ -82,66 +68,16 @@ def sequences_of(ops):
     return rows, lengths
 
 
+def causal_forward(x, weights, num_heads):
+    """Chapter 3's causal multi-head attention of x (b, T, d_in) (diagnosis.attention)."""
+    return attention_forward(Attention(num_heads=num_heads), x, weights)
+
+
 def expected_outputs(weights, num_heads, ops):
     """Each forward's output: the last num_new rows of the full causal forward of each row's sequence."""
     rows, _ = sequences_of(ops)
-    return [None if here is None else np.stack([multihead(seq[None], weights, num_heads)[0, -op[2].shape[1]:]
+    return [None if here is None else np.stack([causal_forward(seq[None], weights, num_heads)[0, -op[2].shape[1]:]
                                                for seq in here]) for op, here in zip(ops, rows)]
-
-
-def np_paged(weights, num_heads, block_size, num_blocks, ops, report, gather="right"):
-    """Replay ops on a NumPy pool with the block tables the module reported, gathering as a mistake would:
-    "whole_blocks" (no cut at the length), "no_transpose" (blocks and heads merged without moving the head axis)."""
-    d_out = weights["out_proj.weight"].shape[0]
-    hd = d_out // num_heads
-    k_pool, v_pool = np.zeros((2, num_blocks, num_heads, block_size, hd))
-    lengths, outputs = {}, []
-    for op, (_, _, tables) in zip(ops, report):
-        if op[0] == "free":
-            lengths.pop(op[1], None)
-            outputs.append(None)
-            continue
-        rows = []
-        for r, seq in enumerate(op[1]):
-            x = np.asarray(op[2][r:r + 1], np.float64)
-            q, k, v = (split_heads(linear(x, weights, n), num_heads)[0] for n in ("W_query", "W_key", "W_value"))
-            table, start, n = tables[seq], lengths.get(seq, 0), x.shape[1]
-            for t in range(n):
-                p = start + t
-                k_pool[table[p // block_size], :, p % block_size] = k[:, t]
-                v_pool[table[p // block_size], :, p % block_size] = v[:, t]
-            lengths[seq] = start + n
-
-            keys, values = (lay_out(pool[table], gather, start + n) for pool in (k_pool, v_pool))
-            num_keys = keys.shape[1]
-            future = np.triu(np.ones((n, num_keys), bool), num_keys - n + 1)
-            w = softmax(np.where(future, -np.inf, q @ keys.transpose(0, 2, 1) / np.sqrt(hd)))
-            rows.append(linear((w @ values).transpose(1, 0, 2).reshape(n, d_out), weights, "out_proj"))
-        outputs.append(np.stack(rows))
-    return outputs
-
-
-def lay_out(blocks, gather, length):
-    """A sequence's blocks (held, num_heads, block_size, head_dim) as (num_heads, tokens, head_dim), as np_paged's
-    ``gather`` says."""
-    num_heads, hd = blocks.shape[1], blocks.shape[3]
-    if gather == "no_transpose":
-        return blocks.reshape(num_heads, -1, hd)[:, :length]
-    laid = blocks.transpose(1, 0, 2, 3).reshape(num_heads, -1, hd)
-    return laid if gather == "whole_blocks" else laid[:, :length]
-
-
-def paging_mistakes(weights, num_heads, block_size, num_blocks, ops, report, index):
-    """{description: op ``index``'s output} of the typical mistakes, the gathering ones replayed with the module's
-    own tables (none when its tables cannot be replayed)."""
-    x = ops[index][2]
-    found = {NO_OFFSET: np.stack([multihead(x[r:r + 1], weights, num_heads)[0] for r in range(x.shape[0])])}
-    for why, gather in ((WHOLE_BLOCKS, "whole_blocks"), (HEAD_LAYOUT, "no_transpose")):
-        try:
-            found[why] = np_paged(weights, num_heads, block_size, num_blocks, ops, report, gather)[index]
-        except (IndexError, KeyError, TypeError, ValueError):  # tables that do not fit: no hypothesis to offer
-            pass
-    return found
 
 
 def blocks_without_reuse(ops, block_size):
@@ -157,19 +93,63 @@ def blocks_without_reuse(ops, block_size):
     return taken + sum(held.values())
 
 
-def freed_blocks_lost(stage, init, weights, ops, error, **options):
-    """Whether ``error`` (raised by the learner's code on ``ops``) is explained by freed blocks never being taken
-    again: the same ops pass every check with a pool that needs no reuse. The learner's code is run again on it."""
+def larger_pool_findings(stage, init, weights, ops, error, **options):
+    """What the learner's code shows when ``error`` (raised on ``ops``) is run again with a pool larger than any
+    right code needs: if every check then passes and the pool had been too small only without reuse, freed blocks
+    were never taken again; if it runs but its tables are wrong, what they show."""
     if isinstance(error, NotImplementedError) or re.search(r"time (limit|budget)", str(error)):
-        return False  # a part not written yet, or a check stopped: nothing to learn from running it again
-    larger = blocks_without_reuse(ops, init["block_size"])
-    if larger <= init["num_blocks"]:
-        return False  # this pool never needed a freed block
+        return []  # a part not written yet, or a check stopped: nothing to learn from running it again
+    bs = init["block_size"]
+    without_reuse = blocks_without_reuse(ops, bs)
+    steps = sum(len(op[1]) for op in ops if op[0] == "forward")
+    larger = dict(init, num_blocks=max(init["num_blocks"], without_reuse) + steps)
     try:
-        check_scenario(stage, dict(init, num_blocks=larger), weights, ops, probe=False, **options)
+        report = run_scenario(stage, larger, weights, ops, **options)
     except Exception:
-        return False
-    return True
+        return []  # it fails with any pool: the error is another one's
+    _, lengths = sequences_of(ops)
+    found = P.table_findings(ops, [held for _, _, held in report], lengths, bs)
+    if found:
+        return [P.Finding(f"with a pool of {larger['num_blocks']} blocks the same steps run, and " + f.shows, f.causes,
+                          f.mechanism, f.source, f.weight) for f in found]
+    if without_reuse <= init["num_blocks"]:
+        return []  # this pool never needed a freed block
+    try:
+        check_scenario(stage, dict(init, num_blocks=without_reuse), weights, ops, probe=False, **options)
+    except Exception:
+        return []
+    return [P.lost_blocks_finding()]
+
+
+def fail(message, findings):
+    """A failed check whose message is ``message`` and the findings' lines (what the evidence bears out)."""
+    raise diagnosed("\n".join([message, *(line for f in findings for line in f.lines())]), findings)
+
+
+FUTURE_KEYS = ("a new query attends to keys after it: its causal row must be one of the last num_new of the num_keys "
+               "positions (triu(num_keys - num_new + 1)), and the keys gathered exactly the sequence's tokens so far")
+
+
+def output_diagnosis(stage, init, weights, ops, report, index):
+    """What a failed check of op ``index``'s output is diagnosed with: the scenario replayed with the module's own
+    block tables (diagnosis.paging), its switches searched; and the probes of every module, on new sequences."""
+    def make():
+        tables = [held for _, _, held in report]
+        x = ops[index][2]
+
+        def compute(choices):
+            return P.replay(weights, init["num_heads"], init["block_size"], init["num_blocks"], ops, tables,
+                            choices)[index]
+
+        def run(a):
+            fresh = dict(init, num_blocks=a.shape[0] * -(-a.shape[1] // init["block_size"]))
+            return stage.session(CLS, fresh, weights, steps=[forward_step(a, range(a.shape[0]))])[0]
+
+        switches = P.switches(init["d_in"], init["d_out"], init["num_heads"], bool(init.get("qkv_bias")))
+        return [Searched(compute, switches, "your output"),
+                Probed(module_probes(run, x, future=FUTURE_KEYS, mechanism="block tables"))]
+
+    return [Deferred(make)]
 
 
 def check_scenario(stage, init, weights, ops, what="", probe=True, **options):
@@ -179,34 +159,36 @@ def check_scenario(stage, init, weights, ops, what="", probe=True, **options):
     try:
         report = run_scenario(stage, init, weights, ops, **options)
     except Exception as error:
-        if probe and freed_blocks_lost(stage, init, weights, ops, error, **options):
-            raise AssertionError(f"{what}{type(error).__name__}: {error}\nLikely mistake: {NOT_REUSED}") from error
+        found = larger_pool_findings(stage, init, weights, ops, error, **options) if probe else []
+        if found:
+            fail(f"{what}{type(error).__name__}: {error}", found)
         raise
     expected = expected_outputs(weights, init["num_heads"], ops)
     _, lengths = sequences_of(ops)
+    tables = [held for _, _, held in report]
     bs = init["block_size"]
-    for index, (op, (output, in_use, tables)) in enumerate(zip(ops, report)):
+    for index, (op, (output, in_use, held)) in enumerate(zip(ops, report)):
         if op[0] == "forward":
-            assert_close(f"{what}op {index}: forward of sequences {list(op[1])} ({op[2].shape[1]} new tokens each)",
+            assert_close(f"{what}op {index}: forward of sequences {list(op[1])} ({op[2].shape[1]} new tokens each; "
+                         "expected: the rows a contiguous cache gives, the full causal forward of each sequence)",
                          output, expected[index], **FLOAT32,
-                         mistakes=partial(paging_mistakes, weights, init["num_heads"], bs, init["num_blocks"], ops,
-                                          report, index),
-                         hint="Expected: the rows a contiguous cache gives, the full causal forward of each sequence.")
-        for seq, table in tables.items():
+                         diagnosis=output_diagnosis(stage, init, weights, ops, report, index))
+        for seq, table in held.items():
             n = lengths[index].get(seq, 0)
             need = -(-n // bs)
-            assert len(table) == need, (
-                f"{what}after op {index}, sequence {seq} holds {n} tokens and blocks {table}; expected "
-                f"ceil({n} / block_size={bs}) = {need} blocks: "
-                + (TABLE_KEPT if n == 0 else BLOCK_PER_STEP if len(table) > need else
-                   "every cached token needs a slot in the sequence's blocks"))
+            if len(table) != need:
+                fail(f"{what}after op {index}, sequence {seq} holds {n} tokens and blocks {table}; expected "
+                     f"ceil({n} / block_size={bs}) = {need} blocks.",
+                     P.table_findings(ops[:index + 1], tables[:index + 1], lengths[:index + 1], bs))
         need = sum(-(-n // bs) for n in lengths[index].values())
-        assert in_use == need, (
-            f"{what}after op {index}, blocks_in_use() = {in_use}; the live sequences hold "
-            f"{dict(lengths[index])} tokens, ceil(n / {bs}) blocks each: {need}"
-            + (f" ({NOT_RETURNED})" if op[0] == "free" and in_use > need else ""))
-    live = [b for _, _, tables in report[-1:] for t in tables.values() for b in t]
-    assert len(live) == len(set(live)), f"{what}two sequences share a block at the end: {report[-1][2]}"
+        if in_use != need:
+            fail(f"{what}after op {index}, blocks_in_use() = {in_use}; the live sequences hold "
+                 f"{dict(lengths[index])} tokens, ceil(n / {bs}) blocks each: {need}.",
+                 P.table_findings(ops[:index + 1], tables[:index + 1], lengths[:index + 1], bs))
+    live = [b for _, _, held in report[-1:] for t in held.values() for b in t]
+    if len(live) != len(set(live)):
+        fail(f"{what}two sequences share a block at the end: {report[-1][2]}",
+             P.table_findings(ops, tables, lengths, bs))
     return report
 
 
@@ -222,8 +204,9 @@ def public_ops(fx):
 
 @pytest.mark.public
 def test_two_sequences_side_by_side_on_the_example(stage, public_fx):
-    """Sequence 0 (the journey tokens) and sequence 1 in blocks of 2 slots: prompts, a step of both at once, then
-    sequence 1 ends and sequence 2 takes its blocks. Every output equals the contiguous cache's (the full forward)."""
+    """Sequence 0 (the journey tokens) and sequence 1 in blocks of 2 slots, 4 heads of 7 features: prompts, a step of
+    both at once, then sequence 1 ends and sequence 2 takes its blocks. Every output equals the contiguous cache's (the
+    full forward)."""
     ops = public_ops(public_fx)
     report = check_scenario(stage, public_fx.init(), public_fx.sub("weights/"), ops)
     assert_close("sequence 0's outputs over its 6 tokens", np.concatenate(
@@ -247,7 +230,8 @@ def test_freed_blocks_are_reused(stage, public_fx):
 # ---------------------------------------------------------------- hidden
 
 def test_stored_scenario(stage, hidden_fx):
-    """Three sequences in blocks of 3 slots, two rows per step, chunked prompts, a freed id used again."""
+    """Three sequences in blocks of 3 slots (2 heads of 4 features), two rows per step, chunked prompts, a freed id
+    used again."""
     init, weights = hidden_fx.init(), hidden_fx.sub("weights/")
     xs = [hidden_fx[f"x{i}"] for i in range(3)]
     ops = [("forward", [5, 7], np.stack([xs[0][:4], xs[1][:4]])), ("forward", [5, 7], np.stack([xs[0][4:5],
@@ -260,31 +244,35 @@ def test_stored_scenario(stage, hidden_fx):
 
 def test_a_block_is_filled_before_the_next_is_taken(stage, rng):
     """One sequence, one token at a time, blocks of 4: ceil(t / 4) blocks after t tokens."""
-    init = dict(d_in=4, d_out=6, num_heads=2, num_blocks=4, block_size=4)
-    weights, x = random_weights(rng, mha_shapes(4, 6, False)), normal(rng, 1, 13, 4)
+    init = dict(d_in=5, d_out=6, num_heads=2, num_blocks=7, block_size=4)
+    weights, x = random_weights(rng, mha_shapes(5, 6, False)), normal(rng, 1, 13, 5)
     check_scenario(stage, init, weights, [("forward", [3], x[:, t:t + 1]) for t in range(13)])
 
 
 def test_the_pool_is_allocated_once(stage, rng):
     """k_pool and v_pool are (num_blocks, num_heads, block_size, head_dim) from the start and stay that size: memory
     is bounded by the pool, whatever the sequences do."""
-    init = dict(d_in=3, d_out=8, num_heads=2, num_blocks=6, block_size=2)
-    weights, x = random_weights(rng, mha_shapes(3, 8, False)), normal(rng, 2, 5, 3)
+    init = dict(d_in=3, d_out=10, num_heads=2, num_blocks=6, block_size=4)
+    weights, x = random_weights(rng, mha_shapes(3, 10, False)), normal(rng, 2, 5, 3)
     steps = [{"get": "k_pool"}, forward_step(x, [0, 1]), {"method": "free", "args": [0]}, forward_step(x[:1], [2]),
              {"get": "k_pool"}, {"get": "v_pool"}]
     before, _, _, _, after, v_after = stage.session(CLS, init, weights, steps=steps)
     for name, pool in (("k_pool before any token", before), ("k_pool after", after), ("v_pool after", v_after)):
-        assert np.shape(pool) == (6, 2, 2, 4), (
+        assert np.shape(pool) == (6, 2, 4, 5), (
             f"{name} has shape {np.shape(pool)}; expected (num_blocks, num_heads, block_size, head_dim) = "
-            "(6, 2, 2, 4), allocated in __init__ and never grown (the sequences take and give back blocks of it)")
+            "(6, 2, 4, 5), allocated in __init__ and never grown (the sequences take and give back blocks of it)")
 
 
 def test_random_scenarios(stage, rng, device):
     """Random block sizes, sequences, chunks and frees, ids used again; the pool holds exactly what the busiest
     moment needs, so freed blocks must be reused."""
     for _ in range(2):
-        num_heads, bs = int(rng.integers(1, 4)), int(rng.integers(1, 5))
-        d_in, d_out = int(rng.integers(2, 6)), num_heads * int(rng.integers(1, 4))
+        def draw(r):
+            heads, head_dim = int(r.integers(2, 4)), int(r.integers(2, 5))
+            return dict(num_heads=heads, head_dim=head_dim, d_out=heads * head_dim, d_in=int(r.integers(2, 8)),
+                        block_size=int(r.integers(1, 6)))
+        sizes = pairwise_distinct(rng, draw)
+        num_heads, bs, d_in, d_out = sizes["num_heads"], sizes["block_size"], sizes["d_in"], sizes["d_out"]
         weights = random_weights(rng, mha_shapes(d_in, d_out, True))
         ops, live = [], {}
         for _ in range(10):
@@ -320,7 +308,7 @@ def torch_causal(x, weights, num_heads, device):
 
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case is Llama 2 7B's attention (32 heads of 128) in vLLM's
     # blocks of 16 tokens, four sequences of different lengths decoded together
-    "cpu": dict(d_model=64, num_heads=4, block_size=16, prompts=(40, 23, 17, 33), dtypes=("float32", "bfloat16")),
+    "cpu": dict(d_model=64, num_heads=8, block_size=16, prompts=(40, 23, 17, 33), dtypes=("float32", "bfloat16")),
     "cuda": dict(d_model=4096, num_heads=32, block_size=16, prompts=(1024, 777, 513, 300), dtypes=("bfloat16",)),
     # the dry run (--gpu-cases-on cpu): the CUDA case, small, on the CPU
     "dry run": dict(d_model=128, num_heads=32, block_size=16, prompts=(40, 23, 17, 33), dtypes=("bfloat16",)),

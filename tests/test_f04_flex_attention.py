@@ -10,34 +10,19 @@ equals a dense computation of the same scores, mask and softmax.
 
 The eager path computes the full score matrix in float32 as the dense reference does: float32 rounding only.
 """
-from functools import partial
-
 import numpy as np
 import pytest
 
-from diagnosis import BFLOAT16, ERROR_READINGS, ErrorReading, assert_close
-from suite_runtime.cases import normal
+from diagnosis import BFLOAT16, ERROR_READINGS, ErrorReading, Probed, Searched, assert_close
+from diagnosis import flex as F
+from diagnosis.probes import ExposedWeights, weight_findings
+from diagnosis.subjects import Deferred
+from suite_runtime.cases import normal, pairwise_distinct
 
 pytestmark = pytest.mark.flex_attention
 STAGE = "f04_flex_attention"
 FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32 against a float64 NumPy reference: rounding only
 TOLERANCE = {"float32": FLOAT32, "bfloat16": BFLOAT16}
-
-# What typical mistakes are called in the feedback (the catalogue of mistakes looks for these words).
-STRICT = "the diagonal was masked: a query sees its own token too, q_idx >= kv_idx (not >)"
-ANTI_CAUSAL = "the mask is reversed: queries see later keys instead of earlier ones; q_idx >= kv_idx"
-NO_MASK = "the mask_mod was not applied: pass a block mask made from it to flex_attention (block_mask=...)"
-WINDOW_OFF = "the window is off by one: q_idx - kv_idx < window (window tokens, the query's own included)"
-WINDOW_SYMMETRIC = "the window is not causal: also require q_idx >= kv_idx (a window of past tokens only)"
-ALIBI_SIGN = ("the ALiBi bias has the wrong sign: subtract slope[h] * (q_idx - kv_idx), a penalty that grows with "
-              "the distance")
-ALIBI_FROM_ZERO = "the ALiBi slopes start one step early: slope[h] = 2^(-8 (h + 1) / num_heads), the first 2^(-8/n)"
-ALIBI_GEOMETRIC = ("for a head count that is not a power of 2 the slopes follow the ALiBi paper's rule: those of the "
-                   "largest power of 2 below it, then every other slope of twice that, not one geometric sequence")
-CAP_NO_DIVIDE = "soft-capping is cap * tanh(score / cap): the score was not divided by cap inside tanh"
-CAP_NO_MULTIPLY = "soft-capping is cap * tanh(score / cap): tanh's result was not multiplied back by cap"
-DOC_NOT_CAUSAL = "tokens of a document see its later tokens: the document mask must be causal too (q_idx >= kv_idx)"
-DOC_IGNORED = "the documents were ignored: a token sees only its own document's tokens (document_ids must match)"
 
 
 # ---------------------------------------------------------------- errors
@@ -86,121 +71,74 @@ ERROR_READINGS = [*ERROR_READINGS, ErrorReading(DATA_DEPENDENT, mods_branching_o
                   ErrorReading(COMPILED, compiled)]
 
 
-# ---------------------------------------------------------------- NumPy references (float64)
+# ---------------------------------------------------------------- what a failed check is diagnosed with
 
-def np_slopes(num_heads, rule="paper", start=1):
-    def geometric(n):
-        return [2.0 ** (-8.0 * (h + start) / n) for h in range(n)]
-
-    if rule == "geometric":
-        return np.array(geometric(num_heads))
-    n = 2 ** int(np.floor(np.log2(num_heads)))
-    return np.array(geometric(n) + geometric(2 * n)[0::2][:num_heads - n])
-
-
-def np_attention(q, k, v, allowed=None, bias=None, cap=None, cap_form="right"):
-    """softmax(mod(q k^T / sqrt(d)) + bias, masked) v; rows with no key give 0 (as flex_attention does)."""
-    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
-    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
-    if cap is not None:
-        s = {"right": cap * np.tanh(s / cap), "no_divide": cap * np.tanh(s), "no_multiply": np.tanh(s / cap)}[cap_form]
-    if bias is not None:
-        s = s + bias
-    if allowed is not None:
-        s = np.where(allowed, s, -np.inf)
-    empty = np.isneginf(s).all(axis=-1, keepdims=True)
-    s = np.where(empty, 0, s)
-    e = np.exp(s - s.max(axis=-1, keepdims=True))
-    w = np.where(empty, 0, e / e.sum(axis=-1, keepdims=True))
-    return w @ v
+def spec_of(kind, **arguments) -> F.Flex:
+    """What ``{kind}_attention(q, k, v, **arguments)`` computes (diagnosis.flex)."""
+    window = arguments.get("window")
+    if kind == "causal":
+        return F.Flex("causal")
+    if kind == "sliding_window":
+        return F.Flex("window", window=window)
+    if kind == "alibi":
+        return F.Flex("causal", "alibi")
+    if kind == "gemma2":
+        return F.Flex("causal" if window is None else "window", "soft_cap", window=window, cap=arguments["cap"])
+    return F.Flex("documents", document_ids=tuple(np.asarray(arguments["document_ids"]).tolist()))
 
 
-def grid(n_q, n_kv):
-    return np.arange(n_q)[:, None], np.arange(n_kv)[None, :]
+def diagnosis(stage, kind, q, k, v, **arguments):
+    """What a failed check of ``{kind}_attention`` is diagnosed with: its mask_mod's and score_mod's switches
+    (diagnosis.flex) searched on this case and on a second one of other sizes, and the learner's attention weights
+    read through values that are the identity (the keys each query sees, the temperature, ALiBi's slopes, weight
+    across documents)."""
+    def make():
+        spec = spec_of(kind, **arguments)
+        function = getattr(stage, f"{kind}_attention")
+
+        def second():
+            r = np.random.default_rng(93)
+            b, h, n, d = q.shape
+            q2, k2, v2 = (normal(r, b, h + 1, n + 1, d + 1) for _ in range(3))
+            more = dict(arguments)
+            if "document_ids" in more:
+                ids = np.asarray(more["document_ids"])
+                more["document_ids"] = np.concatenate([ids, ids[-1:]])
+            if kind == "gemma2":
+                q2 = q2 * 3
+            return function(q2, k2, v2, **more), lambda choices: F.attention(spec_of(kind, **more), q2, k2, v2,
+                                                                           choices)
+
+        return [Searched(lambda choices: F.attention(spec, q, k, v, choices), F.switches(spec, q.shape[1]),
+                         "your output", second),
+                Probed([lambda: exposed_findings(function, spec, q, k, **arguments)])]
+
+    return [Deferred(make)]
 
 
-def np_causal(n_q, n_kv, form="right"):
-    i, j = grid(n_q, n_kv)
-    return {"right": j <= i, "strict": j < i, "anti": j >= i}[form]
-
-
-def np_window(n, window, form="right"):
-    i, j = grid(n, n)
-    return {"right": (j <= i) & (i - j < window), "off": (j <= i) & (i - j <= window),
-            "symmetric": np.abs(i - j) < window}[form]
-
-
-def np_documents(ids, form="right"):
-    ids = np.asarray(ids)
-    i, j = grid(len(ids), len(ids))
-    same = ids[:, None] == ids[None, :]
-    return {"right": same & (j <= i), "not_causal": same, "ignored": j <= i}[form]
-
-
-def np_alibi_bias(num_heads, n, sign=1, **slopes):
-    i, j = grid(n, n)
-    return -sign * np_slopes(num_heads, **slopes)[:, None, None] * (i - j)  # (num_heads, n, n)
-
-
-def causal_mistakes(q, k, v):
+def exposed_findings(function, spec, q, k, **arguments):
+    """The learner's weights (the output for values that are the identity) read against the mask, the temperature
+    of the (modified) scores, ALiBi's slopes and the documents."""
+    observed = np.asarray(function(q, k, F.exposed_values(q, k), **arguments), np.float64)
+    d = q.shape[-1]
     n_q, n_kv = q.shape[-2], k.shape[-2]
-    return {STRICT: np_attention(q, k, v, np_causal(n_q, n_kv, "strict")),
-            ANTI_CAUSAL: np_attention(q, k, v, np_causal(n_q, n_kv, "anti")), NO_MASK: np_attention(q, k, v)}
-
-
-def window_mistakes(q, k, v, window, cap=None):
-    n = q.shape[-2]
-    return {WINDOW_OFF: np_attention(q, k, v, np_window(n, window, "off"), cap=cap),
-            WINDOW_SYMMETRIC: np_attention(q, k, v, np_window(n, window, "symmetric"), cap=cap),
-            NO_MASK: np_attention(q, k, v, cap=cap)}
-
-
-def alibi_mistakes(q, k, v):
-    h, n = q.shape[1], q.shape[-2]
-    run = partial(np_attention, q, k, v, np_causal(n, n))
-    found = {ALIBI_SIGN: run(bias=np_alibi_bias(h, n, sign=-1)),
-             ALIBI_FROM_ZERO: run(bias=np_alibi_bias(h, n, start=0))}
-    if h & (h - 1):  # not a power of 2
-        found[ALIBI_GEOMETRIC] = run(bias=np_alibi_bias(h, n, rule="geometric"))
+    mask = F.allowed(spec, n_q, n_kv)
+    scale = 1 / np.sqrt(d)
+    scores = F.scores(spec, q, k) / scale  # (the modified scores, in the units the scale divides)
+    divisors = {"sqrt(head_dim)": np.sqrt(d), "1": 1.0, "head_dim": float(d)}
+    words = {"1": F.SCALE.wrong["none"], "head_dim": F.SCALE.wrong["twice"]}
+    found = weight_findings(ExposedWeights(observed, np.broadcast_to(scores, observed.shape), mask, scale, divisors,
+                                           words, window=spec.window, empty_rows="zero"))
+    if spec.score == "alibi":
+        found += F.alibi_findings(observed, q, k, mask, F.slopes(q.shape[1]))
+    if spec.mask == "documents":
+        found += F.document_findings(observed, spec.document_ids)
     return found
-
-
-def cap_mistakes(q, k, v, cap, window=None):
-    n = q.shape[-2]
-    allowed = np_causal(n, n) if window is None else np_window(n, window)
-    found = {CAP_NO_DIVIDE: np_attention(q, k, v, allowed, cap=cap, cap_form="no_divide"),
-             CAP_NO_MULTIPLY: np_attention(q, k, v, allowed, cap=cap, cap_form="no_multiply"),
-             NO_MASK: np_attention(q, k, v, cap=cap)}
-    return found if window is None else found | window_mistakes(q, k, v, window, cap)
-
-
-def document_mistakes(q, k, v, ids):
-    return {DOC_NOT_CAUSAL: np_attention(q, k, v, np_documents(ids, "not_causal")),
-            DOC_IGNORED: np_attention(q, k, v, np_documents(ids, "ignored"))}
 
 
 def expected_of(kind, q, k, v, **arguments):
     """The dense reference of each model's attention."""
-    n_q, n_kv = q.shape[-2], k.shape[-2]
-    if kind == "causal":
-        return np_attention(q, k, v, np_causal(n_q, n_kv))
-    if kind == "sliding_window":
-        return np_attention(q, k, v, np_window(n_q, arguments["window"]))
-    if kind == "alibi":
-        return np_attention(q, k, v, np_causal(n_q, n_kv), bias=np_alibi_bias(q.shape[1], n_q))
-    if kind == "gemma2":
-        window = arguments.get("window")
-        allowed = np_causal(n_q, n_kv) if window is None else np_window(n_q, window)
-        return np_attention(q, k, v, allowed, cap=arguments["cap"])
-    return np_attention(q, k, v, np_documents(arguments["document_ids"]))
-
-
-def mistakes_of(kind, q, k, v, **arguments):
-    return {"causal": lambda: causal_mistakes(q, k, v),
-            "sliding_window": lambda: window_mistakes(q, k, v, arguments.get("window")),
-            "alibi": lambda: alibi_mistakes(q, k, v),
-            "gemma2": lambda: cap_mistakes(q, k, v, arguments.get("cap"), arguments.get("window")),
-            "packed": lambda: document_mistakes(q, k, v, arguments.get("document_ids"))}[kind]
+    return F.attention(spec_of(kind, **arguments), q, k, v)
 
 
 def check_kind(stage, kind, q, k, v, what="", device="cpu", dtype="float32", **arguments):
@@ -214,7 +152,14 @@ def check_kind(stage, kind, q, k, v, what="", device="cpu", dtype="float32", **a
                       for name, value in arguments.items())
     assert_close(f"{what}{kind}_attention(q, k, v{', ' + shown if shown else ''})", out,
                  expected_of(kind, q, k, v, **arguments), **TOLERANCE[dtype],
-                 mistakes=mistakes_of(kind, q, k, v, **arguments) if dtype == "float32" else None)
+                 diagnosis=diagnosis(stage, kind, q, k, v, **arguments) if dtype == "float32" else ())
+
+
+def check_slopes(stage, num_heads):
+    """alibi_slopes(num_heads) against ALiBi's rule, its switch searched."""
+    assert_close(f"alibi_slopes({num_heads})", stage.alibi_slopes(num_heads), F.slopes(num_heads), rtol=1e-6, atol=0,
+                 diagnosis=[Searched(lambda choices: F.slopes(num_heads, choices), [F.slope_switch(num_heads)],
+                                     "your slopes")])
 
 
 # ---------------------------------------------------------------- public: the stored example
@@ -237,9 +182,7 @@ def test_sliding_window_on_the_example(stage, public_fx):
 @pytest.mark.public
 def test_alibi_on_the_example(stage, public_fx):
     """alibi_slopes(4) = 1/4, 1/16, 1/64, 1/256, and the causal attention they bias."""
-    slopes = stage.alibi_slopes(4)
-    assert_close("alibi_slopes(4)", slopes, [2**-2, 2**-4, 2**-6, 2**-8], rtol=1e-6, atol=0,
-                 mistakes={ALIBI_FROM_ZERO: np_slopes(4, start=0)})
+    check_slopes(stage, 4)
     check_kind(stage, "alibi", *qkv(public_fx))
 
 
@@ -269,23 +212,25 @@ def test_stored_cases(stage, hidden_fx):
 def test_alibi_slopes(stage, rng):
     """Powers of 2 and the paper's rule for the others (6 heads: 1/4, 1/16, 1/64, 1/256, then 1/2, 1/8)."""
     for num_heads in (1, 2, 8, 6, 12, int(rng.integers(3, 40))):
-        assert_close(f"alibi_slopes({num_heads})", stage.alibi_slopes(num_heads), np_slopes(num_heads), rtol=1e-6,
-                     atol=0, mistakes={ALIBI_FROM_ZERO: np_slopes(num_heads, start=0),
-                                       **({ALIBI_GEOMETRIC: np_slopes(num_heads, rule="geometric")}
-                                          if num_heads & (num_heads - 1) else {})})
+        check_slopes(stage, num_heads)
 
 
 def test_attend_without_mods(stage, rng):
     """attend(q, k, v) with no score_mod and no mask_mod is plain softmax attention, here of 3 queries over 7 keys."""
-    q, k, v = normal(rng, 1, 2, 3, 4), normal(rng, 1, 2, 7, 4), normal(rng, 1, 2, 7, 4)
-    assert_close("attend(q, k, v) (no score_mod, no mask_mod)", stage.attend(q, k, v), np_attention(q, k, v),
-                 **FLOAT32, hint="Without a mask_mod, pass block_mask=None: every key takes part.")
+    q, k, v = normal(rng, 1, 2, 3, 4), normal(rng, 1, 2, 7, 4), normal(rng, 1, 2, 7, 5)
+    spec = F.Flex(mask=None)
+    assert_close("attend(q, k, v) (no score_mod, no mask_mod: every key takes part)", stage.attend(q, k, v),
+                 F.attention(spec, q, k, v), **FLOAT32,
+                 diagnosis=[Searched(lambda choices: F.attention(spec, q, k, v, choices), F.switches(spec, 2)),
+                            Probed([lambda: exposed_findings(stage.attend, spec, q, k)])])
 
 
 def test_random_cases(stage, rng):
     """Three of the models' attentions, drawn at random, on a random shape, window, cap and documents (each costs
     FlexAttention a new trace: three keep the stage quick)."""
-    b, h, n, d = int(rng.integers(1, 3)), int(rng.integers(1, 7)), int(rng.integers(2, 20)), int(rng.integers(1, 9))
+    sizes = pairwise_distinct(rng, lambda r: dict(b=int(r.integers(1, 3)), h=int(r.integers(2, 7)),
+                                                  n=int(r.integers(3, 20)), d=int(r.integers(2, 9))))
+    b, h, n, d = sizes["b"], sizes["h"], sizes["n"], sizes["d"]
     q, k, v = normal(rng, b, h, n, d), normal(rng, b, h, n, d), normal(rng, b, h, n, d)
     ids = np.sort(rng.integers(0, 4, size=n))
     kinds = [("causal", {}), ("sliding_window", {"window": int(rng.integers(1, n + 1))}), ("alibi", {}),
@@ -300,7 +245,7 @@ SIZES = {  # the CPU twin keeps the test quick; the CUDA case is a local layer o
     # soft cap 50, a window of 4096) over 8192 tokens. In float32 only: for the cap to act, scores must reach 50,
     # and bfloat16 rounds a score of 50 by up to 0.2, which moves its weight by 20%: no tolerance could tell a
     # right soft-cap from a wrong one there.
-    "cpu": dict(b=1, h=4, t=96, d=32, window=32),
+    "cpu": dict(b=1, h=4, t=96, d=32, window=24),
     "cuda": dict(b=1, h=16, t=8192, d=256, window=4096),
     # the dry run (--gpu-cases-on cpu): the CUDA case, small, on the CPU
     "dry run": dict(b=1, h=16, t=128, d=64, window=48),

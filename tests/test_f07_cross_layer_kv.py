@@ -9,13 +9,14 @@ no bias) only in layers with kv_sources[l] == l; h <- h + causal grouped-query a
 and values layer kv_sources[l] made from ITS input; forward(x, use_cache=False); cache_k / cache_v lists with one
 (b, num_kv_groups, tokens_so_far, head_dim) tensor per computing layer, in layer order.
 """
-from functools import partial
-
 import numpy as np
 import pytest
 
-from diagnosis import assert_close, causal, linear, softmax, split_heads
-from suite_runtime.cases import linear_shapes, normal, random_weights, spans
+from diagnosis import Listed, Probed, Said, Searched, assert_close
+from diagnosis import sharing as H
+from diagnosis.modules import module_probes
+from diagnosis.subjects import Deferred
+from suite_runtime.cases import linear_shapes, normal, pairwise_distinct, random_weights, spans
 
 pytestmark = pytest.mark.cross_layer_kv
 STAGE = "f07_cross_layer_kv"
@@ -25,16 +26,6 @@ FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32 against a float64 NumPy referenc
 # 2**-8 of its size, about 0.02, and the 4 roundings add up (seen on the CPU: 0.056); a sharing mistake moves outputs
 # by far more than 0.1.
 TOLERANCE = {"float32": FLOAT32, "bfloat16": dict(rtol=0.1, atol=0.1)}
-
-# What typical mistakes are called in the feedback (the catalogue of mistakes looks for these words).
-CLA_BLOCK_INDEX = ("the group's index was taken for a layer: layer l reads layer l - l % share_every, the first "
-                   "layer of its group (l // share_every numbers the groups)")
-TAIL_FIRST_SHARED = ("the shared layers point at the first of them: they read the last layer BEFORE them, "
-                     "num_layers - num_shared - 1, which computes its own keys and values")
-WEIGHTS_NOT_KV = ("the reusing layers applied their source's W_key and W_value to their OWN input: that shares "
-                  "weights, not keys and values; attend to the keys and values the source layer made from its input")
-NEW_KEYS_ONLY = ("in cached steps a reusing layer attended to its source's NEW keys only: it reads everything its "
-                 "source has cached")
 ALL_LAYERS_COUNTED = "every layer was counted: only the layers that compute keys and values (kv_sources[l] == l) cache"
 
 
@@ -50,50 +41,57 @@ def kv_shapes(init):
     return shapes
 
 
-# ---------------------------------------------------------------- NumPy reference (float64)
+# ---------------------------------------------------------------- what a failed check is diagnosed with
 
-def np_stack(x, weights, init, chunks=None, mistake=None):
-    """The stack's output in NumPy, fed in chunks (None: all at once) as a cached decoding does; ``mistake``
-    reproduces one of the typical ones (by its description)."""
-    x = np.asarray(x, np.float64)
-    num_heads, sources = init["num_heads"], init["kv_sources"]
-    kv_heads = init.get("num_kv_groups") or num_heads
-    group = num_heads // kv_heads
-
-    def kv_of(h, owner):
-        return [split_heads(linear(h, weights, f"layers.{owner}.{n}"), kv_heads) for n in ("W_key", "W_value")]
-
-    cache, outputs = {}, []  # cache: computing layer -> [keys, values] of every token so far
-    for a, e in spans(chunks or [x.shape[1]]):
-        h, fresh = x[:, a:e], {}
-        for layer, source in enumerate(sources):
-            if layer == source:
-                fresh[layer] = kv_of(h, layer)
-                old = cache.get(layer)
-                cache[layer] = fresh[layer] if old is None else [np.concatenate(p, axis=2)
-                                                                 for p in zip(old, fresh[layer])]
-            if mistake == WEIGHTS_NOT_KV and source != layer:
-                k, v = kv_of(h, source)
-            else:
-                k, v = fresh[source] if mistake == NEW_KEYS_ONLY and source != layer else cache[source]
-            q = split_heads(linear(h, weights, f"layers.{layer}.W_query"), num_heads)
-            k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-            n, m = q.shape[2], k.shape[2]
-            future = np.triu(np.ones((n, m), bool), m - n + 1)
-            w = softmax(np.where(future, -np.inf, q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])))
-            h = h + linear((w @ v).transpose(0, 2, 1, 3).reshape(h.shape), weights, f"layers.{layer}.out_proj")
-        outputs.append(h)
-    return np.concatenate(outputs, axis=1)
+def spec_of(init):
+    return H.Sharing(init["num_heads"], tuple(init["kv_sources"]), init.get("num_kv_groups"))
 
 
-def stack_mistakes(x, weights, init, chunks=None, rows=slice(None)):
-    """The typical mistakes' outputs: sharing weights instead of keys and values (in the full forward, where such a
-    layer sees its whole input), and, in cached steps, reading only the source's new keys."""
-    if chunks is None:
-        found = {WEIGHTS_NOT_KV: np_stack(x, weights, init, mistake=WEIGHTS_NOT_KV)}
-    else:
-        found = {NEW_KEYS_ONLY: np_stack(x, weights, init, chunks, NEW_KEYS_ONLY)} if len(chunks) > 1 else {}
-    return {why: out[:, rows] for why, out in found.items()}
+def np_stack(x, weights, init, chunks=None):
+    return H.stack(x, weights, spec_of(init), chunks=chunks)
+
+
+def diagnosis(stage, init, x, weights, chunks=None, rows=slice(None)):
+    """What a failed check of the stack's output (``rows`` of a decoding in ``chunks``; None: one forward) is
+    diagnosed with: the sharing's and attention's switches (diagnosis.sharing) searched, and the probes of every
+    module."""
+    def make():
+        spec = spec_of(init)
+
+        def run(a, dtype="float32"):
+            return stage.session(CLS, init, weights, steps=[{"method": "forward", "args": [a]}], dtype=dtype)[0]
+
+        return [Searched(lambda choices: H.stack(x, weights, spec, choices, chunks)[:, rows],
+                         H.switches(spec, chunks), "your output"),
+                Probed(module_probes(run, x, run64=lambda: run(x, "float64")))]
+
+    return [Deferred(make)]
+
+
+def check_sources(stage, kind, num_layers, n):
+    """cla_kv_sources(num_layers, share_every=n) or shared_tail_kv_sources(num_layers, num_shared=n)."""
+    name = f"{'cla_kv_sources' if kind == 'cla' else 'shared_tail_kv_sources'}({num_layers}, {n})"
+    function = stage.cla_kv_sources if kind == "cla" else stage.shared_tail_kv_sources
+    got = np.asarray(list(function(num_layers, n)), np.float64)
+    assert_close(name, got, np.asarray(H.sources(kind, num_layers, n), np.float64), rtol=0, atol=0, diagnosis=[
+        Searched(lambda choices: np.asarray(H.sources(kind, num_layers, n, choices), np.float64), [H.PATTERNS[kind]],
+                 "your sources"),
+        Said(lambda actual: H.source_findings(actual, what=name) if actual.ndim == 1 else [])])
+
+
+def check_bytes(stage, sources, heads, head_dim, size=2):
+    computing = sum(s == layer for layer, s in enumerate(sources))
+    got = stage.cache_bytes_per_token(sources, heads, head_dim, **({} if size == 2 else {"bytes_per_element": size}))
+    expected = 2 * computing * heads * head_dim * size
+    mistakes = {ALL_LAYERS_COUNTED: [2 * len(sources) * heads * head_dim * size],
+                "only the keys (or only the values) were counted: a key AND a value per key/value head of each "
+                "computing layer": [computing * heads * head_dim * size],
+                "bytes_per_element was not used: multiply by the argument": [2 * computing * heads * head_dim * 4,
+                                                                            2 * computing * heads * head_dim]}
+    found = {why: np.float64(values[0]) for why, values in mistakes.items() if got in values and got != expected}
+    assert_close(f"cache_bytes_per_token({sources}, {heads}, {head_dim}, bytes_per_element={size}) (expected 2 * "
+                 f"{computing} computing layers * {heads} * {head_dim} * {size} = {expected})", np.float64(got),
+                 np.float64(expected), rtol=0, atol=0, diagnosis=[Listed(found, "your count")])
 
 
 def check_decoding(stage, init, x, weights, chunks, what="", **options):
@@ -104,10 +102,10 @@ def check_decoding(stage, init, x, weights, chunks, what="", **options):
     steps += [{"method": "forward", "args": [x[:, a:e]], "kwargs": {"use_cache": True}} for a, e in spans(chunks)]
     full, *outputs, cache_k, cache_v = stage.session(CLS, init, weights, steps=[*steps, {"get": "cache_k"},
                                                                                 {"get": "cache_v"}], **options)
-    assert_close(f"{what}forward(x)", full, expected, **FLOAT32, mistakes=partial(stack_mistakes, x, weights, init))
+    assert_close(f"{what}forward(x)", full, expected, **FLOAT32, diagnosis=diagnosis(stage, init, x, weights))
     for k, (a, e) in enumerate(spans(chunks)):
         assert_close(f"{what}cached step {k}: forward(x[:, {a}:{e}], use_cache=True)", outputs[k], expected[:, a:e],
-                     **FLOAT32, mistakes=partial(stack_mistakes, x, weights, init, chunks, slice(a, e)))
+                     **FLOAT32, diagnosis=diagnosis(stage, init, x, weights, chunks, slice(a, e)))
     computing = [layer for layer, source in enumerate(init["kv_sources"]) if source == layer]
     h = init["num_heads"]
     shape = (x.shape[0], init.get("num_kv_groups") or h, x.shape[1], init["d_model"] // h)
@@ -130,33 +128,27 @@ def fx_case(fx, prefix=""):
 @pytest.mark.public
 def test_sharing_patterns(stage):
     """Cross-Layer Attention's groups and Gemma 3n's shared tail."""
-    cla = list(stage.cla_kv_sources(6, 2))
-    assert cla == [0, 0, 2, 2, 4, 4], (
-        f"cla_kv_sources(6, 2) = {cla}, expected [0, 0, 2, 2, 4, 4]"
-        + (f": {CLA_BLOCK_INDEX}" if cla == [0, 0, 1, 1, 2, 2] else ""))
-    tail = list(stage.shared_tail_kv_sources(6, 2))
-    assert tail == [0, 1, 2, 3, 3, 3], (
-        f"shared_tail_kv_sources(6, 2) = {tail}, expected [0, 1, 2, 3, 3, 3]"
-        + (f": {TAIL_FIRST_SHARED}" if tail == [0, 1, 2, 3, 4, 4] else ""))
+    check_sources(stage, "cla", 6, 2)
+    check_sources(stage, "tail", 6, 2)
 
 
 @pytest.mark.public
 def test_only_computing_layers_have_key_and_value_weights(stage):
-    init = dict(d_model=8, context_length=6, num_heads=4, kv_sources=[0, 0, 2, 2], num_kv_groups=2)
+    init = dict(d_model=15, context_length=6, num_heads=3, kv_sources=[0, 0, 2, 2], num_kv_groups=1)
     params = stage.inspect(CLS, init)["parameters"]
     expected = {name: list(shape) for name, shape in kv_shapes(init).items()}
     assert params == expected, (
-        f"{CLS}(8, 6, 4, kv_sources=[0, 0, 2, 2], num_kv_groups=2) parameters {params}; expected {expected}: a layer "
+        f"{CLS}(15, 6, 3, kv_sources=[0, 0, 2, 2], num_kv_groups=1) parameters {params}; expected {expected}: a layer "
         "that reuses another's keys and values has no W_key or W_value")
 
 
 @pytest.mark.public
 def test_stack_on_the_example(stage, public_fx):
-    """4 layers in CLA groups of 2 (layers 1 and 3 reuse 0's and 2's keys and values), 2 query heads sharing 1
-    key/value head: the full forward, then 3 + 1 + 1 + 1 cached tokens."""
+    """4 layers in CLA groups of 2 (layers 1 and 3 reuse 0's and 2's keys and values), 3 query heads of 5 features
+    sharing 1 key/value head: the full forward, then 3 + 1 + 1 + 1 cached tokens."""
     init, x, weights, chunks = fx_case(public_fx)
     assert_close("forward(x) (stored)", stage.forward(CLS, init, x, weights), public_fx.output, **FLOAT32,
-                 mistakes=partial(stack_mistakes, x, weights, init))
+                 diagnosis=diagnosis(stage, init, x, weights))
     check_decoding(stage, init, x, weights, chunks)
 
 
@@ -164,43 +156,20 @@ def test_stack_on_the_example(stage, public_fx):
 def test_cache_bytes_per_token(stage):
     """transformers' Gemma3nTextConfig defaults: 35 layers, the last 15 sharing, 2 key/value heads of 256, bfloat16:
     20 layers cache 40 960 bytes per token, where all 35 would cache 71 680."""
-    sources = [layer if layer < 20 else 19 for layer in range(35)]
-    got = stage.cache_bytes_per_token(sources, 2, 256)
-    assert got == 40_960, (
-        f"cache_bytes_per_token(Gemma 3n's sources, 2, 256) = {got}, expected 2 * 20 * 2 * 256 * 2 = 40960: a key "
-        "and a value per key/value head, for each of the 20 layers that compute them"
-        + (f"; {ALL_LAYERS_COUNTED}" if got == 71_680 else ""))
+    check_bytes(stage, [layer if layer < 20 else 19 for layer in range(35)], 2, 256)
 
 
 # ---------------------------------------------------------------- hidden
 
 def test_sharing_patterns_at_other_sizes(stage, rng):
-    num_layers = int(rng.integers(2, 30))
-    share_every, num_shared = int(rng.integers(1, num_layers + 1)), int(rng.integers(0, num_layers))
-    for name, got, expected, wrong in (
-            (f"cla_kv_sources({num_layers}, {share_every})", stage.cla_kv_sources(num_layers, share_every),
-             [layer - layer % share_every for layer in range(num_layers)],
-             {CLA_BLOCK_INDEX: [layer // share_every for layer in range(num_layers)]}),
-            (f"shared_tail_kv_sources({num_layers}, {num_shared})",
-             stage.shared_tail_kv_sources(num_layers, num_shared),
-             [min(layer, num_layers - num_shared - 1) if layer >= num_layers - num_shared else layer
-              for layer in range(num_layers)],
-             {TAIL_FIRST_SHARED: [min(layer, num_layers - num_shared) for layer in range(num_layers)]})):
-        got = list(got)
-        diagnosis = [why for why, value in wrong.items() if value == got and value != expected]
-        assert got == expected, f"{name} = {got}, expected {expected}" + "".join(f": {d}" for d in diagnosis)
+    num_layers = int(rng.integers(3, 30))
+    check_sources(stage, "cla", num_layers, int(rng.integers(2, num_layers + 1)))
+    check_sources(stage, "tail", num_layers, int(rng.integers(1, num_layers)))
 
 
 def test_cache_bytes_at_other_sizes(stage, rng):
     for sources in ([0, 0, 2, 2, 4, 4], list(range(5)), [0, 1, 1, 1], [0] * 7):
-        heads, head_dim, size = int(rng.integers(1, 9)), int(rng.integers(1, 257)), int(rng.choice([1, 2, 4]))
-        computing = sum(s == layer for layer, s in enumerate(sources))
-        got = stage.cache_bytes_per_token(sources, heads, head_dim, bytes_per_element=size)
-        expected = 2 * computing * heads * head_dim * size
-        assert got == expected, (
-            f"cache_bytes_per_token({sources}, {heads}, {head_dim}, bytes_per_element={size}) = {got}, expected "
-            f"{expected} ({computing} layers compute keys and values)"
-            + (f"; {ALL_LAYERS_COUNTED}" if got == 2 * len(sources) * heads * head_dim * size else ""))
+        check_bytes(stage, sources, int(rng.integers(1, 9)), int(rng.integers(9, 257)), int(rng.choice([1, 2, 4])))
 
 
 @pytest.mark.parametrize("case", ["case0", "case1"])
@@ -208,36 +177,36 @@ def test_stored_stacks(stage, hidden_fx, case):
     """Gemma 3n's shared tail over 5 layers with 3 query heads per key/value head; YOCO's half-and-half over 4 layers
     with multi-query attention."""
     init, x, weights, chunks = fx_case(hidden_fx, f"{case}/")
+    assert_close("forward(x) (stored)", stage.forward(CLS, init, x, weights), hidden_fx[f"{case}/output"], **FLOAT32,
+                 diagnosis=diagnosis(stage, init, x, weights))
     check_decoding(stage, init, x, weights, chunks, f"kv_sources {init['kv_sources']}: ")
-    assert_close("forward(x) (stored)", stage.forward(CLS, init, x, weights), hidden_fx[f"{case}/output"], **FLOAT32)
 
 
 def test_no_sharing_is_a_plain_stack(stage, rng):
     """kv_sources = [0, 1, 2]: every layer attends to its own input's keys and values (chapter 3's causal attention
     with a residual connection, layer after layer)."""
-    init = dict(d_model=6, context_length=7, num_heads=2, kv_sources=[0, 1, 2])
-    weights, x = random_weights(rng, kv_shapes(init)), normal(rng, 2, 7, 6)
-    h = x.astype(np.float64)
-    for layer in range(3):
-        q, k, v = (split_heads(linear(h, weights, f"layers.{layer}.{n}"), 2) for n in ("W_query", "W_key", "W_value"))
-        w = softmax(causal(q @ k.transpose(0, 1, 3, 2) / np.sqrt(3)))
-        h = h + linear((w @ v).transpose(0, 2, 1, 3).reshape(h.shape), weights, f"layers.{layer}.out_proj")
-    assert_close("forward(x) without sharing", stage.forward(CLS, init, x, weights), h, **FLOAT32)
+    init = dict(d_model=10, context_length=7, num_heads=2, kv_sources=[0, 1, 2])
+    weights, x = random_weights(rng, kv_shapes(init)), normal(rng, 1, 7, 10)
+    assert_close("forward(x) without sharing", stage.forward(CLS, init, x, weights), np_stack(x, weights, init),
+                 **FLOAT32, diagnosis=diagnosis(stage, init, x, weights))
 
 
 def test_random_stacks_against_the_reference(stage, reference, rng, device):
     """Random depth, sharing pattern, heads and chunks; reset_cache() before a second sequence."""
     ref = reference.stage(STAGE)
-    num_layers, kv = int(rng.integers(2, 6)), int(rng.integers(1, 3))
-    num_heads = kv * int(rng.integers(1, 3))
+    sizes = pairwise_distinct(rng, lambda r: dict(num_layers=int(r.integers(3, 6)), kv=int(r.integers(1, 3)),
+                                                  group=int(r.integers(2, 4)), head_dim=int(r.integers(2, 5)),
+                                                  b=int(r.integers(1, 4)), t=int(r.integers(5, 10))))
+    num_layers, kv = sizes["num_layers"], sizes["kv"]
+    num_heads = kv * sizes["group"]
     share_every = int(rng.integers(2, num_layers + 1))
     sources = ([layer - layer % share_every for layer in range(num_layers)] if rng.integers(2)
                else [min(layer, num_layers - 2) for layer in range(num_layers)])  # CLA groups, or a shared tail
-    init = dict(d_model=num_heads * int(rng.integers(1, 4)), context_length=12, num_heads=num_heads,
+    init = dict(d_model=num_heads * sizes["head_dim"], context_length=12, num_heads=num_heads,
                 kv_sources=sources, num_kv_groups=kv)
     weights = random_weights(rng, kv_shapes(init))
-    t = int(rng.integers(3, 10))
-    first, second = normal(rng, 2, t, init["d_model"]), normal(rng, 2, t, init["d_model"])
+    t = sizes["t"]
+    first, second = normal(rng, sizes["b"], t, init["d_model"]), normal(rng, sizes["b"], t, init["d_model"])
     chunks = [t - 2, 1, 1]
     check_decoding(stage, init, first, weights, chunks, f"kv_sources {sources}: ", device=device)
     steps = [{"method": "forward", "args": [first[:, :3]], "kwargs": {"use_cache": True}}, {"method": "reset_cache"},
@@ -245,9 +214,9 @@ def test_random_stacks_against_the_reference(stage, reference, rng, device):
              {"method": "forward", "args": [second[:, t - 1:]], "kwargs": {"use_cache": True}}]
     *_, prompt, last = stage.session(CLS, init, weights, steps=steps, device=device)
     [expected] = ref.session(CLS, init, weights, steps=[{"method": "forward", "args": [second]}])
-    assert_close(f"kv_sources {sources}: after reset_cache(), the second sequence",
-                 np.concatenate([prompt, last], 1), expected, **FLOAT32,
-                 hint="reset_cache() empties cache_k and cache_v: the next sequence starts afresh.")
+    assert_close(f"kv_sources {sources}: after reset_cache() (which empties cache_k and cache_v: the next sequence "
+                 "starts afresh), the second sequence", np.concatenate([prompt, last], 1), expected, **FLOAT32,
+                 diagnosis=diagnosis(stage, init, second, weights, [t - 1, 1]))
 
 
 def torch_stack(x, weights, init, device):
@@ -273,7 +242,7 @@ def torch_stack(x, weights, init, device):
 
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case has Gemma 3n's attention sizes (d_model 2048, 8 query
     # heads of 256, 2 key/value heads), 4 layers of which the last 2 reuse the keys and values of layer 1, 4096 tokens
-    "cpu": dict(b=2, t=40, d_model=64, num_heads=4, num_kv_groups=2, dtypes=("float32", "bfloat16")),
+    "cpu": dict(b=3, t=40, d_model=96, num_heads=8, num_kv_groups=2, dtypes=("float32", "bfloat16")),
     "cuda": dict(b=1, t=4096, d_model=2048, num_heads=8, num_kv_groups=2, dtypes=("bfloat16",)),
     # the dry run (--gpu-cases-on cpu): the CUDA case, small, on the CPU
     "dry run": dict(b=1, t=64, d_model=128, num_heads=8, num_kv_groups=2, dtypes=("bfloat16",)),

@@ -19,9 +19,10 @@ BATCH, JOURNEY = example.BATCH, example.JOURNEY
 # ---------------------------------------------------------------- f01
 
 # b, num_tokens, d_in, d_out, context_length, num_heads, kv_latent_dim, rope_dim, theta_base, chunks
+# (every case's sizes pairwise distinct: a swapped dimension cannot pass)
 F01_HIDDEN = [
-    (2, 9, 6, 12, 10, 3, 4, 4, 10_000.0, (4, 1, 1, 3)),
-    (1, 8, 8, 16, 8, 2, 3, 6, 500.0, (2, 3, 1, 2)),  # the whole context; a latent smaller than a head
+    (2, 9, 6, 15, 11, 3, 7, 4, 10_000.0, (4, 1, 1, 3)),
+    (1, 8, 10, 12, 13, 2, 3, 4, 500.0, (2, 3, 1, 2)),  # a latent smaller than a head
 ]
 
 
@@ -33,9 +34,10 @@ def f01_latent_attention(ref, public, hidden):
         weights["kv_norm.weight"] = r.uniform(0.5, 1.5, init["kv_latent_dim"])  # a norm's scale, near 1
         decoding_case(out, prefix, stage, cls, init, x, chunks, weights)
 
-    # The journey batch through 2 heads of 2 content features, a latent of 2 and rotary parts of 2.
-    case(public, "", rng(20100), BATCH, (3, 1, 1, 1), d_in=3, d_out=4, context_length=6, num_heads=2,
-         kv_latent_dim=2, rope_dim=2)
+    # The journey batch (2 x 6 tokens of 3 features) through 4 heads of 5 content features, a latent of 7 and
+    # rotary parts of 8: every size different.
+    case(public, "", rng(20100), BATCH, (3, 1, 1, 1), d_in=3, d_out=20, context_length=10, num_heads=4,
+         kv_latent_dim=7, rope_dim=8)
     for i, (b, t, d_in, d_out, ctx, heads, latent, rope, theta, chunks) in enumerate(F01_HIDDEN):
         r = rng(20110 + i)
         case(hidden, f"case{i}/", r, r.normal(size=(b, t, d_in)).astype(np.float32), chunks, d_in=d_in, d_out=d_out,
@@ -45,10 +47,11 @@ def f01_latent_attention(ref, public, hidden):
 # ---------------------------------------------------------------- f02
 
 # b, num_tokens, d_in, d_out, num_heads, num_kv_groups, window, num_sink_tokens, qkv_bias, chunks
+# (the sizes of each case pairwise distinct: batch, tokens, d_in, d_out, heads, key/value groups, head_dim)
 F02_HIDDEN = [
-    (2, 12, 5, 12, 4, 2, 4, 2, True, (5, 1, 1, 1, 1, 3)),  # StreamingLLM: sink tokens and a window
-    (1, 10, 6, 8, 2, 1, 3, 0, False, (1,) * 10),  # gpt-oss's sliding layers: a window and learned sinks
-    (2, 9, 4, 12, 3, 3, None, 0, True, (4, 2, 3)),  # no window: full causal attention with learned sinks
+    (3, 12, 5, 24, 4, 2, 4, 2, True, (5, 1, 1, 1, 1, 3)),  # StreamingLLM: sink tokens and a window
+    (2, 10, 6, 12, 4, 1, 5, 0, False, (1,) * 10),  # gpt-oss's sliding layers: a window and learned sinks
+    (2, 9, 5, 12, 3, None, None, 0, True, (4, 2, 3)),  # no window: full causal attention with learned sinks
 ]
 
 
@@ -71,12 +74,14 @@ def f02_attention_sinks(ref, public, hidden):
         weights["sinks"] = r.normal(size=init["num_heads"])  # logits of the size of the scores
         decoding_case(out, prefix, stage, cls, init, x, chunks, weights)
 
-    case(public, "", rng(20201), BATCH, (3, 1, 1, 1), d_in=3, d_out=4, context_length=6, num_heads=2,
+    # The journey batch (2 x 6 tokens of 3 features) through 4 query heads of 5 features sharing 1 key/value head.
+    case(public, "", rng(20201), BATCH, (3, 1, 1, 1), d_in=3, d_out=20, context_length=6, num_heads=4,
          num_kv_groups=1, window=3, num_sink_tokens=1)
     for i, (b, t, d_in, d_out, heads, kv, window, sinks, bias, chunks) in enumerate(F02_HIDDEN):
         r = rng(20210 + i)
-        init = dict(d_in=d_in, d_out=d_out, context_length=t, num_heads=heads, num_kv_groups=kv,
-                    num_sink_tokens=sinks, qkv_bias=bias)
+        init = dict(d_in=d_in, d_out=d_out, context_length=t, num_heads=heads, num_sink_tokens=sinks, qkv_bias=bias)
+        if kv is not None:
+            init["num_kv_groups"] = kv
         if window is not None:
             init["window"] = window
         case(hidden, f"case{i}/", r, r.normal(size=(b, t, d_in)).astype(np.float32), chunks, **init)
@@ -94,7 +99,7 @@ def f03_paged_kv_cache(ref, public, hidden):
 
     # Sequence 0 is the journey sentence; sequences 1 and 2 are other tokens of the same width.
     r = rng(20300)
-    init = dict(d_in=3, d_out=4, num_heads=2, num_blocks=8, block_size=2)
+    init = dict(d_in=3, d_out=28, num_heads=4, num_blocks=8, block_size=2)  # (every size different)
     public.add_init("", init)
     weights = public.add_weights("", draw_weights(r, stage, cls, init), cls)
     a = public.add("a/x", JOURNEY, "sequence 0: the journey embeddings (6, 3)")
@@ -103,7 +108,7 @@ def f03_paged_kv_cache(ref, public, hidden):
     public.add("a/output", full_forward(init, weights, a), "sequence 0's full causal forward (1, 6, 4)")
 
     r = rng(20310)
-    init = dict(d_in=5, d_out=6, num_heads=3, num_blocks=9, block_size=3, qkv_bias=True)
+    init = dict(d_in=5, d_out=8, num_heads=2, num_blocks=9, block_size=3, qkv_bias=True)
     hidden.add_init("", init)
     weights = hidden.add_weights("", draw_weights(r, stage, cls, init), cls)
     for i, n in enumerate((9, 8, 9)):
@@ -143,17 +148,18 @@ def clear_selection_case(stage, cls, init, seed, x=None, shape=None, margin=1e-3
 
 
 # b, num_tokens, d_in, d_out, num_heads, index_heads, index_dim, top_k, qkv_bias
+# (the sizes of each case pairwise distinct: batch, tokens, d_in, d_out, heads, head_dim, index heads, index_dim)
 F05_HIDDEN = [
-    (2, 10, 6, 8, 2, 4, 3, 4, True),
-    (1, 12, 5, 12, 3, 6, 2, 1, False),  # top_k 1: each query attends to one key
+    (3, 10, 6, 8, 2, 5, 7, 4, True),
+    (1, 11, 5, 12, 3, 6, 2, 1, False),  # top_k 1: each query attends to one key
 ]
 
 
 def f05_sparse_indexer(ref, public, hidden):
     stage, cls = ref.stage("f05_sparse_indexer"), "SparseAttention"
     r = rng(20500)
-    q = public.add("index/queries", r.normal(size=(2, 6, 4, 2)), "indexer queries (b, n_q, index_heads, index_dim)")
-    k = public.add("index/keys", r.normal(size=(2, 6, 2)), "indexer keys (b, n_k, index_dim)")
+    q = public.add("index/queries", r.normal(size=(2, 6, 4, 3)), "indexer queries (b, n_q, index_heads, index_dim)")
+    k = public.add("index/keys", r.normal(size=(2, 5, 3)), "indexer keys (b, n_k, index_dim)")
     w = public.add("index/weights", r.normal(size=(2, 6, 4)), "indexer head weights (b, n_q, index_heads)")
     public.add("index/scores", stage.lightning_index_scores(q, k, w), "lightning_index_scores(queries, keys, weights)")
 
@@ -167,8 +173,8 @@ def f05_sparse_indexer(ref, public, hidden):
         out.add(f"{prefix}selected", selected, "select(x): each query's top_k keys")
         out.add(f"{prefix}output", output, "forward(x): attention over the selected keys")
 
-    # The journey batch: 2 heads, an indexer of 4 heads of 2 features, the top 3 keys of each query.
-    case(public, "", dict(d_in=3, d_out=4, context_length=6, num_heads=2, index_heads=4, index_dim=2, top_k=3),
+    # The journey batch: 4 heads of 5 features, an indexer of 7 heads of 8 features, the top 3 keys of each query.
+    case(public, "", dict(d_in=3, d_out=20, context_length=6, num_heads=4, index_heads=7, index_dim=8, top_k=3),
          20501, x=BATCH)
     for i, (b, t, d_in, d_out, heads, index_heads, index_dim, top_k, bias) in enumerate(F05_HIDDEN):
         init = dict(d_in=d_in, d_out=d_out, context_length=t, num_heads=heads, index_heads=index_heads,
@@ -194,7 +200,7 @@ def delta_rule_inputs(out, r, b, h, t, d_k, d_v, with_state):
 
 def f06_gated_delta_rule(ref, public, hidden):
     stage, cls = ref.stage("f06_gated_delta_rule"), "GatedDeltaNet"
-    for out, r, sizes, with_state in ((public, rng(20600), (1, 2, 6, 3, 3), False),
+    for out, r, sizes, with_state in ((public, rng(20600), (1, 2, 6, 3, 4), False),
                                       (hidden, rng(20610), (2, 3, 20, 4, 5), True)):
         inputs = delta_rule_inputs(out, r, *sizes, with_state)
         result, state = stage.gated_delta_rule_recurrent(*inputs)
@@ -206,10 +212,10 @@ def f06_gated_delta_rule(ref, public, hidden):
         weights["W_gate.bias"] = weights["W_gate.bias"] + 3.0  # gates near 0.95: a memory of ~20 tokens
         module_case(out, prefix, stage, cls, init, x, weights, cls, f"{cls} forward(x) (recurrent form)")
 
-    layer(public, "layer/", rng(20601), BATCH, d_in=3, d_out=4, num_heads=2)
+    layer(public, "layer/", rng(20601), BATCH, d_in=3, d_out=20, num_heads=4)  # (every size different)
     r = rng(20620)
     layer(hidden, "case0/", r, r.normal(size=(2, 9, 5)).astype(np.float32), d_in=5, d_out=12, num_heads=3)
-    layer(hidden, "case1/", r, r.normal(size=(1, 9, 8)).astype(np.float32), d_in=8, d_out=8, num_heads=1)
+    layer(hidden, "case1/", r, r.normal(size=(1, 9, 7)).astype(np.float32), d_in=7, d_out=8, num_heads=2)
 
 
 # ---------------------------------------------------------------- f07
@@ -231,11 +237,11 @@ def f07_cross_layer_kv(ref, public, hidden):
         out.add(f"{prefix}output", stage.forward(cls, init, x, weights), f"{cls} full causal forward")
 
     r = rng(20700)
-    case(public, "", r, r.normal(size=(2, 6, 8)).astype(np.float32), (3, 1, 1, 1), [0, 0, 2, 2], d_model=8,
-         context_length=6, num_heads=2, num_kv_groups=1)
+    case(public, "", r, r.normal(size=(2, 6, 15)).astype(np.float32), (3, 1, 1, 1), [0, 0, 2, 2], d_model=15,
+         context_length=6, num_heads=3, num_kv_groups=1)  # (every size different)
     r = rng(20710)
-    case(hidden, "case0/", r, r.normal(size=(2, 9, 12)).astype(np.float32), (4, 1, 3, 1), [0, 1, 2, 2, 2],
-         d_model=12, context_length=10, num_heads=6, num_kv_groups=2)  # Gemma 3n: the last 2 of 5 layers reuse
-    case(hidden, "case1/", r, r.normal(size=(1, 8, 6)).astype(np.float32), (2, 2, 1, 3), [0, 1, 1, 1],
-         d_model=6, context_length=8, num_heads=3, num_kv_groups=1)  # YOCO: one set for the second half
+    case(hidden, "case0/", r, r.normal(size=(1, 9, 18)).astype(np.float32), (4, 1, 3, 1), [0, 1, 2, 2, 2],
+         d_model=18, context_length=10, num_heads=6, num_kv_groups=2)  # Gemma 3n: the last 2 of 5 layers reuse
+    case(hidden, "case1/", r, r.normal(size=(2, 8, 15)).astype(np.float32), (2, 2, 1, 3), [0, 1, 1, 1],
+         d_model=15, context_length=8, num_heads=3, num_kv_groups=1)  # YOCO: one set for the second half
 

@@ -124,14 +124,15 @@ def shape_findings(actual: tuple, expected: tuple) -> list[Finding]:
     return []
 
 
-def assert_mask(name, actual, expected, *, mistakes=None):
+def assert_mask(name, actual, expected, *, mistakes=None, diagnosis: Sequence[Evidence] = ()):
     """A boolean mask (True = takes part) equal to ``expected``, compared as 0/1 numbers, with the masks that
-    typical mistakes give (``mistakes``: {description: boolean mask})."""
+    typical mistakes give (``mistakes``: {description: boolean mask}) and the sources of evidence ``diagnosis``
+    (given the learner's mask as 0/1 numbers)."""
     actual = np.asarray(actual)
     assert actual.dtype == bool, (
         f"{name} must be boolean (True = takes part); yours has dtype {actual.dtype}:\n{actual}")
     assert_close(f"{name} (1 = takes part)", actual.astype(np.float32), np.asarray(expected, np.float32),
-                 mistakes={why: np.asarray(m, np.float32) for why, m in (mistakes or {}).items()})
+                 mistakes={why: np.asarray(m, np.float32) for why, m in (mistakes or {}).items()}, diagnosis=diagnosis)
 
 
 def parameter_count(info):

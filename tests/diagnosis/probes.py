@@ -59,6 +59,7 @@ class ExposedWeights:
     window: int | None = None
     what: str = "your attention weights"
     empty_rows: str = "nan"
+    sink_tokens: int = 0  # keys 0 .. sink_tokens - 1 take part beside a window (StreamingLLM): not part of its width
 
 
 def weight_findings(w: ExposedWeights) -> list[Finding]:
@@ -130,8 +131,9 @@ def _support(w, observed, rows, allowed, qpos, kpos):
             "masking", "probe", weight=2))
     back = (qpos[:, None] - kpos[None, :])
     if w.window is not None:
-        reach = np.where(seen & (back >= 0), back + 1, 0).max(axis=-1)  # tokens each query sees, itself included
-        full = rows & (qpos >= w.window)  # queries with at least window tokens up to them
+        banded = seen & (back >= 0) & (kpos[None, :] >= w.sink_tokens)  # (sink tokens are not the window's)
+        reach = np.where(banded, back + 1, 0).max(axis=-1)  # tokens each query sees, itself included
+        full = rows & (qpos >= w.window + w.sink_tokens)  # queries with at least window tokens up to them
         if np.any(full):
             measured = sorted({int(r) for r in reach[full]})
             if measured != [w.window]:
@@ -169,6 +171,8 @@ def _sums(w, observed, rows, allowed):
         return []
     sums = observed.sum(axis=-1)
     off = rows & (np.abs(sums - 1) > 1e-3)
+    if w.empty_rows == "zero":  # a row of zeros is a query left with no key (its mask says why), not a softmax's
+        off &= sums > 1e-6
     if not np.any(off):
         return []
     index = tuple(int(i) for i in np.argwhere(off)[0])
@@ -255,6 +259,13 @@ def _moved(a, b, rtol=1e-4, atol=1e-5):
     return diff.reshape(diff.shape[0], diff.shape[1], -1).any(axis=-1)  # (b, tokens)
 
 
+# What lets a token's output depend on later tokens, in attention (a mechanism may say it in its own words).
+FUTURE = ("the causal mask lets a query see keys after it: it is missing, hides the wrong side, or starts too high "
+          "(only keys j <= i may take part: mask the strict upper triangle, torch.triu(..., diagonal=1))",
+          "tokens are mixed after the attention: a view or reshape that interleaves the token axis with another "
+          "(merging the heads without transpose(1, 2) first, say)")
+
+
 def dependency_findings(run: Run, x, may_see: np.ndarray, *, what="your output", token_axis=1) -> list[Finding]:
     """Perturb each token of ``x`` (b, T, ...) in turn and see which tokens' outputs move. ``may_see``: (T, T)
     bool, which tokens each token's output may depend on (a token always depends on itself)."""
@@ -276,32 +287,63 @@ def dependency_findings(run: Run, x, may_see: np.ndarray, *, what="your output",
         except Exception:
             return []
         depends[:, j] = moved.any(axis=0)
+    return dependency_words(depends, may_see, what=what)
+
+
+def one_call_dependency_findings(run: Run, x, may_see: np.ndarray, *, what="your output", must_see: bool = True,
+                                 future: str | tuple[str, ...] = FUTURE, mechanism: str = "masking") -> list[Finding]:
+    """``dependency_findings`` in one call of the learner's code: batch row 0 of ``x`` (1, T, ...) as given, and one
+    more row per token with that token perturbed (the rows of a batch are independent: ``batch_findings`` says
+    where they are not). ``must_see``: whether every token ``may_see`` allows must move the output (False where a
+    module chooses among them, as a top-k selection does)."""
+    x = np.asarray(x)[:1]
+    t = x.shape[1]
+    rng = np.random.default_rng(1234)
+    rows = [x[0]]
+    for j in range(t):
+        changed = x[0].copy()
+        changed[j] = changed[j] + rng.normal(size=changed[j].shape).astype(x.dtype)
+        rows.append(changed)
+    try:
+        out = np.asarray(run(np.stack(rows)))
+    except Exception:
+        return []
+    if out.ndim < 2 or out.shape[:2] != (t + 1, t):
+        return []
+    depends = np.zeros((t, t), bool)
+    for j in range(t):
+        depends[:, j] = _moved(out[:1], out[j + 1:j + 2]).any(axis=0)
+    return dependency_words(depends, may_see, what=what, must_see=must_see, future=future, mechanism=mechanism)
+
+
+def dependency_words(depends: np.ndarray, may_see: np.ndarray, *, what="your output", must_see: bool = True,
+                     future: str | tuple[str, ...] = FUTURE, mechanism: str = "masking") -> list[Finding]:
+    """What a (T, T) matrix of dependencies shows (``depends[i, j]``: token i's output moved when token j changed),
+    against ``may_see`` (which tokens each token's output may depend on); ``future``: what lets a token's output
+    depend on later tokens in the mechanism at hand (a causal mask's mistakes by default), ``mechanism`` its name
+    (a searched cause of that mechanism takes the place of these generic ones: ``explain.reconcile``)."""
+    t = depends.shape[0]
     found = []
     may = np.asarray(may_see, bool) | np.eye(t, dtype=bool)
-    future = depends & ~may & np.triu(np.ones((t, t), bool), 1)
-    if np.any(future):
-        i, j = (int(v) for v in np.argwhere(future)[0])
+    later = depends & ~may & np.triu(np.ones((t, t), bool), 1)
+    if np.any(later):
+        i, j = (int(v) for v in np.argwhere(later)[0])
         found.append(Finding(
             f"the output of token {i} changes when token {j} changes, a later token: {what} depends on future "
-            "tokens.",
-            ("the causal mask lets a query see keys after it: it is missing, hides the wrong side, or starts too high "
-             "(only keys j <= i may take part: mask the strict upper triangle, torch.triu(..., diagonal=1))",
-             "tokens are mixed after the attention: a view or reshape that interleaves the token axis with another "
-             "(merging the heads without transpose(1, 2) first, say)"),
-            "masking", "probe", weight=1))
+            "tokens.", (future,) if isinstance(future, str) else tuple(future), mechanism, "probe", weight=1))
     other = depends & ~may & ~np.triu(np.ones((t, t), bool), 1)
     if np.any(other):
         i, j = (int(v) for v in np.argwhere(other)[0])
         found.append(Finding(f"the output of token {i} changes when token {j} changes, a token it must not see.",
-                             ("a key that must be masked for this query takes part",), "masking", "probe", weight=2))
+                             ("a key that must be masked for this query takes part",), mechanism, "probe", weight=2))
     ignored = ~depends & may & ~np.eye(t, dtype=bool)
-    if np.any(ignored):
+    if must_see and np.any(ignored):
         i, j = (int(v) for v in np.argwhere(ignored)[0])
         found.append(Finding(f"the output of token {i} does not change when token {j} changes, though token {i} "
                              f"must see token {j}.",
                              ("a key that must take part was masked (or its weight is lost)",
                               "tokens are mixed after the attention: a view or reshape that interleaves the token axis "
-                              "with another"), "masking", "probe", weight=3))
+                              "with another"), mechanism, "probe", weight=3))
     return found
 
 

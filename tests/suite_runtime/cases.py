@@ -117,3 +117,13 @@ def single_heads(weights, num_heads, prefix="heads."):
     head_dim = weights["W_query.weight"].shape[0] // num_heads
     return {f"{prefix}{h}.{name}": value[h * head_dim:(h + 1) * head_dim]
             for h in range(num_heads) for name, value in weights.items() if name.startswith("W_")}
+
+
+def pairwise_distinct(rng, draw, tries=500):
+    """Sizes drawn by ``draw(rng)`` ({name: int}) again and again until no two are equal: a case whose head_dim,
+    number of heads, tokens, widths ... all differ cannot pass with two of them swapped."""
+    for _ in range(tries):
+        sizes = draw(rng)
+        if len(set(sizes.values())) == len(sizes):
+            return sizes
+    raise ValueError(f"no pairwise distinct sizes in {tries} draws (last: {sizes})")
