@@ -243,8 +243,25 @@ def _temperature(w, observed, rows, allowed):
              + (f" = {1 / w.scale:.4g}" if expected else "") + ".")
     causes = tuple(w.scale_words[name] for name in names if name in w.scale_words)
     if not causes:
-        causes = ("the scores were scaled by something else than the stage's scale",)
+        causes = _related_scale(divisor, 1 / w.scale, expected or f"{1 / w.scale:.4g}")
     return [Finding(shows, causes, "scaling", "probe", weight=4)]
+
+
+def _related_scale(divisor: float, right: float, name: str) -> tuple[str, ...]:
+    """What a divisor the weights show is, by how it relates to the right one (``right``, called ``name``) when no
+    size of the stage's names it: 1, the right one's inverse or its square."""
+    def near(a, b):
+        return abs(a / b - 1) < 2e-3
+
+    if near(divisor, 1.0):
+        return (f"the scores were not scaled: divide them by {name} before the softmax",)
+    if near(divisor, 1 / right):
+        return (f"the scores were multiplied by {name} instead of divided by it (x ** -0.5 is already the inverse "
+                "square root: multiply by it, or divide by x ** 0.5)",)
+    if near(divisor, right ** 2):
+        return (f"the scores were divided by {name} squared: divide by the square root ({name} = {right:.4g})",)
+    return (f"the scores were divided by {divisor:.4g} where the stage divides them by {name}: check which width the "
+            "scale is taken from",)
 
 
 # ---------------------------------------------------------------- outputs that depend on inputs
@@ -277,17 +294,18 @@ def dependency_findings(run: Run, x, may_see: np.ndarray, *, what="your output",
         return []
     if base.ndim < 2 or base.shape[:2] != x.shape[:2]:
         return []
-    depends = np.zeros((t, t), bool)
+    depends, exact = np.zeros((t, t), bool), np.zeros((t, t), bool)
     rng = np.random.default_rng(1234)
     for j in range(t):
         changed = x.copy()
         changed[:, j] = changed[:, j] + rng.normal(size=changed[:, j].shape).astype(x.dtype)
         try:
-            moved = _moved(base, run(changed))
+            after = np.asarray(run(changed))
         except Exception:
             return []
-        depends[:, j] = moved.any(axis=0)
-    return dependency_words(depends, may_see, what=what)
+        depends[:, j] = _moved(base, after).any(axis=0)
+        exact[:, j] = _moved(base, after, rtol=0, atol=0).any(axis=0)
+    return dependency_words(depends, may_see, what=what, exact=exact)
 
 
 def one_call_dependency_findings(run: Run, x, may_see: np.ndarray, *, what="your output", must_see: bool = True,
@@ -310,19 +328,24 @@ def one_call_dependency_findings(run: Run, x, may_see: np.ndarray, *, what="your
         return []
     if out.ndim < 2 or out.shape[:2] != (t + 1, t):
         return []
-    depends = np.zeros((t, t), bool)
+    depends, exact = np.zeros((t, t), bool), np.zeros((t, t), bool)
     for j in range(t):
         depends[:, j] = _moved(out[:1], out[j + 1:j + 2]).any(axis=0)
-    return dependency_words(depends, may_see, what=what, must_see=must_see, future=future, mechanism=mechanism)
+        exact[:, j] = _moved(out[:1], out[j + 1:j + 2], rtol=0, atol=0).any(axis=0)
+    return dependency_words(depends, may_see, what=what, must_see=must_see, future=future, mechanism=mechanism,
+                            exact=exact)
 
 
 def dependency_words(depends: np.ndarray, may_see: np.ndarray, *, what="your output", must_see: bool = True,
-                     future: str | tuple[str, ...] = FUTURE, mechanism: str = "masking") -> list[Finding]:
-    """What a (T, T) matrix of dependencies shows (``depends[i, j]``: token i's output moved when token j changed),
-    against ``may_see`` (which tokens each token's output may depend on); ``future``: what lets a token's output
-    depend on later tokens in the mechanism at hand (a causal mask's mistakes by default), ``mechanism`` its name
-    (a searched cause of that mechanism takes the place of these generic ones: ``explain.reconcile``)."""
+                     future: str | tuple[str, ...] = FUTURE, mechanism: str = "masking",
+                     exact: np.ndarray | None = None) -> list[Finding]:
+    """What a (T, T) matrix of dependencies shows (``depends[i, j]``: token i's output moved when token j changed,
+    beyond float noise; ``exact``: it changed at all, default ``depends``), against ``may_see`` (which tokens each
+    token's output may depend on); ``future``: what lets a token's output depend on later tokens in the mechanism at
+    hand (a causal mask's mistakes by default), ``mechanism`` its name (a searched cause of that mechanism takes the
+    place of these generic ones: ``explain.reconcile``)."""
     t = depends.shape[0]
+    exact = depends if exact is None else exact
     found = []
     may = np.asarray(may_see, bool) | np.eye(t, dtype=bool)
     later = depends & ~may & np.triu(np.ones((t, t), bool), 1)
@@ -336,7 +359,9 @@ def dependency_words(depends: np.ndarray, may_see: np.ndarray, *, what="your out
         i, j = (int(v) for v in np.argwhere(other)[0])
         found.append(Finding(f"the output of token {i} changes when token {j} changes, a token it must not see.",
                              ("a key that must be masked for this query takes part",), mechanism, "probe", weight=2))
-    ignored = ~depends & may & ~np.eye(t, dtype=bool)
+    # (a key left out of a softmax gives exactly the same output; one whose weight is merely tiny may move it below
+    # the tolerance: only outputs that did not move at all count as ignoring a token)
+    ignored = ~exact & may & ~np.eye(t, dtype=bool)
     if must_see and np.any(ignored):
         i, j = (int(v) for v in np.argwhere(ignored)[0])
         found.append(Finding(f"the output of token {i} does not change when token {j} changes, though token {i} "
