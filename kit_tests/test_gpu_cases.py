@@ -54,7 +54,8 @@ sys.meta_path[:] = [Bare(finder) for finder in sys.meta_path]
 def absent_here() -> set[str]:
     """The top-level modules of the installed distributions a bare GPU machine lacks (not in GPU_MACHINE, nor
     required by one of them), less the kit's own test, solution and stub modules (the editable install maps
-    those to the kit's distribution: they are found in tests/, solutions/ and exercises/ all the same)."""
+    those to the kit's distribution: they are found in tests/, solutions/ and exercises/ all the same, as are the
+    suite's packages in tests/)."""
     allowed, todo = set(), list(GPU_MACHINE)
     while todo:
         name = todo.pop().lower().replace("_", "-")
@@ -66,7 +67,8 @@ def absent_here() -> set[str]:
         except importlib.metadata.PackageNotFoundError:
             continue
         todo += [r.name for r in map(Requirement, requires) if r.marker is None or r.marker.evaluate({"extra": ""})]
-    ours = {p.stem for folder in (SUITE, SOLUTIONS, EXERCISES) for p in folder.glob("*.py")} | {"conftest"}
+    ours = ({p.stem for folder in (SUITE, SOLUTIONS, EXERCISES) for p in folder.glob("*.py")}
+            | {p.parent.name for p in SUITE.glob("*/__init__.py")} | {"conftest"})  # (and the suite's packages)
     return {top for top, dists in importlib.metadata.packages_distributions().items()
             if not {d.lower().replace("_", "-") for d in dists} & allowed} - ours
 
