@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .compare import assert_close
+from .findings import Finding
 
 __tracebackhide__ = True
 
@@ -94,3 +95,29 @@ def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu")
     trained = stage.forward(cls, init, x, weights, train=True, seed=0, device=device)
     check_dropout(trained, plain, p, f"{cls} output in training mode with dropout={p}")
 
+
+
+EVAL_DROPOUT = ("In eval mode dropout must do nothing: use nn.Dropout (it follows the module's train()/eval()), or "
+                "pass the rate only in training mode (dropout_p=p if self.training else 0.0 for "
+                "F.scaled_dot_product_attention, F.dropout(..., training=self.training))")
+
+
+def eval_dropout_findings(out, plain, p) -> list[Finding]:
+    """An eval-mode output (``out``) of a case whose output is the attention weights, read against the weights
+    without dropout (``plain``): dropout acting in eval mode drops about p of them and scales the others by
+    1 / (1 - p). Said only when both show."""
+    out, plain = np.asarray(out, dtype=np.float64), np.asarray(plain, dtype=np.float64)
+    if out.shape != plain.shape:
+        return []
+    live = np.abs(plain) > 1e-6
+    dropped = live & (np.abs(out) <= 1e-6)
+    kept = live & ~dropped
+    if not np.any(dropped) or not np.any(kept):
+        return []
+    fraction = kept.sum() / live.sum()
+    scaled = np.allclose(out[kept] / plain[kept], 1 / (1 - p), rtol=1e-3, atol=1e-4)
+    if not scaled or abs(fraction - (1 - p)) >= kept_fraction_tolerance(p, live.sum()):
+        return []
+    return [Finding(f"in eval mode {1 - fraction:.2f} of the weights were dropped and the others scaled by "
+                    f"1 / (1 - p) = {1 / (1 - p):.3g}: dropout acted in eval mode.", (EVAL_DROPOUT,), "dropout",
+                    "probe", weight=1)]

@@ -59,6 +59,10 @@ class ExposedWeights:
     window: int | None = None
     what: str = "your attention weights"
     empty_rows: str = "nan"
+    causal: bool = True  # False: keys after a query may take part (cross-attention, padding alone): no "future" reading
+    # The words of rows that do not sum to 1 where the stage has its own reading of that (an online softmax's):
+    # (mechanism, cause); None: a softmax changed after the fact.
+    unnormalised: tuple[str, str] | None = None
 
 
 def weight_findings(w: ExposedWeights) -> list[Finding]:
@@ -106,7 +110,7 @@ def _support(w, observed, rows, allowed, qpos, kpos):
     extra = seen & ~allowed
     missing = ~seen & allowed & rows[..., None]
     found = []
-    later = extra & (kpos[None, :] > qpos[:, None])
+    later = extra & (kpos[None, :] > qpos[:, None]) & w.causal
     if np.any(later):
         index = tuple(int(i) for i in np.argwhere(later)[0])
         i, j = index[-2], index[-1]
@@ -116,7 +120,7 @@ def _support(w, observed, rows, allowed, qpos, kpos):
             ("the causal mask lets a query see keys after it: it is missing, hides the wrong side, or starts too high "
              "(only keys j <= i may take part: mask the strict upper triangle, torch.triu(..., diagonal=1))",),
             "masking", "probe", weight=1))
-    own = allowed & rows[..., None] & (kpos[None, :] == qpos[:, None])  # each readable row's own key
+    own = allowed & rows[..., None] & (kpos[None, :] == qpos[:, None]) & w.causal  # each readable row's own key
     diagonal = missing & own
     # A weight can underflow to 0 when scores are extreme: a key is said to be hidden only when every row hides it
     # the same way (its own token in every row).
@@ -179,9 +183,11 @@ def _sums(w, observed, rows, allowed):
                         f"{index[-1]} sums to {sums[index]:.4g}.",
                         ("softmax over the wrong dimension: the query axis (dim=-2, or dim=1 of a batch); each query's "
                          "weights over the keys must sum to 1, so use dim=-1",), "softmax", "probe", weight=4)]
+    mechanism, cause = w.unnormalised or ("softmax", "the weights were changed after the softmax without being "
+                                          "renormalised (masked after the softmax, say), or they are not a softmax "
+                                          "over the keys")
     return [Finding(f"{w.what} of a query do not sum to 1: row {index[-1]} sums to {sums[index]:.4g}.",
-                    ("the weights were changed after the softmax without being renormalised (masked after the "
-                     "softmax, say), or they are not a softmax over the keys",), "softmax", "probe", weight=6)]
+                    (cause,), mechanism, "probe", weight=6)]
 
 
 def _fit(scores, observed, use):

@@ -72,6 +72,15 @@ def sizes(init: dict, d_in: int, d_out: int, context_length: int) -> dict:
             "qkv_bias": False}
 
 
+def sizes_as_given(init: dict, d_in: int, d_out: int, context_length: int) -> dict:
+    """A module's constructor arguments for these sizes, among those it takes (``init`` names them): no dropout, no
+    biases, context_length where it has one (modern modules without a dropout argument, say)."""
+    found = {**init, "d_in": d_in, "d_out": d_out}
+    found.update({k: v for k, v in (("context_length", context_length), ("dropout", 0.0), ("qkv_bias", False))
+                  if k in init})
+    return found
+
+
 def sizes_per_head(init: dict, d_in: int, d_out: int, context_length: int) -> dict:
     """MultiHeadAttentionWrapper's arguments: its d_out is each head's width."""
     return sizes(init, d_in, d_out // init["num_heads"], context_length)
@@ -92,11 +101,20 @@ class AttentionModule:
     what: str = "your output"
     options: dict = field(default_factory=dict)  # passed to every forward (device, dtype)
     batched: bool = True  # False: forward takes one sequence (num_tokens, d_in), as chapter 3's SelfAttention does
+    # How the output is computed where it is not the module's forward (a function given the module, as stage m01's
+    # sdpa_attention(mha, x)): call(stage, cls, init, x, state, options) -> the output.
+    call: Callable | None = None
+    # The stage's own words or values for the mechanism's switches (the mask convention of the function it calls,
+    # say): adjust(switches) -> switches.
+    adjust: Callable | None = None
+    more_probes: tuple = ()  # further probes (functions giving findings) of the stage's own code
 
     def run(self, x, weights, init=None, **options):
         """The learner's output for ``x`` (b, num_tokens, d_in) with the canonical ``weights``."""
         state = self.layout(weights, self.spec.num_heads)
         options = {**self.options, **options}
+        if self.call is not None:
+            return self.call(self.stage, self.cls, init or self.init, x, state, options)
         if self.batched:
             return self.stage.forward(self.cls, init or self.init, x, state, **options)
         return np.stack([self.stage.forward(self.cls, init or self.init, row, state, **options) for row in x])
@@ -120,6 +138,8 @@ class AttentionModule:
         switches = A.switches(self.spec, d_in, d_out, kv_width, values_from_inputs=values_from_inputs)
         if not any(k.endswith(".bias") and k.startswith("W_") for k in weights):
             switches = [s for s in switches if s.name != "bias"]
+        if self.adjust is not None:
+            switches = self.adjust(switches)
 
         def compute(choices):
             return A.forward(self.spec, x, weights, choices)[:, rows]
@@ -133,7 +153,8 @@ class AttentionModule:
                 Probed([lambda: self.probe_weights_or_dependencies(x, weights), lambda: batch_findings(lambda a: self.run(a, weights), x,
                                                                               what=self.what),
                         lambda: self.probe_heads(x, weights) if self.batched else [],
-                        lambda: dtype_findings(lambda: self.run(x, weights, dtype="float64"), what=self.what)])]
+                        lambda: dtype_findings(lambda: self.run(x, weights, dtype="float64"), what=self.what),
+                        *self.more_probes])]
 
     def second_case(self, x, weights):
         """A case of other sizes (one more input feature, one more feature per head, one more token), fresh

@@ -111,3 +111,15 @@ def single_heads(weights, num_heads, prefix="heads."):
     head_dim = weights["W_query.weight"].shape[0] // num_heads
     return {f"{prefix}{h}.{name}": value[h * head_dim:(h + 1) * head_dim]
             for h in range(num_heads) for name, value in weights.items() if name.startswith("W_")}
+
+
+def distinct_sizes(rng, ranges, derived=None, tries=1000):
+    """Sizes drawn from ``ranges`` ({name: (low, high)}, both ends included) that are pairwise distinct, together
+    with those ``derived`` from them (a function of the drawn sizes giving {name: size}: d_out = num_heads *
+    head_dim, say), so that a swapped dimension cannot give the right shape or the right numbers: {name: size}."""
+    for _ in range(tries):
+        drawn = {name: int(rng.integers(low, high, endpoint=True)) for name, (low, high) in ranges.items()}
+        sizes = {**drawn, **(derived(drawn) if derived else {})}
+        if len(set(sizes.values())) == len(sizes):
+            return sizes
+    raise ValueError(f"no pairwise distinct sizes in {ranges}")
