@@ -78,6 +78,28 @@ def with_cached_mask(spec: A.Attention, switches: list[Switch]) -> list[Switch]:
 
 # ---------------------------------------------------------------- the reference
 
+def held(spec: A.Attention, chunks, choices: A.Choices = A.NONE):
+    """For each step of feeding chunks of these lengths to a cached module: (the new tokens' positions, the positions
+    they are rotated at, the keys' positions the new queries attend to, the positions those keys were rotated at,
+    the keys' positions the cache keeps after the step and those they were rotated at), as ``choices`` make them."""
+    kept = turned = np.arange(0)  # the positions the cache holds, and those they were rotated at
+    cache, window, start = choices.get("cache"), spec.window, 0
+    for size in chunks:
+        new = np.arange(start, start + size)
+        turn = np.arange(size) if choices.get("positions") == "restart" else new
+        keys, turn_keys = (new, turn) if cache == "own_only" else (np.concatenate([kept, new]),
+                                                                    np.concatenate([turned, turn]))
+        if window is not None and cache in ("cut_window", "cut_short"):
+            last = window if cache == "cut_window" else max(window - 1, 1)
+            keys, turn_keys = keys[-last:], turn_keys[-last:]
+        kept, turned = keys, turn_keys
+        if window is not None:  # a bounded cache keeps window positions for the next step
+            cut = slice(None, window) if cache == "oldest" else slice(-window, None)
+            kept, turned = keys[cut], turn_keys[cut]
+        yield new, turn, keys, turn_keys, kept, turned
+        start += size
+
+
 def decode(spec: A.Attention, x, weights, chunks, choices: A.Choices = A.NONE, *, past=None) -> list[np.ndarray]:
     """The outputs of feeding ``x`` (b, T, d_in) to a cached module chunk by chunk (``chunks``: their lengths), one
     array per step, as ``choices`` make them. past: a sequence fed before x, its cache emptied before x (right) or
@@ -87,25 +109,41 @@ def decode(spec: A.Attention, x, weights, chunks, choices: A.Choices = A.NONE, *
     if past is not None and choices.get("reset") == "missing":
         first = np.shape(past)[1]
         x = np.concatenate([np.asarray(past, dtype=np.float64), x], axis=1)
-    held, window = choices.get("cache"), spec.window
-    kept = turned = np.arange(0)  # the positions the cache holds, and those they were rotated at
-    outputs, start = [], 0
-    for size in ([first] if first else []) + list(chunks):
-        new = np.arange(start, start + size)
-        turn = np.arange(size) if choices.get("positions") == "restart" else new
-        keys, turn_keys = (new, turn) if held == "own_only" else (np.concatenate([kept, new]),
-                                                                   np.concatenate([turned, turn]))
-        if window is not None and held in ("cut_window", "cut_short"):
-            last = window if held == "cut_window" else max(window - 1, 1)
-            keys, turn_keys = keys[-last:], turn_keys[-last:]
-        outputs.append(A.forward(spec, x[:, new], weights, choices, context=x[:, keys], positions=new,
-                                 key_positions=keys, mask_context=True, rotary_positions=turn,
-                                 rotary_key_positions=turn_keys))
-        if window is not None:  # a bounded cache keeps window positions for the next step
-            cut = slice(None, window) if held == "oldest" else slice(-window, None)
-            keys, turn_keys = keys[cut], turn_keys[cut]
-        kept, turned, start = keys, turn_keys, start + size
+    outputs = [A.forward(spec, x[:, new], weights, choices, context=x[:, keys], positions=new, key_positions=keys,
+                         mask_context=True, rotary_positions=turn, rotary_key_positions=turn_keys)
+               for new, turn, keys, turn_keys, _, _ in held(spec, ([first] if first else []) + list(chunks), choices)]
     return outputs[1:] if first else outputs
+
+
+STORED = Switch("stored", "caches", {
+    "W_query": "the cache holds the queries' projection (W_query) where the keys' (W_key) belong in cache_k",
+    "W_value": "cache_k holds the values (W_value) and cache_v the keys: they are swapped",
+    "W_key": "cache_v holds the keys (W_key) and cache_k the values: they are swapped"})
+EXPANDED = Switch("stored_heads", "grouped-query attention", {
+    "expanded": "the cache holds the expanded heads (num_heads, each kv head repeated for its group): cache the "
+                "num_kv_groups key/value heads and expand them after the cache"})
+
+
+def contents(spec: A.Attention, x, weights, chunks, which: str, choices: A.Choices = A.NONE) -> np.ndarray:
+    """What cache_k (``which`` "keys") or cache_v ("values") holds after feeding x in chunks: (b, kv heads,
+    positions kept, head_dim), the keys rotated at their positions where the module has rotary positions."""
+    x = np.asarray(x, dtype=np.float64)
+    name = {"keys": "W_key", "values": "W_value"}[which]
+    stored = choices.get("stored")
+    if stored in ("W_value", "W_key") and stored != name:  # the two swapped
+        name = stored
+    elif stored == "W_query":
+        name = "W_query" if which == "keys" else name
+    heads = spec.num_heads if name == "W_query" else spec.groups
+    projected = A.split(A.linear(x, weights, name, choices.get("bias") != "ignored"), heads, choices)
+    *_, kept, turned = list(held(spec, chunks, choices))[-1]
+    if spec.rope_theta is not None and name != "W_value" and choices.get("rope") != "none":
+        projected = A.rope(projected[:, :, kept], turned, spec.rope_theta, choices.get("rope"))
+    else:
+        projected = projected[:, :, kept]
+    if choices.get("stored_heads") == "expanded":
+        projected = np.repeat(projected, spec.num_heads // spec.groups, axis=1)
+    return projected
 
 
 def steps_of(x, chunks) -> list[dict]:
@@ -176,7 +214,36 @@ class CachedModule(AttentionModule):
                                                what="your cached steps' output"),
                         *self.more_probes])]
 
+    def cache_evidence(self, x, weights, chunks, which) -> list[Evidence]:
+        """What a failed check of cache_k (``which`` "keys") or cache_v ("values") after feeding x in ``chunks`` is
+        diagnosed with: what the cache holds, searched (the projection stored, the heads' split, the rotation of
+        the keys, the positions kept)."""
+        def make():
+            switches = [STORED, A.HEADS["split"], *cache_switches(self.spec)]
+            if self.spec.groups != self.spec.num_heads:
+                switches.append(EXPANDED)
+            if self.spec.rope_theta is not None and which == "keys":
+                switches.append(A.ROPE.without("values"))
+            return [Searched(lambda choices: contents(self.spec, x, weights, chunks, which, choices), switches,
+                             f"your cache_{which[0]}")]
+        return [Deferred(make)]
+
     # -- probes
+
+    def probe_plain_forward_between(self, x, weights, chunks, other):
+        """A forward without the cache (of ``other``) run between the cached steps must leave the cache as it was:
+        the learner's last cached step with and without it in between."""
+        state = self.layout(weights, self.spec.num_heads)
+        steps = steps_of(x, chunks)
+        between = [*steps[:-1], {"method": "forward", "args": [other]}, steps[-1]]
+        plain = self.stage.session(self.cls, self.init, state, steps=steps, **self.options)[-1]
+        mixed = self.stage.session(self.cls, self.init, state, steps=between, **self.options)[-1]
+        if np.allclose(np.asarray(plain), np.asarray(mixed), rtol=1e-4, atol=1e-5, equal_nan=True):
+            return []
+        return [Finding("your cached step gives another output when a forward without the cache ran before it: that "
+                        "forward changed the cache.",
+                        ("forward(x) without use_cache touched cache_k / cache_v (or the position it counts): only a "
+                         "call with use_cache=True may append to the cache",), "caches", "probe", weight=1)]
 
     def probe_own_forward(self, x, weights, chunks, step, past):
         """The learner's cached step against its own forward without the cache on the same tokens: where the two
@@ -236,6 +303,34 @@ class CachedModule(AttentionModule):
         found = weight_findings(ExposedWeights(observed, scores, allowed, 1 / np.sqrt(head_dim), {}, {}, positions,
                                                positions, spec.window, what="your cached steps' attention weights"))
         return found + step_rows_findings(observed, allowed, chunks, spec)
+
+
+# ---------------------------------------------------------------- errors
+
+MASK_ROWS = ("take the mask's rows start .. start + num_new - 1 and its first num_keys columns, "
+             "self.mask[start:start + num_new, :num_keys], start = num_keys - num_new (the tokens cached before this "
+             "step; 0 without the cache)")
+
+
+def cache_mask_sizes(match, call):
+    """An error reading (diagnosis.errors, for BROADCAST): a mask that does not fit a cached step's scores (b,
+    num_heads, num_new, num_keys): kept whole (context_length on a side), or cut for the new tokens alone (num_new
+    x num_new: the columns of the cached keys missing). Each is read only when the sizes and the axis in the error
+    are those it predicts for a step the check ran."""
+    from .errors import broadcast_sizes
+
+    sizes, dim = broadcast_sizes(match)
+    length = call.init.get("context_length")
+    for _, num_new, num_keys in call.forwards():
+        uncut = {length, num_keys} if num_keys != length else {length, num_new}
+        if length and sizes == uncut and dim == (3 if num_keys != length else 2):
+            return (f"the causal mask is context_length x context_length ({length} x {length}) and met the scores "
+                    f"of {num_new} new tokens over {num_keys} keys: {MASK_ROWS}")
+        if num_new < num_keys and sizes == {num_new, num_keys} and dim == 3:
+            return (f"a cached step's scores are num_new x num_keys = {num_new} x {num_keys} (the new queries attend "
+                    f"to every cached key), but the mask was cut for the new tokens alone ({num_new} x {num_new}): "
+                    + MASK_ROWS)
+    return None
 
 
 def step_rows_findings(observed, allowed, chunks, spec: A.Attention) -> list[Finding]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .compare import assert_close
+from .explain import Said
 from .findings import Finding
 
 __tracebackhide__ = True
@@ -72,11 +73,12 @@ def rate_mistakes(trained, plain, kept, p):
     return found
 
 
-def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu"):
+def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu", explained=False):
     """A module's dropout, by its properties. Give a case whose output exposes the attention weights
     (cases.exposing_case) and those weights (``exposed``: ``multihead`` on that case): in training mode with
     dropout=p each output value is dropped or scaled by 1 / (1 - p) (check_dropout); in eval mode the
-    output is the dropout=0 module's, whatever the seed."""
+    output is the dropout=0 module's, whatever the seed. explained: the eval-mode check says that dropout acted
+    only where the output shows it (``eval_dropout_findings``), instead of a hint shown on any failure."""
     plain = stage.forward(cls, dict(init, dropout=0.0), x, weights, device=device)
     # Dropout can only be judged on a module that is right without it: otherwise this check would
     # blame dropout for another mistake of the stage (which its own checks name).
@@ -88,6 +90,11 @@ def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu")
         )
     init = dict(init, dropout=p)
     for seed in (1, 2):
+        if explained:
+            assert_close(f"{cls} output in eval mode with dropout={p} (seed {seed})",
+                         stage.forward(cls, init, x, weights, seed=seed, device=device), plain,
+                         diagnosis=[Said(lambda out: eval_dropout_findings(out, plain, p))])
+            continue
         assert_close(f"{cls} output in eval mode with dropout={p} (seed {seed})",
                      stage.forward(cls, init, x, weights, seed=seed, device=device), plain,
                      hint="In eval mode dropout must do nothing: use nn.Dropout, which follows the module's "

@@ -157,5 +157,9 @@ def reconcile(found: list[Finding]) -> list[Finding]:
                         tuple(decided & set(f.causes)), f.mechanism, f.source, f.weight)
         kept.append(f)
     specific = {m for f in kept if f.source in ("mutation", "listed") for m in f.mechanism.split(", ") if m}
+    # A probe that could only name possibilities gives way to a single cause that a search or a listed mistake bore
+    # out (its evidence stays: it says where the mistake is).
+    named = any(f.source in ("mutation", "listed") and len(f.causes) == 1 for f in kept)
     return merged([Finding(f.shows, (), f.mechanism, f.source, f.weight)  # the search names the cause
-                   if f.source == "probe" and f.causes and f.mechanism in specific else f for f in kept])
+                   if f.source == "probe" and f.causes and (f.mechanism in specific or (named and len(f.causes) > 1))
+                   else f for f in kept])
