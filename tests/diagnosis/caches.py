@@ -19,6 +19,7 @@ import numpy as np
 from . import attention as A
 from .explain import Evidence, Probed, Searched
 from .findings import Finding
+from .groups import sharing_findings
 from .probes import TINY, ExposedWeights, batch_findings, weight_findings
 from .search import Switch
 from .subjects import AttentionModule, Deferred
@@ -212,7 +213,7 @@ class CachedModule(AttentionModule):
                         lambda: self.probe_cached_weights(),
                         lambda: batch_findings(lambda a: np.concatenate(self.run_steps(a, weights, chunks), axis=1), x,
                                                what="your cached steps' output"),
-                        *self.more_probes])]
+                        lambda: sharing_findings(self), *self.more_probes])]
 
     def cache_evidence(self, x, weights, chunks, which) -> list[Evidence]:
         """What a failed check of cache_k (``which`` "keys") or cache_v ("values") after feeding x in ``chunks`` is

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import attention as A
 from .explain import Evidence, Probed, Said, Searched
+from .groups import sharing_findings
 from .probes import (
     HEAD_MODULES,
     ExposedWeights,
@@ -154,7 +155,7 @@ class AttentionModule:
                                                                               what=self.what),
                         lambda: self.probe_heads(x, weights) if self.batched else [],
                         lambda: dtype_findings(lambda: self.run(x, weights, dtype="float64"), what=self.what),
-                        *self.more_probes])]
+                        lambda: sharing_findings(self), *self.more_probes])]
 
     def second_case(self, x, weights):
         """A case of other sizes (one more input feature, one more feature per head, one more token), fresh
@@ -289,6 +290,8 @@ class AttentionModule:
     def probe_heads(self, x, weights):
         if self.spec.num_heads < 2:
             return []
+        if self.spec.groups not in (1, self.spec.num_heads) and sharing_findings(self):
+            return []  # (swapping groups of heads assumes query head h uses kv head h // group_size: it does not)
         swapped, order = self._swap_heads(weights)
         if self.spec.out_proj:
             return heads_findings(lambda: (self.run(x, weights), self.run(x, swapped)), what=self.what)
