@@ -44,6 +44,8 @@ NOT_RESET = ("the cache was not reset: the second sequence attended to the first
              "(reset_cache() must set cache_k and cache_v back to None)")
 OLDEST = ("the cache kept the OLDEST window positions: keep the most recent ones, keys[:, :, -window:], since a "
           "new token can only reach the last window positions")
+UNBOUNDED = ("the cache is not bounded: it grows with the sequence, but no query reaches further back than "
+             "window positions; keep only the last window positions (keys[:, :, -window:])")
 RESTART = ("positions restart at 0 in each cached step: the new tokens' positions continue after the cached "
            "ones, offset = the number of tokens in the cache")
 
@@ -80,24 +82,29 @@ def with_cached_mask(spec: A.Attention, switches: list[Switch]) -> list[Switch]:
 # ---------------------------------------------------------------- the reference
 
 def held(spec: A.Attention, chunks, choices: A.Choices = A.NONE):
-    """For each step of feeding chunks of these lengths to a cached module: (the new tokens' positions, the positions
-    they are rotated at, the keys' positions the new queries attend to, the positions those keys were rotated at,
-    the keys' positions the cache keeps after the step and those they were rotated at), as ``choices`` make them."""
-    kept = turned = np.arange(0)  # the positions the cache holds, and those they were rotated at
+    """For each step of feeding chunks of these lengths to a cached module, as ``choices`` make it: (the new tokens'
+    positions, the positions they are rotated at, the tokens whose keys the new queries attend to, the positions
+    the mask takes those keys at, the positions they were rotated at, the tokens the cache keeps after the step and
+    the positions they were rotated at). A module masks its cache by index: the cached keys are taken to be the
+    positions right before the new ones (true while it keeps the most recent ones)."""
+    kept = turned = np.arange(0)  # the tokens the cache holds, and the positions they were rotated at
     cache, window, start = choices.get("cache"), spec.window, 0
     for size in chunks:
         new = np.arange(start, start + size)
         turn = np.arange(size) if choices.get("positions") == "restart" else new
-        keys, turn_keys = (new, turn) if cache == "own_only" else (np.concatenate([kept, new]),
-                                                                    np.concatenate([turned, turn]))
+        if cache == "own_only":
+            keys, turn_keys = new, turn
+        else:
+            keys, turn_keys = np.concatenate([kept, new]), np.concatenate([turned, turn])
+        at = np.arange(start + size - len(keys), start + size)  # where the mask takes them: by index
         if window is not None and cache in ("cut_window", "cut_short"):
             last = window if cache == "cut_window" else max(window - 1, 1)
-            keys, turn_keys = keys[-last:], turn_keys[-last:]
+            keys, turn_keys, at = keys[-last:], turn_keys[-last:], at[-last:]
         kept, turned = keys, turn_keys
         if window is not None:  # a bounded cache keeps window positions for the next step
             cut = slice(None, window) if cache == "oldest" else slice(-window, None)
             kept, turned = keys[cut], turn_keys[cut]
-        yield new, turn, keys, turn_keys, kept, turned
+        yield new, turn, keys, at, turn_keys, kept, turned
         start += size
 
 
@@ -110,9 +117,10 @@ def decode(spec: A.Attention, x, weights, chunks, choices: A.Choices = A.NONE, *
     if past is not None and choices.get("reset") == "missing":
         first = np.shape(past)[1]
         x = np.concatenate([np.asarray(past, dtype=np.float64), x], axis=1)
-    outputs = [A.forward(spec, x[:, new], weights, choices, context=x[:, keys], positions=new, key_positions=keys,
+    outputs = [A.forward(spec, x[:, new], weights, choices, context=x[:, keys], positions=new, key_positions=at,
                          mask_context=True, rotary_positions=turn, rotary_key_positions=turn_keys)
-               for new, turn, keys, turn_keys, _, _ in held(spec, ([first] if first else []) + list(chunks), choices)]
+               for new, turn, keys, at, turn_keys, _, _ in held(spec, ([first] if first else []) + list(chunks),
+                                                                choices)]
     return outputs[1:] if first else outputs
 
 
@@ -210,7 +218,7 @@ class CachedModule(AttentionModule):
 
         return [Searched(compute, switches, f"your cached step {step}'s output", second),
                 Probed([lambda: self.probe_own_forward(x, weights, chunks, step, past),
-                        lambda: self.probe_cached_weights(),
+                        lambda: self.probe_cached_weights(), lambda: self.probe_weights() or [],
                         lambda: batch_findings(lambda a: np.concatenate(self.run_steps(a, weights, chunks), axis=1), x,
                                                what="your cached steps' output"),
                         lambda: sharing_findings(self), *self.more_probes])]
@@ -301,9 +309,13 @@ class CachedModule(AttentionModule):
             q, k = A.rope(q, positions, spec.rope_theta), A.rope(k, positions, spec.rope_theta)
         scores = q @ np.swapaxes(np.repeat(k, h // spec.groups, axis=1), -1, -2)
         allowed = A.allowed_keys(spec, positions, positions)
+        # (no window's width read here: a cache that drops keys narrows some rows, which is no window of its own)
         found = weight_findings(ExposedWeights(observed, scores, allowed, 1 / np.sqrt(head_dim), {}, {}, positions,
-                                               positions, spec.window, what="your cached steps' attention weights"))
-        return found + step_rows_findings(observed, allowed, chunks, spec)
+                                               positions, None, what="your cached steps' attention weights"))
+        rows = step_rows_findings(observed, allowed, chunks, spec)
+        if rows:  # (the steps' own reading says which keys their queries see: the generic reading of them goes)
+            found = [f for f in found if f.mechanism != "masking" or "future" in f.shows]
+        return found + rows
 
 
 # ---------------------------------------------------------------- errors

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .attention import WINDOW
 from .findings import Finding
 
 TINY = 1e-12  # a weight at or below this is none (float32 keeps weights down to 1e-38; masked ones are exactly 0)
@@ -142,7 +143,7 @@ def _support(w, observed, rows, allowed, qpos, kpos):
                 found.append(Finding(
                     f"the queries that have at least window={w.window} tokens up to them see the last "
                     f"{' or '.join(map(str, measured))} tokens (themselves included), not window={w.window}.",
-                    ("the window is off by one: key j takes part for query i when 0 <= i - j < window"
+                    ({w.window + 1: WINDOW.wrong["plus_one"], w.window - 1: WINDOW.wrong["minus_one"]}[measured[0]]
                      if measured in ([w.window + 1], [w.window - 1]) else
                      "the window's width is not the window argument: key j takes part when 0 <= i - j < window",),
                     "masking", "probe", weight=3))
