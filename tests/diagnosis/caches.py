@@ -254,6 +254,21 @@ class CachedModule(AttentionModule):
                         ("forward(x) without use_cache touched cache_k / cache_v (or the position it counts): only a "
                          "call with use_cache=True may append to the cache",), "caches", "probe", weight=1)]
 
+    def probe_forward_after_steps(self, x, weights, chunks):
+        """A forward without the cache after cached steps must give what it gives on a fresh module."""
+        state = self.layout(weights, self.spec.num_heads)
+        after = self.stage.session(self.cls, self.init, state, steps=[*steps_of(x, chunks),
+                                                                      {"method": "forward", "args": [x]}],
+                                   **self.options)[-1]
+        fresh = self.run(x, weights)
+        if np.allclose(np.asarray(after), np.asarray(fresh), rtol=1e-4, atol=1e-5, equal_nan=True):
+            return []
+        return [Finding("your forward(x) without the cache gives another output after cached steps than on a fresh "
+                        "module: it reads the cache.",
+                        ("without use_cache, forward(x) attends over x alone from position 0: neither the cached keys "
+                         "nor the cache's length (an offset, a mask's rows) may enter it",), "caches", "probe",
+                        weight=1)]
+
     def probe_own_forward(self, x, weights, chunks, step, past):
         """The learner's cached step against its own forward without the cache on the same tokens: where the two
         disagree and which of them is right says whether the mistake is in the cached path or in what both share."""
