@@ -101,7 +101,7 @@ def case_of(fx, prefix=""):
 
 @pytest.mark.public
 def test_full_forward_on_the_example(stage, public_fx):
-    """4 query heads in 2 groups: heads 0 and 1 share key/value head 0, heads 2 and 3 key/value head 1."""
+    """8 query heads in 4 groups: heads 0 and 1 share key/value head 0, heads 2 and 3 key/value head 1, ..."""
     init, x, weights, _ = case_of(public_fx)
     assert_close("forward(x) (use_cache=False)", stage.forward(CLS, init, x, weights), public_fx.output, **FLOAT32,
                  diagnosis=module(stage, init).evidence(x, weights))
@@ -117,7 +117,7 @@ def test_prompt_then_one_token_at_a_time(stage, public_fx):
 
 @pytest.mark.public
 def test_the_cache_holds_the_key_value_heads(stage, public_fx):
-    """cache_k and cache_v hold num_kv_groups = 2 heads, not the 4 query heads, and grow by the new tokens."""
+    """cache_k and cache_v hold num_kv_groups = 4 heads, not the 8 query heads, and grow by the new tokens."""
     init, x, weights, chunks = case_of(public_fx)
     steps = []
     for step in cached_steps(x, chunks):

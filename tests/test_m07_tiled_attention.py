@@ -127,7 +127,7 @@ def qkv(rng, b, h, n_q, n_kv, d):
 @pytest.mark.public
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_small_example(stage, public_fx, is_causal):
-    """10 tokens, 2 heads of size 4, tiles of 4: the last tile is smaller, and with is_causal the tiles
+    """10 tokens, 2 heads of size 4, tiles of 3: the last tile is smaller, and with is_causal the tiles
     above the diagonal add nothing (skip them)."""
     q, k, v, block_size = public_fx.q, public_fx.k, public_fx.v, int(public_fx.block_size)
     out = stage.tiled_attention(q, k, v, is_causal=is_causal, block_size=block_size)
