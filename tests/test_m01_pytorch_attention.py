@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from diagnosis import BFLOAT16, Attention, AttentionModule, Said, assert_close, check_dropout
-from diagnosis.attention import CAUSAL, CAUSAL_INVERTED, OUT_BIAS, ROLES, WINDOW, forward
+from diagnosis.attention import CAUSAL, OUT_BIAS, ROLES, WINDOW, forward
 from diagnosis.dropout import eval_dropout_findings
 from suite_runtime.cases import distinct_sizes, draw_weights, exposing_case, normal
 
@@ -54,7 +54,7 @@ def sdpa_switches(switches):
     found = []
     for s in switches:
         if s.name == "causal":
-            s = s.plus(CAUSAL_INVERTED).plus({"inverted": SDPA_INVERTED})
+            s = s.plus({"inverted": SDPA_INVERTED, "inverted_nan": SDPA_INVERTED})
         elif s.name == "scale":
             s = s.plus({"twice": SCALED_TWICE})
         found.append(s)
@@ -64,8 +64,8 @@ def sdpa_switches(switches):
 def torch_mha_switches(switches):
     """What a learner chooses around nn.MultiheadAttention, which computes the heads, the scale and the softmax
     itself: the mask given (its convention), the weights copied into in_proj (their order, the biases)."""
-    mask = CAUSAL.only("none").plus(CAUSAL_INVERTED).plus({
-        "inverted": TORCH_INVERTED,
+    mask = CAUSAL.only("none").plus({
+        "inverted": TORCH_INVERTED, "inverted_nan": TORCH_INVERTED,
         "none": "no attn_mask was given: tokens see the future (nn.MultiheadAttention is not causal by itself)"})
     roles = ROLES.plus({k: f"{IN_PROJ} ({w.split(' (')[0].replace('were projected with', 'got')})"
                         for k, w in ROLES.wrong.items()})
@@ -87,11 +87,12 @@ def subject(stage, function, init, use_mask=None, mask=None, **options):
 
     spec = Attention(num_heads=init["num_heads"], empty_rows="zero", window=None if mask is None else 2)
     adjust = sdpa_switches if function == SDPA else torch_mha_switches
-    return AttentionModule(stage, CLS, init, spec, call=call, adjust=adjust, options=options)
+    return AttentionModule(stage, CLS, init, spec, call=call, adjust=adjust, options=options,
+                           square=function == TORCH_MHA)
 
 
-def diagnosis(stage, function, init, x, weights, use_mask=None, **options):
-    return subject(stage, function, init, use_mask, **options).evidence(x, weights)
+def diagnosis(stage, function, init, x, weights, use_mask=None, rows=slice(None), **options):
+    return subject(stage, function, init, use_mask, **options).evidence(x, weights, rows=rows)
 
 
 def check(stage, function, init, weights, x, expected, what, use_mask=None, **options):
@@ -207,7 +208,7 @@ def test_output_of_a_token_ignores_later_tokens(stage, reference, function, use_
     assert before.shape == x.shape, f"{describe(function, use_mask)} has shape {before.shape}, expected {x.shape}"
     assert_close(f"{describe(function, use_mask)}: outputs of tokens 0-4", after[:, :5], before[:, :5], **FLOAT32,
                  labels=("tokens 5-6 as given", "tokens 5-6 changed"),
-                 diagnosis=diagnosis(stage, function, init, changed, weights, use_mask))
+                 diagnosis=diagnosis(stage, function, init, changed, weights, use_mask, rows=slice(0, 5)))
     assert not np.allclose(after[:, 5:], before[:, 5:]), "changing tokens 5-6 must change their own outputs"
 
 

@@ -88,12 +88,13 @@ def allowed_keys(spec: Attention, query_positions, key_positions, choices: Choic
     i = np.asarray(query_positions)[:, None]
     j = np.asarray(key_positions)[None, :]
     causal = choices.get("causal")
+    inverted = causal in ("inverted", "inverted_nan")  # the whole mask read with the opposite convention
     if causal == "top_left":  # a cached step's queries (and its keys) counted from 0, as if they came first
         i, j = i - i.min(), j - j.min()
     allowed = np.ones((i.shape[0], j.shape[1]), bool)
     if spec.causal:
         allowed = {None: j <= i, "top_left": j <= i, "none": allowed, "diagonal": j < i, "next": j <= i + 1,
-                   "past": j >= i, "inverted": j > i}[causal]
+                   "past": j >= i}.get(causal, j <= i)
     elif causal == "added":  # a causal mask where the attention is not causal
         allowed = j <= i
     if spec.window is not None:
@@ -101,7 +102,7 @@ def allowed_keys(spec: Attention, query_positions, key_positions, choices: Choic
         band = {None: i - j < w, "plus_one": i - j <= w, "minus_one": i - j < w - 1, "two_sided": abs(i - j) < w,
                 "none": np.ones_like(allowed)}[choices.get("window")]
         allowed = allowed & band
-    return allowed
+    return ~allowed if inverted else allowed
 
 
 def scale_of(spec: Attention, head_dim: int, d_in: int, d_out: int, choices: Choices = NONE) -> float:
@@ -119,6 +120,8 @@ def attention_weights(scores, allowed, scale: float, choices: Choices = NONE, em
     axis = -2 if choices.get("softmax") == "queries" else -1
     fill = choices.get("fill")
     empty_rows = {"nan": "nan", "uniform": "uniform"}.get(choices.get("empty"), empty_rows)
+    if choices.get("causal") == "inverted_nan":  # (a row the inverted mask leaves empty: NaN, as some kernels give)
+        empty_rows = "nan"
     if fill == "zero":
         w = softmax(np.where(allowed, s, 0.0), axis)
     elif fill == "after":
@@ -267,9 +270,10 @@ CAUSAL = Switch("causal", "masking", {
     "next": "the mask starts one diagonal too high (torch.triu(..., diagonal=2), or j <= i + 1): each token also "
             "sees the next one; mask the strict upper triangle, torch.triu(..., diagonal=1)",
     "past": "the mask hides the past instead of the future (tril and triu swapped)"})
-CAUSAL_INVERTED = {"inverted": "the mask is inverted: the future takes part and each token's past and its own position "
-                               "are hidden (a boolean mask of the opposite convention: True = takes part where True = "
-                               "masked out is meant, or the other way)"}
+INVERTED = ("the mask is inverted: the future takes part and each token's past and its own position are hidden (a "
+            "boolean mask of the opposite convention: True = takes part where True = masked out is meant, or the other "
+            "way)")
+CAUSAL_INVERTED = {"inverted": INVERTED, "inverted_nan": INVERTED}
 CAUSAL_ADDED = Switch("causal", "masking", {
     "added": "a causal mask was applied although this attention is not causal here (causal=False)"})
 CACHED_ROWS = {"top_left": "the new queries of a cached step were masked as if they came first (rows 0.. of the "

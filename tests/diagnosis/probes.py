@@ -99,7 +99,8 @@ def _nan_rows(w, observed, finite, allowed, qpos, kpos):
     cause = ("a softmax gives NaN where every score of its row is -inf (every key masked: 0 / 0), or where a score "
              "is inf or NaN (an overflow, or a NaN made earlier)")
     own = allowed & (qpos[:, None] == kpos[None, :]) & finite[..., None]  # readable rows' own tokens
-    if np.any(own) and np.all(observed[own] <= TINY):
+    later = finite[..., None] & (np.nan_to_num(observed) > TINY) & (kpos[None, :] > qpos[:, None])
+    if np.any(own) and np.all(observed[own] <= TINY) and not (w.causal and np.any(later)):
         cause = ("the mask hides each token's own position too (torch.triu(..., diagonal=0), or j < i): the first "
                  "query is left with no key at all, so its softmax gives NaN, and every other query ignores its own "
                  "token; mask the strict upper triangle, torch.triu(..., diagonal=1)")
@@ -134,7 +135,7 @@ def _support(w, observed, rows, allowed, qpos, kpos):
              "upper triangle, torch.triu(..., diagonal=1)",),
             "masking", "probe", weight=2))
     back = (qpos[:, None] - kpos[None, :])
-    if w.window is not None:
+    if w.window is not None and not np.any(later):  # (a width is read where no query sees the future)
         reach = np.where(seen & (back >= 0), back + 1, 0).max(axis=-1)  # tokens each query sees, itself included
         full = rows & (qpos >= w.window)  # queries with at least window tokens up to them
         if np.any(full):
@@ -174,6 +175,14 @@ def _sums(w, observed, rows, allowed):
         return []
     sums = observed.sum(axis=-1)
     off = rows & (np.abs(sums - 1) > 1e-3)
+    empty = off & (np.abs(sums) <= TINY)  # rows with no weight at all: every key of theirs masked
+    if np.any(empty):
+        index = tuple(int(i) for i in np.argwhere(empty)[0])
+        qpos = np.arange(observed.shape[-2])
+        return [Finding(f"query {qpos[index[-1]]} puts no weight on any key, though it must see some: all of its "
+                        "row is masked.", ("the mask hides keys that must take part: check its convention (which of "
+                                           "True and False means masked out) and its side of the diagonal",),
+                        "masking", "probe", weight=4)]
     if not np.any(off):
         return []
     index = tuple(int(i) for i in np.argwhere(off)[0])
@@ -237,7 +246,9 @@ def _temperature(w, observed, rows, allowed):
              + (f", and {divisor:.4g} = {' = '.join(names)}" if names else "")
              + f"; the scores must be divided by {expected or f'{1 / w.scale:.4g}'}"
              + (f" = {1 / w.scale:.4g}" if expected else "") + ".")
-    causes = tuple(w.scale_words[name] for name in names if name in w.scale_words)
+    # (a divisor's words: one mistake, or several that give the same divisor)
+    causes = tuple(dict.fromkeys(c for name in names if name in w.scale_words for c in (
+        (w.scale_words[name],) if isinstance(w.scale_words[name], str) else w.scale_words[name])))
     if not causes:
         causes = ("the scores were scaled by something else than the stage's scale",)
     return [Finding(shows, causes, "scaling", "probe", weight=4)]

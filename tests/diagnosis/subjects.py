@@ -18,6 +18,7 @@ import numpy as np
 
 from . import attention as A
 from .explain import Evidence, Probed, Said, Searched
+from .findings import Finding
 from .groups import sharing_findings
 from .probes import (
     HEAD_MODULES,
@@ -109,6 +110,7 @@ class AttentionModule:
     # say): adjust(switches) -> switches.
     adjust: Callable | None = None
     more_probes: tuple = ()  # further probes (functions giving findings) of the stage's own code
+    square: bool = False  # the module needs d_in == d_out (nn.MultiheadAttention): so do the diagnoser's own cases
 
     def run(self, x, weights, init=None, **options):
         """The learner's output for ``x`` (b, num_tokens, d_in) with the canonical ``weights``."""
@@ -166,6 +168,8 @@ class AttentionModule:
         b, t, d_in = x.shape
         head_dim = weights["W_query.weight"].shape[0] // spec.num_heads + 1
         d_out, kv = spec.num_heads * head_dim, spec.groups * head_dim
+        if self.square:
+            d_in = d_out - 1  # (one more below)
         context_length = max(self.init.get("context_length", t), t) + 1
         init = self.sized(self.init, d_in + 1, d_out, context_length)
         if "qkv_bias" in init:
@@ -191,6 +195,8 @@ class AttentionModule:
         h, g = spec.num_heads, spec.groups
         head_dim, d_in = t, t + 2  # (d_in != head_dim != d_out: the temperature says which divisor was used)
         d_out, kv = h * head_dim, g * head_dim
+        if self.square:
+            d_in = d_out
         rng = np.random.default_rng(2024)
         x = np.zeros((2, t, d_in), np.float32)
         x[:, np.arange(t), np.arange(t)] = 1
@@ -216,7 +222,26 @@ class AttentionModule:
             found = self.probe_weights()
         except Exception:
             found = None
-        return self.probe_dependencies(x, weights) if found is None else found
+        return self.reworded(self.probe_dependencies(x, weights) if found is None else found)
+
+    def reworded(self, findings):
+        """Findings whose cause is a switch's words, in the stage's own words for that switch (``adjust``); a cause
+        whose switch the stage does not have (nn.MultiheadAttention computes its scores itself) goes, its evidence
+        stays."""
+        if self.adjust is None:
+            return findings
+        words = {}
+        for base in (A.SCORES, A.SOFTMAX, A.FILL, A.CAUSAL.plus(A.CAUSAL_INVERTED)):
+            adjusted = next((s for s in self.adjust([base]) if s.name == base.name), None)
+            for value, said in base.wrong.items():
+                words[said] = None if adjusted is None else adjusted.wrong.get(value)
+        found = []
+        for f in findings:
+            if any(c in words for c in f.causes):
+                causes = tuple(words.get(c, c) for c in f.causes)
+                f = Finding(f.shows, tuple(c for c in causes if c), f.mechanism, f.source, f.weight)
+            found.append(f)
+        return found
 
     def probe_weights(self):
         """Findings on the exposed weights, or None where the module's output on the exposing case is not them."""
@@ -243,7 +268,13 @@ class AttentionModule:
                     name: float(head_dim), "sqrt(d_out)": np.sqrt(d_out), "sqrt(d_in)": np.sqrt(d_in)}
         value_of = {"none": "1", "times": f"1/sqrt({name})", "no_sqrt": name, "d_out": "sqrt(d_out)",
                     "d_in": "sqrt(d_in)"}
-        words = {value_of[v]: w for v, w in switch.wrong.items()}
+        if self.adjust is not None:  # (the stage's own words for these divisors, and its other readings of them)
+            switch = next((s for s in self.adjust([switch]) if s.name == "scale"), switch)
+        value_of["twice"] = name
+        words = {}
+        for v, w in switch.wrong.items():
+            if v in value_of:
+                words[value_of[v]] = (*words.get(value_of[v], ()), w)
         return weight_findings(ExposedWeights(
             observed, scores, A.allowed_keys(spec, positions, positions), 1 / np.sqrt(head_dim), divisors, words,
             positions, positions, spec.window, what="your attention weights"))
