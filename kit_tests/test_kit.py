@@ -138,9 +138,9 @@ def test_the_suite_s_layers_import_downwards_only():
     """Runtime < diagnosis < plugin < tests: the runtime knows nothing of how failures are explained, the
     diagnosis engine nothing of pytest's wiring, and no package of the suite imports a test file."""
     modules = suite_modules()
+    suite = {*SUITE_LAYERS.values(), "conftest"} | {n for n in modules if n.startswith("test_")}
     upwards = [f"{name} imports {m}" for name, path in modules.items() for m in sorted(imported(path))
-               if m.split(".")[0] in {*SUITE_LAYERS.values(), "conftest"} | {n for n in modules if n.startswith("test_")}
-               and suite_layer(m) > suite_layer(name)]
+               if m.split(".")[0] in suite and suite_layer(m) > suite_layer(name)]
     assert not upwards, "a layer of the suite imports one above it:\n" + "\n".join(upwards)
 
 

@@ -118,7 +118,8 @@ def shape_findings(actual: tuple, expected: tuple) -> list[Finding]:
             last = "the last axis" if j == len(expected) - 1 else f"axis {j}"
             return [Finding(f"your values fill axis {i} {factor} times over ({actual[i]} = {factor} x {expected[i]}) "
                             f"and {last} {factor} times less ({actual[j]} = {expected[j]} / {factor}).",
-                            (f"{factor} parts were joined along axis {i} instead of {last} (torch.cat(..., dim={j if j < len(expected) - 1 else -1}))",),
+                            (f"{factor} parts were joined along axis {i} instead of {last} (torch.cat(..., "
+                             f"dim={j if j < len(expected) - 1 else -1}))",),
                             "shapes", "probe", weight=1)]
     return []
 

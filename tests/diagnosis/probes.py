@@ -370,7 +370,8 @@ def dtype_findings(run64: Callable[[], np.ndarray], *, what="your output") -> li
     except Exception as exc:
         text = str(exc)
         if "dtype" in text or "Double" in text or "Float" in text:
-            return [Finding(f"given float64 inputs and parameters, the computation raised: {text.splitlines()[0][:160]}",
+            first = text.splitlines()[0][:160]
+            return [Finding(f"given float64 inputs and parameters, the computation raised: {first}",
                             ("a tensor made inside the computation has a fixed dtype (the default float32): create "
                              "new tensors with dtype=x.dtype and device=x.device, or derive them from x",),
                             "dtypes", "probe", weight=8)]

@@ -153,8 +153,8 @@ class AttentionModule:
                     lambda choices: A.forward(self.spec, x2, weights2, choices)[:, rows])
 
         return [Searched(compute, switches, self.what, second),
-                Probed([lambda: self.probe_weights_or_dependencies(x, weights), lambda: batch_findings(lambda a: self.run(a, weights), x,
-                                                                              what=self.what),
+                Probed([lambda: self.probe_weights_or_dependencies(x, weights),
+                        lambda: batch_findings(lambda a: self.run(a, weights), x, what=self.what),
                         lambda: self.probe_heads(x, weights) if self.batched else [],
                         lambda: dtype_findings(lambda: self.run(x, weights, dtype="float64"), what=self.what),
                         lambda: sharing_findings(self), *self.more_probes])]
