@@ -61,10 +61,10 @@ from .subjects import (
 )
 
 __all__ = [
-    "About", "Attention", "AttentionModule", "WeightsFunction", "ExposedWeights", "Listed", "Probed", "Said", "Searched",
-    "Switch", "as_parameters", "heads_as_one", "module_of_heads", "sizes_only", "same_names", "sizes", "sizes_per_head",
-    "weight_findings", "without_out_proj", "BFLOAT16", "BOOK_LENGTH", "Diagnosed", "Finding", "FindingRecord", "BROADCAST",
-    "ERROR_READINGS", "STUB", "Call", "ErrorReading", "assert_close",
+    "About", "Attention", "AttentionModule", "WeightsFunction", "ExposedWeights", "Listed", "Probed", "Said",
+    "Searched", "Switch", "as_parameters", "heads_as_one", "module_of_heads", "sizes_only", "same_names", "sizes",
+    "sizes_per_head", "weight_findings", "without_out_proj", "BFLOAT16", "BOOK_LENGTH", "Diagnosed", "Finding",
+    "FindingRecord", "BROADCAST", "ERROR_READINGS", "STUB", "Call", "ErrorReading", "assert_close",
     "assert_mask", "broadcast_sizes", "causal", "check_causal_mask", "check_dropout", "check_module_dropout",
     "check_sizes_from_arguments", "diagnose", "error_text", "explain_error", "kept_fraction_tolerance", "linear",
     "multihead", "multihead_mistakes", "np_angles", "np_rope", "parameter_count", "rate_mistakes", "readings_with",
