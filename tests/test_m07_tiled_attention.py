@@ -254,7 +254,9 @@ def test_llama_sized_heads(stage, target):
     rounded = [torch.from_numpy(a).to(device=device, dtype=dtype).float() for a in (q, k, v)]
     expected = F.scaled_dot_product_attention(*rounded, is_causal=True).cpu().numpy()
     assert_close(f"tiled_attention ({device}, {size['dtype']}, T={size['t']}, {size['h']} heads)", run["result"],
-                 expected, **(BFLOAT16 if size["dtype"] == "bfloat16" else FLOAT32))
+                 expected, **(BFLOAT16 if size["dtype"] == "bfloat16" else FLOAT32),
+                 # (the evidence is computed in NumPy: on the CPU twin only)
+                 diagnosis=[] if target.cuda else diagnosis(stage, q, k, v, True, 64))
     if target.cuda:
         b, h, t, d, itemsize = size["b"], size["h"], size["t"], size["d"], dtype.itemsize
         bound, matrix = peak_bound(b, h, t, d, itemsize), b * h * t * t * itemsize
