@@ -293,7 +293,8 @@ PADDING = Switch("padding", "padding", {
     "inverted": "the key_padding_mask is inverted: True marks a REAL token that takes part, False a padding token",
     "queries": "the key_padding_mask was applied on the query axis (rows of the scores): it says which KEYS are "
                "padding, so it masks columns, key_padding_mask[:, None, None, :] against (b, num_heads, n_q, n_kv)",
-    "none": "the key_padding_mask was ignored: padding keys took part"})
+    "none": "padding keys took part, as if the key_padding_mask were ignored: it is not applied, or it is combined "
+            "with the causal mask by | (or) where & (and) is meant"})
 EMPTY = Switch("empty", "padding", {
     "nan": "a query with nothing to attend to (every key masked) got NaN: its softmax row is all -inf, 0/0. Give "
            "such rows attention weights 0, so that its context vector is 0",

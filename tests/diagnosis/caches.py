@@ -37,7 +37,9 @@ ROWS_NOT_OFFSET = ("the new queries took the band's first rows: in a cached step
 ONE_LATE = ("each query also sees the token after it (j <= i + 1): the mask rows are one position late. The new "
             "tokens sit at positions start .. start + num_new - 1, start = the number of tokens cached before this "
             "step (0 without the cache)")
-UNMASKED = "the causal mask is missing: tokens see the future (in a cached step, a chunk's later tokens)"
+UNMASKED = ("no key after a query is masked: the causal mask is missing, or its rows are taken too late (past the "
+            "queries' positions: start = num_keys - num_new, the tokens cached before this step, 0 without the "
+            "cache): tokens see the future (in a cached step, a chunk's later tokens)")
 OWN_ONLY = ("each step attended to its own new tokens only: the cached keys and values were not used (append the "
             "new ones to the cache with torch.cat on the token axis, then attend to the whole cache)")
 NOT_RESET = ("the cache was not reset: the second sequence attended to the first one's keys and values "
@@ -335,8 +337,8 @@ class CachedModule(AttentionModule):
 
 # ---------------------------------------------------------------- errors
 
-MASK_ROWS = ("take the mask's rows start .. start + num_new - 1 and its first num_keys columns, "
-             "self.mask[start:start + num_new, :num_keys], start = num_keys - num_new (the tokens cached before this "
+MASK_ROWS = ("take the mask buffer's rows start .. start + num_new - 1 and its first num_keys columns, "
+             "mask[start:start + num_new, :num_keys], start = num_keys - num_new (the tokens cached before this "
              "step; 0 without the cache)")
 
 
@@ -352,12 +354,16 @@ def cache_mask_sizes(match, call):
     for _, num_new, num_keys in call.forwards():
         uncut = {length, num_keys} if num_keys != length else {length, num_new}
         if length and sizes == uncut and dim == (3 if num_keys != length else 2):
-            return (f"the causal mask is context_length x context_length ({length} x {length}) and met the scores "
+            return (f"the mask buffer is context_length x context_length ({length} x {length}) and met the scores "
                     f"of {num_new} new tokens over {num_keys} keys: {MASK_ROWS}")
         if num_new < num_keys and sizes == {num_new, num_keys} and dim == 3:
             return (f"a cached step's scores are num_new x num_keys = {num_new} x {num_keys} (the new queries attend "
                     f"to every cached key), but the mask was cut for the new tokens alone ({num_new} x {num_new}): "
                     + MASK_ROWS)
+        short = sizes - {num_new}
+        if dim == 2 and num_new in sizes and len(short) == 1 and min(short) < num_new and length:
+            return (f"the mask gave {min(short)} rows for {num_new} new queries: its rows were taken past the end of "
+                    f"the mask buffer ({length} rows), so they start too late; " + MASK_ROWS)
     return None
 
 

@@ -81,8 +81,9 @@ def padding_findings(observed, structure, real, *, self_attention: bool) -> list
         found.append(Finding(f"{_where(b, i)} puts weight {observed[b, h, i, j]:.3g} on key {j}, a padding token "
                              "(key_padding_mask False there): padding takes part.",
                              ("the key_padding_mask does not hide the padding keys' columns for every query: it is "
-                              "ignored, inverted, or applied along another axis (key_padding_mask[:, None, None, :] "
-                              "against the scores (b, num_heads, n_q, n_kv))",), "padding", "probe", weight=1))
+                              "ignored, inverted, applied along another axis (key_padding_mask[:, None, None, :] "
+                              "against the scores (b, num_heads, n_q, n_kv)), or joined to the causal mask by | where "
+                              "& is meant",), "padding", "probe", weight=1))
     lost = ~got & allowed & rows[..., None]
     if np.any(lost) and not np.any(on_padding):
         b, h, i, j = (int(v) for v in np.argwhere(lost)[0])
@@ -130,6 +131,10 @@ class PaddedAttention(AttentionModule):
                               causal_added=not self.spec.causal)
         if not any(k.endswith(".bias") and k.startswith("W_") for k in weights):
             switches = [s for s in switches if s.name != "bias"]
+        if real is not None and self.spec.causal:  # (two masks: one of them lost when they are joined by |)
+            switches = [s.plus({"none": "the causal mask is missing, or combined with the padding mask by | (or) where "
+                                        "& (and) is meant: tokens see the future"}) if s.name == "causal" else s
+                        for s in switches]
         if self.adjust is not None:
             switches = self.adjust(switches)
 

@@ -120,14 +120,23 @@ def rotation_findings(apply: Apply, head_dim: int = 8) -> list[Finding]:
 
 
 def angle_findings(cos_and_sin, head_dim: int, theta: float) -> list[Finding]:
-    """The learner's cos and sin (2, positions, head_dim) read at position 1: which columns share an angle (the
-    layout), and the frequencies' ratio fitted (the exponent and theta_base they were made with)."""
+    """The learner's cos and sin (2, positions, head_dim) read at positions 0 and 1: the position row 0 stands for,
+    which columns share an angle (the layout), and the frequencies' ratio fitted (the exponent and theta_base they
+    were made with)."""
     values = np.asarray(cos_and_sin, dtype=np.float64)
     if values.ndim != 3 or values.shape[0] != 2 or values.shape[1] < 2 or values.shape[2] != head_dim or head_dim < 4:
         return []
-    a = np.arctan2(values[1, 1], values[0, 1])  # the angles at position 1: the frequencies themselves (< pi)
+    first = np.arctan2(values[1, 0], values[0, 0])  # row 0's angles: 0 at position 0
+    a = np.angle(np.exp(1j * (np.arctan2(values[1, 1], values[0, 1]) - first)))  # one position's turn: the freqs
     half = head_dim // 2
     found = []
+    if a[0] > 1e-6 and abs(first[0]) > 1e-4:
+        start = first[0] / a[0]
+        if abs(start - round(start)) < 1e-3 and np.allclose(first, round(start) * a, atol=1e-4):
+            found.append(Finding(f"row 0 of your cos and sin holds the angles of position {round(start)}, and row p "
+                                 f"those of position p + {round(start)}.",
+                                 (f"the positions start at {round(start)}: row p must hold position p, "
+                                  "torch.arange(context_length) from 0",), MECHANISM, "probe", weight=2))
     if np.allclose(a[0::2], a[1::2], atol=1e-5) and not np.allclose(a[:half], a[half:], atol=1e-5):
         found.append(Finding("your cos and sin hold each angle in two neighbouring columns (2i and 2i + 1), where the "
                              "halves layout repeats the first half's angles in the second half.",

@@ -338,10 +338,19 @@ class AttentionModule:
         return heads_findings(both, what=self.what, words=HEAD_MODULES)
 
     def probe_dependencies(self, x, weights):
+        """Which tokens each output depends on. With several heads, a reshape that mixes the token axis with the
+        heads' (merging them without transpose(1, 2) first) moves outputs across tokens too: the mask is then one
+        possible cause among two."""
         t = np.asarray(x).shape[1]
         positions = np.arange(t)
-        return dependency_findings(lambda a: self.run(a, weights), x,
-                                   A.allowed_keys(self.spec, positions, positions), what=self.what)
+        found = dependency_findings(lambda a: self.run(a, weights), x,
+                                    A.allowed_keys(self.spec, positions, positions), what=self.what)
+        if self.spec.num_heads < 2:
+            return found
+        mixing = ("a view or reshape mixes the token axis with the heads' (the heads merged without transpose(1, 2) "
+                  "first, or split without it): each output row then holds several tokens' values")
+        return [Finding(f.shows, (*f.causes, mixing), f.mechanism, f.source, f.weight) if f.mechanism == "masking"
+                else f for f in found]
 
 
 @dataclass

@@ -174,6 +174,21 @@ class TiledFunction:
         if not rows:
             return []
         said = "; ".join(f"query {i} took {spans_of(taken[i])}, not {spans_of(right[i])}" for i in rows[:2])
+        prefixes = all(np.array_equal(taken[i], np.arange(n_kv) < taken[i].sum()) for i in np.flatnonzero(readable))
+        if not prefixes:  # (keys missing from the start of a row: no diagonal in the wrong place does that)
+            last = np.zeros_like(right)
+            for q0 in range(0, n_q, block_size):
+                q1 = min(q0 + block_size, n_q)
+                end = min(n_kv, q1)
+                last[q0:q1, (end - 1) // block_size * block_size:end] = True  # the last key tile those rows visit
+            if all(np.array_equal(taken[i], right[i] & last[i]) for i in np.flatnonzero(readable)):
+                return [Finding(f"each query's weights come from the last tile of keys it visits only ({said}): what "
+                                "the earlier tiles added to row_sum and acc was lost.",
+                                ("the correction exp(row_max - new max) was 0 for them: row_max stayed -inf (set "
+                                 "row_max = new max after each tile)", "row_sum and acc were restarted for each key "
+                                 "tile instead of rescaled and added to"), MECHANISM, "probe", weight=2)]
+            return [Finding(f"your causal weights take other keys than is_causal's ({n_q} queries, {n_kv} keys, tiles "
+                            f"of {block_size}): {said}.", (), "masking", "probe", weight=2)]
         shift = next((s for s in range(-n_q, n_kv)
                       if s and all(np.array_equal(taken[i], causal_keep(n_q, n_kv, s)[i])
                                    for i in np.flatnonzero(readable))), None)
@@ -249,9 +264,10 @@ class TiledFunction:
         if np.allclose(one, right, rtol=1e-4, atol=1e-5):
             return [Finding(f"with a single tile (block_size={n}) your output is right; with tiles of {block_size} it "
                             "is not: the mistake is in how the tiles are combined.",
-                            ("the running statistics across tiles: the running max (the larger of row_max and the "
-                             "tile's), the rescaling of row_sum and acc by exp(old max - new max), or which tiles a "
-                             "query row visits and where the diagonal falls in them",), MECHANISM, "probe", weight=5)]
+                            ("the running max is not the larger of row_max and the tile's max",
+                             "row_sum or acc is not rescaled by exp(old max - new max) before the tile is added",
+                             "a query row visits other tiles than it must, or the diagonal falls elsewhere in them"),
+                            MECHANISM, "probe", weight=5)]
         return [Finding(f"even with a single tile (block_size={n}) your output is wrong: the mistake is in what one "
                         "tile computes (its scale, its mask, its softmax), not only in how tiles are combined.", (),
                         MECHANISM, "probe", weight=5)]
