@@ -24,6 +24,12 @@ API
         (cached and new tokens) must fit in context_length.
     cache_k, cache_v: (b, num_heads, tokens_so_far, head_dim), or None while the cache is empty.
     reset_cache(): empties the cache, before the next sequence.
+
+Tested: every cached step (any chunk lengths, a prompt then single tokens, up to the whole context) equals the
+full causal forward's rows for its tokens; cache_k and cache_v hold exactly the keys and values of the tokens fed
+so far (b, num_heads, tokens_so_far, head_dim), None on a new module and after reset_cache(); a forward without
+use_cache between cached steps changes nothing in the cache; parameters sized from the constructor's arguments;
+dropout on the attention weights in training mode only; float32, and bfloat16 (a long prompt, then tokens).
 """
 import torch
 import torch.nn as nn

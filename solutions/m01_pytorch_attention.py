@@ -20,6 +20,12 @@ API
     to_torch_mha(mha) -> nn.MultiheadAttention(d_out, num_heads, batch_first=True) holding mha's weights
         (needs d_in == d_out: nn.MultiheadAttention projects queries from embed_dim features).
     torch_mha_forward(mha, x): mha(x) computed by that nn.MultiheadAttention, causally.
+
+Tested: each function on its own against chapter 3's output (float32, and bfloat16 on the GPU at bf16's
+tolerance), for any num_heads, d_in and d_out (nn.MultiheadAttention: d_in == d_out); a token's output never
+depends on later tokens; with use_mask=True, attn_mask follows whatever mha.mask holds (not merely is_causal);
+dropout mha.dropout.p in training mode only, nothing at all in eval mode; sdpa_attention computes the attention
+in F.scaled_dot_product_attention (no softmax of its own), torch_mha_forward in nn.MultiheadAttention.
 """
 import torch
 import torch.nn as nn

@@ -26,6 +26,11 @@ API
         cache_k and cache_v, and the new queries attend to every cached position.
     cache_k, cache_v: (b, num_kv_groups, tokens_so_far, head_dim), or None while the cache is empty.
     reset_cache(): empties the cache.
+
+Tested: the full forward and every cached step against the reference for any num_heads and num_kv_groups that
+divides it (multi-head and multi-query attention included); query head h uses kv head h // group_size; the cache
+holds the num_kv_groups heads, not expanded ones; W_key and W_value are num_heads / num_kv_groups times smaller
+than multi-head attention's; float32, and bfloat16 (a long prompt, then tokens).
 """
 import torch
 import torch.nn as nn

@@ -23,6 +23,13 @@ API
         one key/value head per query head) with RoPE on queries and keys, and stage m03's KV cache:
         forward(x, use_cache=False), reset_cache(), cache_k / cache_v (b, num_kv_groups, tokens_so_far, head_dim)
         holding keys already rotated at their positions, None when empty.
+
+Tested: rope_angles against NumPy for any even head_dim, context_length and theta_base (float32; at positions
+near 50_000 to 1e-2); apply_rope against NumPy at any offset, keeping x's dtype (a float64 x stays float64), every
+vector's length, and scores that depend on the distance m - n alone; RoPEAttention's full forward and cached
+steps against the reference (the positions of a cached step continue after the cached tokens; after
+reset_cache() they start at 0 again; forward(x) without the cache starts at position 0 whatever the cache
+holds); the values are not rotated; float32, and bfloat16 on the GPU.
 """
 import torch
 import torch.nn as nn

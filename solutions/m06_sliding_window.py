@@ -16,6 +16,12 @@ API
         forward(x, use_cache=False): x (b, num_tokens, d_in) -> (b, num_tokens, d_out); with use_cache, x holds
         the new tokens only and cache_k / cache_v (b, num_heads, cached, head_dim; None when empty) keep the
         keys and values of the last ``window`` positions at most; reset_cache() empties them.
+
+Tested: sliding_window_mask exactly (window 1: the token itself; window >= num_tokens: the causal mask); the
+buffer band; the full forward against the reference; every cached step (a prompt shorter than the window, single
+tokens, a chunk longer than the window) equals the full forward's tokens, while cache_k holds the last
+min(window, tokens so far) positions (or window - 1 once a step's new token brings its own) and never more than
+window; after reset_cache() cache_k is None; float32, and bfloat16 on the GPU.
 """
 import torch
 import torch.nn as nn

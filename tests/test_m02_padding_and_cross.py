@@ -5,19 +5,31 @@ nn.Linear(d_in, d_out), W_key and W_value = nn.Linear(d_context, d_out) (d_conte
 nn.Linear(d_out, d_out). forward(x, context=None, key_padding_mask=None, causal=False): queries from x
 (b, n_q, d_in), keys and values from context (b, n_kv, d_context; None: x), scores scaled by 1/sqrt(head_dim);
 key_padding_mask (b, n_kv) True = a real key that takes part; causal: query i sees keys 0..i. A query with no
-key to attend to gets attention weights 0 (its output is out_proj.bias), never NaN.
+key to attend to gets attention weights 0 (its output is out_proj.bias), never NaN. Dropout acts on the attention
+weights in training mode only.
 """
 import numpy as np
 import pytest
 
-from diagnosis import BFLOAT16, assert_close, check_dropout, linear, safe_softmax, softmax
-from suite_runtime.cases import draw_weights, exposing_case, linear_shapes, normal, qkv_shapes, random_weights
+from diagnosis import BFLOAT16, BROADCAST, About, Attention, Said, assert_close, check_dropout, readings_with
+from diagnosis.dropout import eval_dropout_findings
+from diagnosis.padding import PaddedAttention, padding_axis_sizes
+from suite_runtime.cases import (
+    distinct_sizes,
+    draw_weights,
+    exposing_case,
+    linear_shapes,
+    normal,
+    qkv_shapes,
+    random_weights,
+)
 
 pytestmark = pytest.mark.padding_and_cross
 STAGE = "m02_padding_and_cross"
 CLS = "CrossAttention"
 FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32 computed in another order than the reference's
 TOLERANCE = {"float32": FLOAT32, "bfloat16": BFLOAT16}
+ERROR_READINGS = readings_with(BROADCAST, padding_axis_sizes)  # (conftest reads a stage's readings here)
 
 
 def attend(stage, init, weights, x, *, device="cpu", dtype="float32", train=False, seed=None, **inputs):
@@ -40,94 +52,23 @@ def call(init, inputs):
     return f"CrossAttention({shown}).forward(x, {given})"
 
 
-# ---------------------------------------------------------------- NumPy reference of typical mistakes
-
-def cross_attention(x, weights, num_heads, context=None, key_padding_mask=None, causal=False, *,
-                    padding="keys", empty="zero", fill=-np.inf, scale="head_dim"):
-    """NumPy CrossAttention, with switches that reproduce typical mistakes.
-
-    padding: "keys" (right: the mask hides key columns), "inverted" (~key_padding_mask), "queries" (the mask
-    hides query rows instead, when n_q == n_kv) or "none" (ignored); empty: "zero" (right: a row with nothing
-    to attend to gets weights 0) or "nan" (plain softmax: 0/0); fill: what masked scores become (-inf right;
-    a large negative number spreads a row with nothing allowed evenly over every key); scale: "head_dim"
-    (right), "d_out" or "none".
-    """
-    context = x if context is None else context
-    q, k, v = linear(x, weights, "W_query"), linear(context, weights, "W_key"), linear(context, weights, "W_value")
-    d_out = q.shape[-1]
-    head_dim = q.shape[-1] // num_heads
-
-    def heads(a):
-        return a.reshape(a.shape[0], a.shape[1], num_heads, head_dim).transpose(0, 2, 1, 3)
-
-    q, k, v = heads(q), heads(k), heads(v)
-    b, n_q, n_kv = x.shape[0], q.shape[2], k.shape[2]
-    allowed = np.ones((b, 1, n_q, n_kv), bool)
-    if causal:
-        allowed &= np.tril(np.ones((n_q, n_kv), bool))
-    if key_padding_mask is not None and padding != "none":
-        real = np.asarray(key_padding_mask, bool)
-        allowed &= {"keys": real[:, None, None, :], "inverted": ~real[:, None, None, :],
-                    "queries": real[:, None, :, None]}[padding]
-    s = q @ k.transpose(0, 1, 3, 2) / {"head_dim": np.sqrt(head_dim), "d_out": np.sqrt(d_out), "none": 1.0}[scale]
-    s = np.where(allowed, s, fill)
-    with np.errstate(invalid="ignore"):  # "nan": a row of -inf gives NaN, on purpose
-        w = safe_softmax(s) if empty == "zero" else softmax(s)
-    out = (w @ v).transpose(0, 2, 1, 3).reshape(b, n_q, d_out)
-    return linear(out, weights, "out_proj")
+def subject(stage, init, inputs, **options):
+    """CrossAttention as the diagnoser runs it again (diagnosis.padding): multi-head attention with out_proj, keys
+    and values from the context, padding keys hidden, causal as the check's flag, a query with no key getting
+    weights 0."""
+    spec = Attention(num_heads=init["num_heads"], causal=bool(inputs.get("causal")), empty_rows="zero")
+    return PaddedAttention(stage, CLS, init, spec, inputs=inputs, options=options)
 
 
-NAN = ("a query with nothing to attend to (every key masked: all padding, or left padding before a causal "
-       "query) got NaN: its softmax row is all -inf, 0/0. Give such rows attention weights 0, so that its "
-       "context vector is 0 and its output out_proj.bias")
-INVERTED = ("the key_padding_mask is inverted: True marks a REAL token that takes part, False a padding token "
-            "(SDPA's convention; nn.MultiheadAttention's key_padding_mask is the opposite)")
-QUERY_AXIS = ("the key_padding_mask was applied on the query axis (rows of the scores): it says which KEYS are "
-              "padding, so it masks columns, key_padding_mask[:, None, None, :] against (b, num_heads, n_q, n_kv)")
-UNIFORM = ("masked scores were filled with a large negative number (not -inf) and empty rows kept: a query with "
-           "nothing to attend to then spreads its weight evenly over every key, padding included; give such "
-           "rows weights 0")
-
-
-def cross_mistakes(x, weights, num_heads, context=None, key_padding_mask=None, causal=False):
-    """What typical mistakes of this stage give on these inputs, keyed by a plain description."""
-    def run(**change):
-        given = dict(context=context, key_padding_mask=key_padding_mask, causal=causal) | change
-        return cross_attention(x, weights, num_heads, **given)
-
-    candidates = {NAN: run(empty="nan"), UNIFORM: run(fill=-1e9)}
-    padded = key_padding_mask is not None
-    if padded:
-        candidates |= {
-            INVERTED: run(padding="inverted"), INVERTED + "; " + NAN: run(padding="inverted", empty="nan"),
-            "the key_padding_mask was ignored: padding keys took part": run(padding="none"),
-        }
-        if x.shape[1] == key_padding_mask.shape[1]:
-            candidates |= {QUERY_AXIS: run(padding="queries"),
-                           QUERY_AXIS + "; " + NAN: run(padding="queries", empty="nan")}
-    candidates |= {
-        "causal=True was ignored: query i may only attend to keys 0..i" if causal else
-        "a causal mask was applied although causal=False": run(causal=not causal),
-        "the scores were scaled by sqrt(d_out); each head's dot products have head_dim terms": run(scale="d_out"),
-        "the scores were not scaled by 1 / sqrt(head_dim)": run(scale="none"),
-    }
-    if context is not None and context.shape == x.shape:  # (where x fits W_key and the padding mask)
-        candidates["keys and values came from x: with a context, W_key and W_value project the context"] = run(
-            context=None)
-    # Keep the mistakes whose result differs from the right one, and of several with the same result the
-    # first (the simplest explanation: one mistake before two).
-    kept = {"right": run()}
-    for why, c in candidates.items():
-        if not any(np.allclose(c, other, rtol=1e-4, atol=1e-6, equal_nan=True) for other in kept.values()):
-            kept[why] = c
-    del kept["right"]
-    return kept
+def diagnosis(stage, init, weights, x, inputs, rows=slice(None), **options):
+    """What a failed check of CrossAttention's output on this case (its tokens ``rows``) is diagnosed with."""
+    return subject(stage, init, inputs, **options).evidence(x, weights, rows=rows)
 
 
 def check_case(stage, init, weights, x, expected, inputs, **options):
     out = attend(stage, init, weights, x, **inputs, **options)
     assert_close(call(init, inputs), out, expected, **FLOAT32,
-                 mistakes=lambda: cross_mistakes(x, weights, init["num_heads"], **inputs))
+                 diagnosis=diagnosis(stage, init, weights, x, inputs, **options))
     return out
 
 
@@ -151,11 +92,13 @@ def test_cross_attention_on_the_example(stage, public_fx):
 def test_left_padding_with_a_causal_mask(stage, public_fx):
     """Two padding tokens, then the journey's first four; causal: the first two queries have nothing to attend
     to, so their outputs are out_proj.bias, and the real tokens' outputs are the unpadded sentence's."""
-    weights = public_fx.sub("left/weights/")
-    out = check_case(stage, public_fx.init("left/"), weights, public_fx["left/x"], public_fx["left/output"],
-                     inputs_of(public_fx, "left/"))
-    assert_close("outputs of the two queries with nothing to attend to", out[1, :2],
-                 np.broadcast_to(weights["out_proj.bias"], (2, 4)), **FLOAT32)
+    init, weights, x, inputs = public_fx.init("left/"), public_fx.sub("left/weights/"), public_fx["left/x"], \
+        inputs_of(public_fx, "left/")
+    out = check_case(stage, init, weights, x, public_fx["left/output"], inputs)
+    bias = weights["out_proj.bias"]
+    assert_close("outputs of the two queries with nothing to attend to (expected: out_proj.bias)", out[1, :2],
+                 np.broadcast_to(bias, (2, bias.size)), **FLOAT32,
+                 diagnosis=[About(out, diagnosis(stage, init, weights, x, inputs))])
 
 
 # ---------------------------------------------------------------- hidden
@@ -167,23 +110,26 @@ def test_other_sizes(stage, hidden_fx, case, device):
 
 
 def random_case(rng, reference_stage, *, cross):
-    """Random sizes: with cross, n_q != n_kv and d_context != d_in; otherwise self-attention."""
-    num_heads = int(rng.integers(1, 4))
-    d_in = int(rng.integers(2, 7))
-    init = dict(d_in=d_in, d_out=num_heads * int(rng.integers(1, 4)), num_heads=num_heads,
-                qkv_bias=bool(rng.integers(2)))
-    b, n_q = int(rng.integers(1, 4)), int(rng.integers(1, 8))
-    x = normal(rng, b, n_q, d_in)
+    """Random sizes, pairwise distinct (batch, heads, head_dim, d_out, d_in, queries, and with cross the context's
+    width and length): self-attention, or cross-attention (n_q != n_kv, d_context != d_in)."""
+    ranges = dict(b=(1, 3), num_heads=(1, 3), head_dim=(2, 5), d_in=(2, 9), n_q=(2, 9))
+    if cross:
+        ranges |= dict(d_context=(2, 11), n_kv=(2, 12))
+    sizes = distinct_sizes(rng, ranges, lambda s: {"d_out": s["num_heads"] * s["head_dim"]})
+    init = dict(d_in=sizes["d_in"], d_out=sizes["d_out"], num_heads=sizes["num_heads"], qkv_bias=bool(rng.integers(2)))
+    x = normal(rng, sizes["b"], sizes["n_q"], sizes["d_in"])
     inputs = {}
     if cross:
-        init["d_context"] = d_in + int(rng.integers(1, 4))
-        inputs["context"] = normal(rng, b, n_q + int(rng.integers(1, 5)), init["d_context"])
+        init["d_context"] = sizes["d_context"]
+        inputs["context"] = normal(rng, sizes["b"], sizes["n_kv"], sizes["d_context"])
     return init, x, draw_weights(rng, reference_stage, CLS, init), inputs
 
 
 def padding_mask(rng, b, n, *, left=False):
-    """(b, n) key_padding_mask of random lengths 1..n (True = real), padding on the right (left: on the left)."""
+    """(b, n) key_padding_mask of random lengths 1..n (True = real), padding on the right (left: on the left); the
+    first sequence has padding when n > 1."""
     lengths = rng.integers(1, n + 1, size=(b, 1))
+    lengths[0] = min(lengths[0, 0], max(n - 1, 1))
     positions = np.arange(n)
     return positions >= n - lengths if left else positions < lengths
 
@@ -206,32 +152,32 @@ def test_random_cases(stage, reference, rng, device, cross):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_real_tokens_ignore_appended_padding(stage, reference, rng, causal):
-    """Appending padding tokens (any values) marked False changes no real token's output: the outputs equal
-    those of the unpadded sequence without any mask."""
-    init, x, weights, _ = random_case(rng, reference.stage(STAGE), cross=False)
+    """Appending padding tokens (any values) marked False changes no real token's output: the outputs are those of
+    the unpadded sequence without any mask."""
+    ref = reference.stage(STAGE)
+    init, x, weights, _ = random_case(rng, ref, cross=False)
     b, n, d_in = x.shape
-    plain = attend(stage, init, weights, x, causal=causal)
     padded = np.concatenate([x, normal(rng, b, 3, d_in, scale=5.0)], axis=1)
-    real = np.arange(n + 3) < n
-    inputs = dict(key_padding_mask=np.broadcast_to(real, (b, n + 3)).copy(), causal=causal)
+    inputs = dict(key_padding_mask=np.broadcast_to(np.arange(n + 3) < n, (b, n + 3)).copy(), causal=causal)
     out = attend(stage, init, weights, padded, **inputs)
-    assert_close(f"real tokens' outputs of {call(init, inputs)} with 3 padding tokens appended (expected: those "
-                 "of the sequence without padding)", out[:, :n], plain, **FLOAT32,
-                 mistakes=lambda: {why: c[:, :n] for why, c in cross_mistakes(padded, weights, init["num_heads"],
-                                                                               **inputs).items()})
+    assert_close(f"real tokens' outputs of {call(init, inputs)} with 3 padding tokens appended (expected: the outputs "
+                 "of the sequence without padding)", out[:, :n], attend(ref, init, weights, x, causal=causal),
+                 **FLOAT32, diagnosis=diagnosis(stage, init, weights, padded, inputs, rows=slice(0, n)))
 
 
 def test_padded_context_changes_nothing(stage, reference, rng):
-    """Cross-attention: padding appended to the context and masked leaves every query's output as it was."""
-    init, x, weights, inputs = random_case(rng, reference.stage(STAGE), cross=True)
+    """Cross-attention: padding appended to the context and masked leaves every query's output as it was without
+    the padding."""
+    ref = reference.stage(STAGE)
+    init, x, weights, inputs = random_case(rng, ref, cross=True)
     context = inputs["context"]
     b, n_kv, d_context = context.shape
-    plain = attend(stage, init, weights, x, context=context)
     padded = np.concatenate([context, normal(rng, b, 2, d_context, scale=5.0)], axis=1)
     inputs = dict(context=padded, key_padding_mask=np.broadcast_to(np.arange(n_kv + 2) < n_kv, (b, n_kv + 2)).copy())
     assert_close(f"{call(init, inputs)} with 2 padding tokens appended to the context (expected: the output "
-                 "without them)", attend(stage, init, weights, x, **inputs), plain, **FLOAT32,
-                 mistakes=lambda: cross_mistakes(x, weights, init["num_heads"], **inputs))
+                 "without them)", attend(stage, init, weights, x, **inputs), attend(ref, init, weights, x,
+                                                                                     context=context),
+                 **FLOAT32, diagnosis=diagnosis(stage, init, weights, x, inputs))
 
 
 @pytest.mark.parametrize("cross", [False, True])
@@ -249,18 +195,20 @@ def test_fully_masked_rows_give_out_proj_bias(stage, reference, rng, cross):
     expected = np.concatenate([attend(reference.stage(STAGE), init, weights, x[:-1], **{
         k: v[:-1] for k, v in inputs.items()}), np.broadcast_to(weights["out_proj.bias"], (1, *out.shape[1:]))])
     assert_close(f"{call(init, inputs)}, its last sequence all padding", out, expected, **FLOAT32,
-                 mistakes=lambda: cross_mistakes(x, weights, init["num_heads"], **inputs))
+                 diagnosis=diagnosis(stage, init, weights, x, inputs))
 
 
-def test_context_none_is_self_attention(stage, reference, rng):
-    init, x, weights, _ = random_case(rng, reference.stage(STAGE), cross=False)
-    mask = padding_mask(rng, *x.shape[:2])
-    alone = attend(stage, init, weights, x, key_padding_mask=mask)
-    assert_close(f"{call(init, {'key_padding_mask': mask})} (context=None)", alone,
-                 cross_attention(x, weights, init["num_heads"], key_padding_mask=mask), **FLOAT32,
-                 mistakes=lambda: cross_mistakes(x, weights, init["num_heads"], key_padding_mask=mask))
-    assert_close("forward(x, context=x) (expected: forward(x), self-attention)",
-                 attend(stage, init, weights, x, context=x, key_padding_mask=mask), alone, **FLOAT32)
+@pytest.mark.parametrize("context", ["None", "x"])
+def test_context_none_is_self_attention(stage, reference, rng, context):
+    """forward(x) and forward(x, context=x) are self-attention (each graded on its own)."""
+    ref = reference.stage(STAGE)
+    init, x, weights, _ = random_case(rng, ref, cross=False)
+    inputs = dict(key_padding_mask=padding_mask(rng, *x.shape[:2]))
+    expected = attend(ref, init, weights, x, **inputs)
+    if context == "x":
+        inputs["context"] = x
+    assert_close(f"{call(init, inputs)} (context={context}: self-attention)", attend(stage, init, weights, x, **inputs),
+                 expected, **FLOAT32, diagnosis=diagnosis(stage, init, weights, x, inputs))
 
 
 def test_matches_nn_multihead_attention(stage, rng):
@@ -281,11 +229,10 @@ def test_matches_nn_multihead_attention(stage, rng):
     with torch.no_grad():
         expected = torch_mha(*[torch.from_numpy(x)] * 3, key_padding_mask=torch.from_numpy(~real),
                              need_weights=False)[0].numpy()
-    init = dict(d_in=d, d_out=d, num_heads=num_heads, qkv_bias=True)
     inputs = dict(key_padding_mask=real)
     assert_close(f"{call(init, inputs)} (expected: nn.MultiheadAttention with key_padding_mask=~mask)",
                  attend(stage, init, weights, x, **inputs), expected, **FLOAT32,
-                 mistakes=lambda: cross_mistakes(x, weights, num_heads, **inputs))
+                 diagnosis=diagnosis(stage, init, weights, x, inputs))
 
 
 def test_dropout_acts_on_the_weights_in_training_mode_only(stage):
@@ -293,10 +240,10 @@ def test_dropout_acts_on_the_weights_in_training_mode_only(stage):
     dropout=0.5 drops about half of them and doubles the rest in training mode, nothing in eval mode."""
     mha_init, x, weights = exposing_case(np.random.default_rng(20), num_heads=2, num_tokens=8, batch=32)
     init = dict(d_in=mha_init["d_in"], d_out=mha_init["d_out"], num_heads=2, dropout=0.5)
-    plain = cross_attention(x, weights, 2)
+    plain = subject(stage, init, {}).reference(x, weights, {})
     for seed in (1, 2):
         assert_close(f"{call(init, {})} in eval mode (seed {seed})", attend(stage, init, weights, x, seed=seed), plain,
-                     **FLOAT32, hint="In eval mode dropout must do nothing: apply the module's nn.Dropout.")
+                     **FLOAT32, diagnosis=[Said(lambda out: eval_dropout_findings(out, plain, 0.5))])
     trained = attend(stage, init, weights, x, train=True, seed=0)
     check_dropout(trained, plain, 0.5, f"{call(init, {})} in training mode")
 
@@ -323,5 +270,5 @@ def test_llama_sized(stage, reference, target, dtype):
     expected = attend(reference.stage(STAGE), init, weights, x, device=device, **inputs)
     assert_close(f"{call(init, inputs)} ({device}, {dtype})",
                  attend(stage, init, weights, x, device=device, dtype=dtype, **inputs), expected, **TOLERANCE[dtype],
-                 # (the mistakes are computed in NumPy: at the CPU twin's size only)
-                 mistakes=lambda: {} if target.cuda else cross_mistakes(x, weights, init["num_heads"], **inputs))
+                 # (the evidence is computed in NumPy: at the CPU twin's size only)
+                 diagnosis=[] if target.cuda else diagnosis(stage, init, weights, x, inputs, device=device))

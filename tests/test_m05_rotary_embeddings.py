@@ -8,15 +8,20 @@ rotate_half(x) = cat([-x2, x1]) (feature i pairs with feature i + head_dim/2). R
 context_length, num_heads, num_kv_groups=None, qkv_bias=False, theta_base=10_000.0): causal grouped-query
 attention (W_key/W_value: num_kv_groups * head_dim outputs, keys/values repeat_interleave'd) with RoPE on
 queries and keys only, scale 1/sqrt(head_dim), out_proj; forward(x, use_cache=False) with stage m03's cache
-(cache_k (b, num_kv_groups, tokens_so_far, head_dim), positions continuing across cached steps), reset_cache().
+(cache_k (b, num_kv_groups, tokens_so_far, head_dim), positions continuing across cached steps), reset_cache()
+(cache_k = cache_v = None); forward(x) without the cache starts at position 0 whatever the cache holds. apply_rope
+keeps x's dtype (float64 stays float64); a rotation keeps every vector's length, and a score of q rotated at m with
+k rotated at n depends on m - n alone.
 """
-from functools import partial
-
 import numpy as np
 import pytest
 
-from diagnosis import BFLOAT16, assert_close, causal, linear, np_angles, np_rope, softmax
-from suite_runtime.cases import normal, random_weights
+from diagnosis import BFLOAT16, Attention, Probed, assert_close
+from diagnosis.attention import forward
+from diagnosis.caches import CachedModule
+from diagnosis.rotary import AnglesFunction, RotateFunction, angle_findings, angles, rotate, rotation_findings
+from diagnosis.subjects import sizes_as_given
+from suite_runtime.cases import distinct_sizes, normal, random_weights
 
 pytestmark = pytest.mark.rotary_embeddings
 STAGE = "m05_rotary_embeddings"
@@ -24,99 +29,56 @@ CLS = "RoPEAttention"
 FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32 against a float64 NumPy reference: rounding only
 TOLERANCE = {"float32": FLOAT32, "bfloat16": BFLOAT16}
 
-# What typical mistakes are called in the feedback (the catalogue of mistakes looks for these words).
-VALUES = ("RoPE was applied to the values: rotate only the queries and the keys (a score q.k depends on their "
-          "positions); the values carry content, not position")
-INTERLEAVED = ("interleaved pairs (x[2i], x[2i+1]) were rotated where Llama's halves layout is meant: pair "
-               "feature i with feature i + head_dim/2, x * cos + rotate_half(x) * sin")
-MIXED_PAIRS = ("interleaved pairs (x[2i], x[2i+1]) were rotated with the halves layout's angles: the two layouts "
-               "are mixed; pair feature i with feature i + head_dim/2 (rotate_half), as cos and sin are laid out")
-MIXED_ANGLES = ("cos and sin are in the interleaved layout (each angle repeated twice, repeat_interleave) but "
-                "apply_rope pairs the halves (rotate_half): the two layouts are mixed; duplicate the angles with "
-                "cat([freqs, freqs])")
-REVERSED = "the rotation goes the wrong way: rotate_half(x) is cat([-x2, x1]) (x2 the second half), not cat([x2, -x1])"
-NO_ROPE = "RoPE was not applied: rotate the queries and the keys with apply_rope before the scores"
-RESTART = ("positions restart at 0 in each cached step: the new tokens' positions continue after the cached "
-           "ones, offset = the number of tokens in the cache")
-OFFSET = "the offset was ignored: rotate the tokens at positions offset, offset + 1, ..., cos[offset:offset + T]"
-FREQUENCY = ("the frequencies use i / head_dim: inv_freq = theta_base ** (-arange(0, head_dim, 2) / head_dim), "
-             "one frequency per pair")
-THETA = "theta_base was ignored (10_000 used): compute the frequencies from the theta_base argument"
+
+# ---------------------------------------------------------------- what the diagnoser runs again
+
+def spec_of(init):
+    """What RoPEAttention computes (diagnosis.attention): causal grouped-query attention with out_proj, RoPE on the
+    queries and keys at theta_base."""
+    return Attention(num_heads=init["num_heads"], num_kv_groups=init.get("num_kv_groups"),
+                     rope_theta=float(init.get("theta_base", 10_000.0)))
 
 
-# ---------------------------------------------------------------- NumPy references (float64)
-
-def np_rope_attention(x, weights, num_heads, num_kv_groups=None, theta_base=10_000.0, positions=None,
-                      rotate=("queries", "keys"), **layout):
-    """RoPEAttention in NumPy. positions: each token's rotation position (default 0..T-1; the causal mask
-    always follows the token order); rotate: which of queries/keys/values are rotated; layout: np_rope's."""
-    num_kv_groups = num_kv_groups or num_heads
-    x = np.asarray(x, dtype=np.float64)
-    b, t, _ = x.shape
-    q, k, v = (linear(x, weights, name) for name in ("W_query", "W_key", "W_value"))
-    d_out = q.shape[-1]
-    hd = d_out // num_heads
-
-    def heads(a, n):
-        return a.reshape(b, t, n, hd).transpose(0, 2, 1, 3)
-
-    q, k, v = heads(q, num_heads), heads(k, num_kv_groups), heads(v, num_kv_groups)
-    positions = np.arange(t) if positions is None else positions
-    rot = partial(np_rope, positions=positions, theta_base=theta_base, **layout)
-    q, k, v = (rot(a) if name in rotate else a for name, a in (("queries", q), ("keys", k), ("values", v)))
-    group = num_heads // num_kv_groups
-    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # = repeat_interleave(group, dim=1)
-    w = softmax(causal(q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd)))
-    return linear((w @ v).transpose(0, 2, 1, 3).reshape(b, t, d_out), weights, "out_proj")
+def apply_of(stage):
+    return lambda x, cos, sin, offset=0: stage.apply_rope(x, cos, sin, offset=offset)
 
 
-def rope_mistakes(x, weights, num_heads, num_kv_groups=None, theta_base=10_000.0, positions=None, rows=slice(None)):
-    """What the typical mistakes give on this case (their outputs' tokens ``rows``)."""
-    run = partial(np_rope_attention, x, weights, num_heads, num_kv_groups, theta_base, positions)
-    found = {VALUES: run(rotate=("queries", "keys", "values")),
-             INTERLEAVED: run(pairs="interleaved", angles="interleaved"),
-             MIXED_PAIRS: run(pairs="interleaved"), MIXED_ANGLES: run(angles="interleaved"),
-             REVERSED: run(sign=-1), NO_ROPE: run(rotate=())}
-    if theta_base != 10_000.0:
-        found[THETA] = np_rope_attention(x, weights, num_heads, num_kv_groups, 10_000.0, positions)
-    return {why: out[:, rows] for why, out in found.items()}
+def module(stage, init, **options):
+    """RoPEAttention as the diagnoser runs it again (diagnosis.caches), with the readings of the stage's own
+    apply_rope and rope_angles (diagnosis.rotary)."""
+    head_dim = init["d_out"] // init["num_heads"]
+    theta = float(init.get("theta_base", 10_000.0))
+    probes = (lambda: rotation_findings(apply_of(stage)),
+              lambda: angle_findings(np.stack(stage.rope_angles(head_dim, 8, theta)), head_dim, theta))
+    return CachedModule(stage, CLS, init, spec_of(init), sized=sizes_as_given, options=options, more_probes=probes)
 
 
-def angle_mistakes(head_dim, positions, theta_base):
-    """cos and sin (stacked) as the typical rope_angles mistakes give them."""
-    def cos_sin(**change):
-        a = np_angles(head_dim, positions, **{"theta_base": theta_base, **change})
-        return np.stack([np.cos(a), np.sin(a)])
-
-    found = {MIXED_ANGLES: cos_sin(layout="interleaved"), FREQUENCY: cos_sin(frequency="features")}
-    if theta_base != 10_000.0:
-        found[THETA] = cos_sin(theta_base=10_000.0)
-    return found
+def reference_of(init, x, weights):
+    """The full forward in NumPy float64 (diagnosis.attention)."""
+    return forward(spec_of(init), x, weights)
 
 
-def rope_case(rng, t, d_in=None, num_heads=None, num_kv_groups=None, qkv_bias=None, theta_base=None, b=None):
-    """A random RoPEAttention case (sizes drawn unless given): init, x, weights."""
-    num_heads = num_heads or int(rng.integers(1, 5))
-    num_kv_groups = num_kv_groups or int(rng.choice([g for g in range(1, num_heads + 1) if num_heads % g == 0]))
-    head_dim = 2 * int(rng.integers(1, 5))
-    d_in = d_in or int(rng.integers(2, 9))
-    init = dict(d_in=d_in, d_out=num_heads * head_dim, context_length=t + int(rng.integers(0, 4)),
+def rope_case(rng, t, num_heads=None, num_kv_groups=None, qkv_bias=None, theta_base=None, b=None):
+    """A random RoPEAttention case: batch, query heads, kv heads, head_dim (even), d_out, d_in and tokens pairwise
+    distinct (those given fixed); returns init, x, weights."""
+    ranges = dict(b=(b or 1, b or 3), num_heads=(num_heads or 2, num_heads or 6), half=(1, 4), d_in=(2, 11))
+    sizes = distinct_sizes(rng, ranges, lambda s: {"t": t, "head_dim": 2 * s["half"], "d_out": 2 * s["half"] *
+                                                   s["num_heads"], "groups": num_kv_groups or next(
+                                                       (g for g in range(s["num_heads"] - 1, 0, -1)
+                                                        if s["num_heads"] % g == 0), 1)})
+    num_heads, num_kv_groups = sizes["num_heads"], sizes["groups"]
+    init = dict(d_in=sizes["d_in"], d_out=sizes["d_out"], context_length=t + int(rng.integers(0, 4)),
                 num_heads=num_heads, num_kv_groups=num_kv_groups,
                 qkv_bias=bool(rng.integers(2)) if qkv_bias is None else qkv_bias,
                 theta_base=float(rng.choice([100.0, 10_000.0, 500_000.0])) if theta_base is None else theta_base)
-    kv = num_kv_groups * head_dim
+    kv, d_in = num_kv_groups * sizes["head_dim"], sizes["d_in"]
     shapes = {"W_query.weight": (init["d_out"], d_in), "W_key.weight": (kv, d_in), "W_value.weight": (kv, d_in)}
     if init["qkv_bias"]:
         shapes.update({"W_query.bias": (init["d_out"],), "W_key.bias": (kv,), "W_value.bias": (kv,)})
     shapes.update({"out_proj.weight": (init["d_out"], init["d_out"]), "out_proj.bias": (init["d_out"],)})
     # Queries and keys 3x PyTorch's initial size: scores of a few units, so positions visibly change them.
     weights = {k: w * 3 if k.startswith(("W_query", "W_key")) else w for k, w in random_weights(rng, shapes).items()}
-    return init, normal(rng, b or int(rng.integers(1, 4)), t, d_in), weights
-
-
-def reference_of(init, x, weights, **change):
-    return np_rope_attention(x, weights, init["num_heads"], init.get("num_kv_groups"),
-                             init.get("theta_base", 10_000.0), **change)
+    return init, normal(rng, sizes["b"], t, d_in), weights
 
 
 def decode(stage, init, x, weights, chunks, get_cache=False, **options):
@@ -133,25 +95,17 @@ def decode(stage, init, x, weights, chunks, get_cache=False, **options):
     return (results[0::2], results[1::2]) if get_cache else (results, None)
 
 
-def decoding_mistakes(init, x, weights, chunks, rows):
-    """The typical mistakes' outputs for tokens ``rows`` of a cached decoding in chunks of the given sizes."""
-    restarted = np.concatenate([np.arange(size) for size in chunks])  # each step's positions from 0 again
-    return {RESTART: reference_of(init, x, weights, positions=restarted)[:, rows],
-            **rope_mistakes(x, weights, init["num_heads"], init.get("num_kv_groups"), init.get("theta_base", 10_000.0),
-                            rows=rows)}
-
-
 def check_decoding(stage, init, x, weights, chunks, expected, what):
     """Every cached step equals the matching tokens of the full forward (``expected``)."""
     outputs, caches = decode(stage, init, x, weights, chunks, get_cache=True)
     start = 0
     kv = init.get("num_kv_groups") or init["num_heads"]
     head_dim = init["d_out"] // init["num_heads"]
+    subject = module(stage, init)
     for step, (size, out, cache) in enumerate(zip(chunks, outputs, caches)):
         rows = slice(start, start + size)
         assert_close(f"{what}: output of cached step {step} (tokens {start}..{start + size - 1})", out,
-                     expected[:, rows], **FLOAT32,
-                     mistakes=partial(decoding_mistakes, init, x, weights, chunks, rows))
+                     expected[:, rows], **FLOAT32, diagnosis=subject.step_evidence(x, weights, chunks, step))
         start += size
         shape = (x.shape[0], kv, start, head_dim)
         assert cache is not None and np.shape(cache) == shape, (
@@ -159,42 +113,53 @@ def check_decoding(stage, init, x, weights, chunks, expected, what):
             f"tokens_so_far, head_dim) = {shape}")
 
 
+def call(init):
+    return f"{CLS}({', '.join(f'{k}={v}' for k, v in init.items())})"
+
+
+def check_angles(stage, head_dim, context_length, theta_base, what=None, rows=slice(None), tolerance=FLOAT32):
+    cos, sin = stage.rope_angles(head_dim, context_length, theta_base)
+    positions = np.arange(context_length)[rows]
+    a = angles(head_dim, positions, theta_base)
+    assert_close(what or f"[cos, sin] of rope_angles({head_dim}, {context_length}, {theta_base:g})",
+                 np.stack([np.asarray(cos)[rows], np.asarray(sin)[rows]]), np.stack([np.cos(a), np.sin(a)]),
+                 **tolerance, diagnosis=AnglesFunction().evidence(head_dim, positions, theta_base))
+
+
+def check_rotation(stage, x, cos, sin, offset, expected, what):
+    assert_close(what, stage.apply_rope(x, cos, sin, offset=offset), expected, **FLOAT32,
+                 diagnosis=RotateFunction(apply_of(stage)).evidence(x, cos, sin, offset))
+
+
 # ---------------------------------------------------------------- public: the small examples
 
 @pytest.mark.public
 def test_rope_angles_on_the_example(stage, public_fx):
     head_dim, context_length, theta_base = public_fx["angles/init"]
-    cos, sin = stage.rope_angles(int(head_dim), int(context_length), float(theta_base))
-    assert_close("[cos, sin] of rope_angles(8, 6)", np.stack([cos, sin]),
-                 np.stack([public_fx["angles/cos"], public_fx["angles/sin"]]), **FLOAT32,
-                 mistakes=lambda: angle_mistakes(int(head_dim), np.arange(int(context_length)), float(theta_base)))
+    check_angles(stage, int(head_dim), int(context_length), float(theta_base))
 
 
 @pytest.mark.public
 def test_apply_rope_on_the_example(stage, public_fx):
-    x, offset = public_fx["rope/x"], public_fx["rope/offset"]
+    x, offset = public_fx["rope/x"], int(public_fx["rope/offset"])
     cos, sin = public_fx["angles/cos"], public_fx["angles/sin"]
-    t = x.shape[2]
-    assert_close("apply_rope(x, cos, sin)", stage.apply_rope(x, cos, sin), public_fx["rope/at_0"], **FLOAT32,
-                 mistakes={INTERLEAVED: np_rope(x, np.arange(t), pairs="interleaved", angles="interleaved"),
-                           MIXED_PAIRS: np_rope(x, np.arange(t), pairs="interleaved"),
-                           REVERSED: np_rope(x, np.arange(t), sign=-1)})
-    assert_close(f"apply_rope(x, cos, sin, offset={int(offset)})", stage.apply_rope(x, cos, sin, offset=int(offset)),
-                 public_fx["rope/at_offset"], **FLOAT32, mistakes={OFFSET: public_fx["rope/at_0"]})
+    check_rotation(stage, x, cos, sin, 0, public_fx["rope/at_0"], "apply_rope(x, cos, sin)")
+    check_rotation(stage, x, cos, sin, offset, public_fx["rope/at_offset"], f"apply_rope(x, cos, sin, offset={offset})")
 
 
 @pytest.mark.public
 def test_rope_attention_on_the_example(stage, public_fx):
     init, x, weights = public_fx.init(), public_fx.x, public_fx.sub("weights/")
-    assert_close("RoPEAttention(6, 8, 8, 2) output", stage.forward(CLS, init, x, weights), public_fx.output, **FLOAT32,
-                 mistakes=lambda: rope_mistakes(x, weights, init["num_heads"]))
+    assert_close(f"{call(init)} output", stage.forward(CLS, init, x, weights), public_fx.output, **FLOAT32,
+                 diagnosis=module(stage, init).evidence(x, weights))
 
 
 @pytest.mark.public
 def test_cached_decoding_on_the_example(stage, public_fx):
     """A prompt of 3 tokens, then one token at a time: each step equals the full forward's tokens."""
-    check_decoding(stage, public_fx.init(), public_fx.x, public_fx.sub("weights/"), [3, 1, 1, 1, 1],
-                   public_fx.output, "RoPEAttention(6, 8, 8, 2)")
+    init, x = public_fx.init(), public_fx.x
+    check_decoding(stage, init, x, public_fx.sub("weights/"), [3, *([1] * (x.shape[1] - 3))], public_fx.output,
+                   call(init))
 
 
 # ---------------------------------------------------------------- rope_angles, apply_rope
@@ -202,18 +167,15 @@ def test_cached_decoding_on_the_example(stage, public_fx):
 def test_rope_angles_match_numpy(stage, hidden_fx, rng):
     head_dim, context_length, theta_base = hidden_fx["angles/init"]
     cases = [(int(head_dim), int(context_length), float(theta_base))]
-    cases += [(2 * int(rng.integers(1, 9)), int(rng.integers(1, 40)), float(rng.choice([100.0, 10_000.0, 1e6])))
+    cases += [(2 * int(rng.integers(2, 9)), int(rng.integers(2, 40)), float(rng.choice([100.0, 10_000.0, 1e6])))
               for _ in range(3)]
-    for head_dim, context_length, theta_base in cases:
-        cos, sin = stage.rope_angles(head_dim, context_length, theta_base)
-        a = np_angles(head_dim, np.arange(context_length), theta_base)
-        # Angles up to 40 rad: float32 rounding of position * inv_freq stays below 1e-5.
-        assert_close(f"[cos, sin] of rope_angles({head_dim}, {context_length}, {theta_base:g})", np.stack([cos, sin]),
-                     np.stack([np.cos(a), np.sin(a)]), **FLOAT32,
-                     mistakes=partial(angle_mistakes, head_dim, np.arange(context_length), theta_base))
+    # Angles up to 40 rad: float32 rounding of position * inv_freq stays below 1e-5.
+    for case in cases:
+        check_angles(stage, *case)
     cos, sin = stage.rope_angles(*cases[0])
     assert_close(f"[cos, sin] of rope_angles{cases[0]}", np.stack([cos, sin]),
-                 np.stack([hidden_fx["angles/cos"], hidden_fx["angles/sin"]]), **FLOAT32)
+                 np.stack([hidden_fx["angles/cos"], hidden_fx["angles/sin"]]), **FLOAT32,
+                 diagnosis=AnglesFunction().evidence(cases[0][0], np.arange(cases[0][1]), cases[0][2]))
 
 
 def test_rope_angles_at_far_positions(stage):
@@ -221,35 +183,26 @@ def test_rope_angles_at_far_positions(stage):
     near 50_000 its spacing is 2**-8 = 0.004 rad (and inv_freq's own rounding, 6e-8 relative, adds up to
     0.003 rad), so any float32 implementation, Hugging Face's included, is off by up to ~0.005 there:
     atol 1e-2 (a wrong layout or frequency is off by O(1))."""
-    cos, sin = stage.rope_angles(8, 50_008)
     for start in (10_000, 50_000):
-        positions = np.arange(start, start + 8)
-        a = np_angles(8, positions)
-        assert_close(f"[cos, sin] of rope_angles(8, 50_008) at positions {start}..{start + 7}",
-                     np.stack([cos[start:start + 8], sin[start:start + 8]]), np.stack([np.cos(a), np.sin(a)]),
-                     rtol=0, atol=1e-2, mistakes=partial(angle_mistakes, 8, positions, 10_000.0))
+        check_angles(stage, 8, 50_008, 10_000.0, f"[cos, sin] of rope_angles(8, 50_008) at positions "
+                     f"{start}..{start + 7}", rows=slice(start, start + 8), tolerance=dict(rtol=0, atol=1e-2))
 
 
 def test_apply_rope_matches_numpy(stage, hidden_fx, rng):
-    x, offset = hidden_fx["rope/x"], hidden_fx["rope/offset"]
+    x, offset = hidden_fx["rope/x"], int(hidden_fx["rope/offset"])
     cos, sin = hidden_fx["angles/cos"], hidden_fx["angles/sin"]
-    assert_close("apply_rope(x, cos, sin) (stored case)", stage.apply_rope(x, cos, sin), hidden_fx["rope/at_0"],
-                 **FLOAT32)
-    assert_close(f"apply_rope(x, cos, sin, offset={int(offset)}) (stored case)",
-                 stage.apply_rope(x, cos, sin, offset=int(offset)), hidden_fx["rope/at_offset"], **FLOAT32)
+    check_rotation(stage, x, cos, sin, 0, hidden_fx["rope/at_0"], "apply_rope(x, cos, sin) (stored case)")
+    check_rotation(stage, x, cos, sin, offset, hidden_fx["rope/at_offset"],
+                   f"apply_rope(x, cos, sin, offset={offset}) (stored case)")
     for _ in range(3):
-        head_dim, t = 2 * int(rng.integers(1, 9)), int(rng.integers(1, 7))
-        offset, theta_base = int(rng.integers(0, 30)), float(rng.choice([100.0, 10_000.0]))
-        x = normal(rng, int(rng.integers(1, 3)), int(rng.integers(1, 4)), t, head_dim)
-        a = np_angles(head_dim, np.arange(offset + t + int(rng.integers(0, 3))), theta_base)
+        sizes = distinct_sizes(rng, dict(half=(1, 8), t=(1, 6), b=(1, 2), heads=(1, 3)),
+                               lambda s: {"head_dim": 2 * s["half"]})
+        offset, theta_base = int(rng.integers(1, 30)), float(rng.choice([100.0, 10_000.0]))
+        x = normal(rng, sizes["b"], sizes["heads"], sizes["t"], sizes["head_dim"])
+        a = angles(sizes["head_dim"], np.arange(offset + sizes["t"] + int(rng.integers(0, 3))), theta_base)
         cos, sin = np.cos(a).astype(np.float32), np.sin(a).astype(np.float32)
-        positions = np.arange(offset, offset + t)
-        rope = partial(np_rope, x, positions, theta_base)
-        assert_close(f"apply_rope(x {x.shape}, cos, sin, offset={offset})",
-                     stage.apply_rope(x, cos, sin, offset=offset), rope(), **FLOAT32,
-                     mistakes={INTERLEAVED: rope(pairs="interleaved", angles="interleaved"),
-                               MIXED_PAIRS: rope(pairs="interleaved"), REVERSED: rope(sign=-1),
-                               OFFSET: np_rope(x, np.arange(t), theta_base)})
+        check_rotation(stage, x, cos, sin, offset, rotate(x, cos, sin, offset),
+                       f"apply_rope(x {x.shape}, cos, sin, offset={offset})")
 
 
 def test_scores_depend_only_on_the_distance(stage, rng):
@@ -261,10 +214,12 @@ def test_scores_depend_only_on_the_distance(stage, rng):
     so there the tolerance is 1e-2 * |q| |k|."""
     head_dim, distance = 8, 3  # (small: cos and sin of 50_004 positions travel to the implementation)
     q, k = rng.normal(size=(2, 1, 1, 1, head_dim))  # (b, heads, tokens, head_dim) each, float64
-    expected = float(np_rope(q, [distance])[0, 0, 0] @ np_rope(k, [0])[0, 0, 0])
-    a = np_angles(head_dim, np.arange(50_000 + distance + 1))
+    at_distance = angles(head_dim, [distance], 10_000.0)  # k at position 0 is not turned
+    expected = float(rotate(q, np.cos(at_distance), np.sin(at_distance))[0, 0, 0] @ k[0, 0, 0])
+    a = angles(head_dim, np.arange(50_000 + distance + 1), 10_000.0)
     cos64, sin64 = np.cos(a), np.sin(a)
     cos32, sin32 = (np.asarray(c) for c in stage.rope_angles(head_dim, 50_000 + distance + 1))
+    scale = float(np.linalg.norm(q) * np.linalg.norm(k))
     for n in (0, 10_000, 50_000):
         m = n + distance
         for cos, sin, dtype, atol in ((cos64, sin64, np.float64, 1e-9), (cos32, sin32, np.float32, 1e-2)):
@@ -274,14 +229,11 @@ def test_scores_depend_only_on_the_distance(stage, rng):
                 f"apply_rope on {np.dtype(dtype).name} x returned {np.asarray(rk).dtype}: keep x's dtype (compute "
                 "in it; .float() or a float32 constant would lose a float64 input's precision)")
             score = float(np.asarray(rq, np.float64).ravel() @ np.asarray(rk, np.float64).ravel())
-            scale = float(np.linalg.norm(q) * np.linalg.norm(k))
-            assert abs(score - expected) <= atol * scale, (
-                f"q rotated at position {m} . k rotated at position {n} = {score:.6f}; expected {expected:.6f} "
-                f"(the score of positions {distance} and 0: RoPE scores depend only on the distance m - n) "
-                f"with {np.dtype(dtype).name} {'inputs' if dtype == np.float64 else 'rope_angles'}, "
-                f"tolerance {atol:g} * |q| |k|. A pair must turn by the same angle in both of its features "
-                f"(halves layout: cos and sin as cat([freqs, freqs]), x * cos + rotate_half(x) * sin), and the "
-                "rows used must be those of positions offset, offset + 1, ...")
+            assert_close(f"q rotated at position {m} . k rotated at position {n} (expected: the score of positions "
+                         f"{distance} and 0) with {np.dtype(dtype).name} "
+                         f"{'inputs' if dtype == np.float64 else 'rope_angles'}, tolerance {atol:g} * |q| |k|",
+                         np.float64(score), np.float64(expected), rtol=0, atol=atol * scale,
+                         diagnosis=[Probed([lambda: rotation_findings(apply_of(stage))])])
 
 
 def test_rope_keeps_vector_lengths(stage, rng):
@@ -292,9 +244,8 @@ def test_rope_keeps_vector_lengths(stage, rng):
         rotated = stage.apply_rope(x, cos, sin, offset=1_000)
         assert_close(f"norms of apply_rope(x, *rope_angles({head_dim}, 1010), offset=1000) over head_dim",
                      np.linalg.norm(rotated, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-4, atol=1e-5,
-                     hint="RoPE rotates each pair of features; a rotation never changes a vector's length. Both "
-                     "features of a pair must turn by the same angle: cos and sin in the halves layout "
-                     "(cat([freqs, freqs])) with x * cos + rotate_half(x) * sin.")
+                     diagnosis=[Probed([lambda: rotation_findings(apply_of(stage))]),
+                                *AnglesFunction().evidence(head_dim, np.arange(1_010), 10_000.0)[1:]])
 
 
 # ---------------------------------------------------------------- RoPEAttention
@@ -303,38 +254,36 @@ def test_rope_keeps_vector_lengths(stage, rng):
 def test_rope_attention_matches_numpy(stage, hidden_fx, case):
     init, x, weights = hidden_fx.init(f"{case}/"), hidden_fx[f"{case}/x"], hidden_fx.sub(f"{case}/weights/")
     out = stage.forward(CLS, init, x, weights)
-    assert_close(f"RoPEAttention({init}) output", out, hidden_fx[f"{case}/output"], **FLOAT32,
-                 mistakes=lambda: rope_mistakes(x, weights, init["num_heads"], init.get("num_kv_groups"),
-                                                init["theta_base"]))
-    assert_close(f"RoPEAttention({init}) output against the NumPy reference", out, reference_of(init, x, weights),
-                 **FLOAT32)
+    evidence = module(stage, init).evidence(x, weights)
+    assert_close(f"{call(init)} output", out, hidden_fx[f"{case}/output"], **FLOAT32, diagnosis=evidence)
+    assert_close(f"{call(init)} output against the NumPy reference", out, reference_of(init, x, weights), **FLOAT32,
+                 diagnosis=evidence)
 
 
 def test_values_are_not_rotated(stage, rng):
     """With W_query = 0 every query scores every key 0, whatever RoPE does to them: each token's output is
     out_proj of the mean of the values up to it, which is where rotated values would show."""
-    init, x, weights = rope_case(rng, t=7, num_heads=2, num_kv_groups=1, qkv_bias=False, theta_base=10.0, b=1)
+    init, x, weights = rope_case(rng, t=7, num_heads=2, num_kv_groups=1, qkv_bias=False, theta_base=10.0, b=3)
     weights["W_query.weight"] = np.zeros_like(weights["W_query.weight"])
     assert_close("RoPEAttention output with W_query = 0 (uniform attention)", stage.forward(CLS, init, x, weights),
-                 reference_of(init, x, weights), **FLOAT32,
-                 mistakes={VALUES: reference_of(init, x, weights, rotate=("queries", "keys", "values"))})
+                 reference_of(init, x, weights), **FLOAT32, diagnosis=module(stage, init).evidence(x, weights))
 
 
 def test_cached_decoding_equals_the_full_forward(stage, rng):
     """Prompt, single tokens and a chunk, with grouped keys/values; then reset_cache() and another sequence,
     whose positions start at 0 again."""
     init, x, weights = rope_case(rng, t=10, num_heads=4, num_kv_groups=2)
-    check_decoding(stage, init, x, weights, [4, 1, 1, 3, 1], reference_of(init, x, weights), f"RoPEAttention({init})")
+    check_decoding(stage, init, x, weights, [4, 1, 1, 3, 1], reference_of(init, x, weights), call(init))
     other = normal(rng, x.shape[0], 6, init["d_in"])
     steps = [{"method": "forward", "args": [x[:, :5]], "kwargs": {"use_cache": True}}, {"method": "reset_cache"},
              {"method": "forward", "args": [other[:, :4]], "kwargs": {"use_cache": True}},
              {"method": "forward", "args": [other[:, 4:]], "kwargs": {"use_cache": True}}]
     outputs = stage.session(CLS, init, weights, steps=steps)
-    expected = reference_of(init, other, weights)
+    expected, subject = reference_of(init, other, weights), module(stage, init)
     assert_close("after reset_cache(), a new sequence's prompt (positions 0..3)", outputs[2], expected[:, :4],
-                 **FLOAT32, hint="reset_cache() must empty the cache: cache_k = cache_v = None")
+                 **FLOAT32, diagnosis=subject.step_evidence(other, weights, [4, 2], 0, past=x[:, :5]))
     assert_close("after reset_cache(), the new sequence's next tokens (positions 4, 5)", outputs[3], expected[:, 4:],
-                 **FLOAT32)
+                 **FLOAT32, diagnosis=subject.step_evidence(other, weights, [4, 2], 1, past=x[:, :5]))
 
 
 def test_full_forward_ignores_the_cache(stage, rng):
@@ -342,8 +291,11 @@ def test_full_forward_ignores_the_cache(stage, rng):
     init, x, weights = rope_case(rng, t=6)
     steps = [{"method": "forward", "args": [x[:, :3]], "kwargs": {"use_cache": True}},
              {"method": "forward", "args": [x]}]
+    subject = module(stage, init)
     assert_close("forward(x) after a cached step", stage.session(CLS, init, weights, steps=steps)[1],
-                 reference_of(init, x, weights), **FLOAT32)
+                 reference_of(init, x, weights), **FLOAT32,
+                 diagnosis=[Probed([lambda: subject.probe_forward_after_steps(x, weights, [3])]),
+                            *subject.evidence(x, weights)])
 
 
 def test_parameters(stage):
@@ -361,11 +313,10 @@ def test_parameters(stage):
 
 def test_random_cases(stage, rng, device):
     for _ in range(3):
-        init, x, weights = rope_case(rng, t=int(rng.integers(1, 9)))
-        assert_close(f"RoPEAttention({init}) on x {x.shape}", stage.forward(CLS, init, x, weights, device=device),
+        init, x, weights = rope_case(rng, t=int(rng.integers(3, 9)))
+        assert_close(f"{call(init)} on x {x.shape}", stage.forward(CLS, init, x, weights, device=device),
                      reference_of(init, x, weights), **FLOAT32,
-                     mistakes=partial(rope_mistakes, x, weights, init["num_heads"], init["num_kv_groups"],
-                                      init["theta_base"]))
+                     diagnosis=module(stage, init, device=device).evidence(x, weights))
 
 
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs Llama 3 8B's attention size
@@ -385,7 +336,7 @@ def torch_rope_attention(x, weights, num_heads, num_kv_groups, theta_base, devic
     x = torch.from_numpy(x).to(device)
     b, t, _ = x.shape
     head_dim = w["W_query.weight"].shape[0] // num_heads
-    a = np_angles(head_dim, np.arange(t), theta_base)
+    a = angles(head_dim, np.arange(t), theta_base)
     cos, sin = (torch.from_numpy(f(a)).float().to(device) for f in (np.cos, np.sin))
 
     def project(name, heads):
@@ -419,5 +370,5 @@ def test_llama_sized(stage, target, dtype):
     expected = torch_rope_attention(x, weights, size["num_heads"], size["num_kv_groups"], 500_000.0, device)
     out = stage.forward(CLS, init, x, weights, device=device, dtype=dtype)
     assert_close(f"RoPEAttention output ({device}, {dtype})", out, expected, **TOLERANCE[dtype],
-                 mistakes=lambda: {} if target.cuda else  # (the NumPy mistakes take minutes at the CUDA size)
-                 rope_mistakes(x, weights, init["num_heads"], init["num_kv_groups"], 500_000.0))
+                 # (the evidence is computed in NumPy: at the CPU twin's size only)
+                 diagnosis=[] if target.cuda else module(stage, init, device=device).evidence(x, weights))

@@ -5,16 +5,18 @@ Spec: tiled_attention(q, k, v, is_causal=False, block_size=64) with q (b, h, n_q
 attends to keys j <= i (top-left aligned, as F.scaled_dot_product_attention(is_causal=True)). It works
 over tiles of block_size queries x block_size keys with a running max, a running sum and a rescaled
 accumulator, and never materialises an n_q x n_kv matrix nor calls F.scaled_dot_product_attention.
-Expected values come from standard attention in NumPy float64 (the public example's: from the reference,
-stored in its fixture).
+Its output has no NaN where standard attention has none (a row whose scores are all masked so far, in a tile
+visited before any key it sees, must not give NaN), and it stays finite for scores in the thousands (every exp taken
+relative to the running max). Expected values come from standard attention in NumPy float64 (the public example's:
+from the reference, stored in its fixture).
 """
-from functools import cache
-
 import numpy as np
 import pytest
 
-from diagnosis import BFLOAT16, BROADCAST, ErrorReading, assert_close, broadcast_sizes, readings_with
-from suite_runtime.cases import normal
+from diagnosis import BFLOAT16, BROADCAST, About, ErrorReading, assert_close, broadcast_sizes, readings_with
+from diagnosis.subjects import Deferred
+from diagnosis.tiles import TiledFunction, standard
+from suite_runtime.cases import distinct_sizes, normal
 
 pytestmark = pytest.mark.tiled_attention
 STAGE = "m07_tiled_attention"
@@ -34,165 +36,17 @@ LARGE_LOGITS = dict(rtol=1e-3, atol=3e-3)
 MEMORY_HEADROOM = 128 * 2**20
 
 
-# ---------------------------------------------------------------- NumPy references (the trusted side)
-
-def causal_keep(n_q, n_kv, offset=0):
-    """True where key j takes part for query i: j <= i + offset (offset 0: top-left aligned, as SDPA)."""
-    return np.arange(n_kv)[None, :] <= np.arange(n_q)[:, None] + offset
-
-
-def attention(q, k, v, is_causal, *, scale=True, offset=0):
-    """Standard attention in float64: the whole score matrix, a stable softmax per row."""
-    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
-    s = q @ k.swapaxes(-1, -2)
-    if scale:
-        s = s / np.sqrt(q.shape[-1])
-    if is_causal:
-        s = np.where(causal_keep(q.shape[-2], k.shape[-2], offset), s, -np.inf)
-    with np.errstate(invalid="ignore"):  # (a bottom-right mask leaves some rows empty: NaN, on purpose)
-        e = np.exp(s - s.max(axis=-1, keepdims=True))
-        return (e / e.sum(axis=-1, keepdims=True)) @ v
-
-
-def tiled(q, k, v, is_causal, block_size, *, carry_max=True, rescale_sum=True, rescale_acc=True):
-    """The tiled algorithm in NumPy float32, the reference's loop order (query blocks; key blocks left to right,
-    those past the diagonal skipped), with switches that reproduce its typical mistakes."""
-    q, k, v = (np.asarray(a, np.float32) for a in (q, k, v))
-    n_q, n_kv, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    out = np.empty(q.shape, np.float32)
-    with np.errstate(all="ignore"):  # the mistakes overflow on purpose
-        for q0 in range(0, n_q, block_size):
-            q1 = min(q0 + block_size, n_q)
-            qb = q[..., q0:q1, :] * np.float32(1 / np.sqrt(d))
-            m = np.full((*qb.shape[:-1], 1), -np.inf, np.float32)
-            total, acc = np.zeros_like(m), np.zeros_like(qb)
-            kv_end = min(n_kv, q1) if is_causal else n_kv
-            for k0 in range(0, kv_end, block_size):
-                k1 = min(k0 + block_size, kv_end)
-                s = qb @ k[..., k0:k1, :].swapaxes(-1, -2)
-                if is_causal:
-                    s = np.where(np.arange(k0, k1)[None, :] > np.arange(q0, q1)[:, None], -np.inf, s)
-                tile_max = s.max(axis=-1, keepdims=True)
-                m_new = np.maximum(m, tile_max) if carry_max else tile_max
-                shift = np.where(m_new == -np.inf, np.float32(0), m_new)
-                p, correction = np.exp(s - shift), np.exp(m - shift)
-                total = (total * correction if rescale_sum else total) + p.sum(axis=-1, keepdims=True)
-                acc = (acc * correction if rescale_acc else acc) + p @ v[..., k0:k1, :]
-                m = m_new
-            out[..., q0:q1, :] = acc / total
-    return out
-
-
-def mistakes(q, k, v, is_causal, block_size):
-    """What the typical mistakes of this stage give on these inputs (computed only when a check fails)."""
-    def candidates():
-        found = {
-            "the running max was not carried across tiles: the new max must be the larger of row_max and the "
-            "tile's max; with the tile's max alone, exp(old max - new max) overflows when a later tile's "
-            "scores are much smaller (very large logits)": tiled(q, k, v, is_causal, block_size, carry_max=False),
-            "the running sum row_sum was not rescaled by exp(old max - new max) when the max changed: "
-            "row_sum * correction + the tile's sum": tiled(q, k, v, is_causal, block_size, rescale_sum=False),
-            "the accumulator acc was not rescaled by exp(old max - new max) when the max changed: "
-            "acc * correction + p @ v": tiled(q, k, v, is_causal, block_size, rescale_acc=False),
-            "the scores were not scaled by 1 / sqrt(d)": attention(q, k, v, is_causal, scale=False),
-        }
-        n_q, n_kv = q.shape[-2], k.shape[-2]
-        if is_causal:
-            found["is_causal was ignored: mask the keys after each query"] = attention(q, k, v, False)
-            if n_q != n_kv:
-                found["the causal mask is aligned bottom-right (query i sees keys j <= i + n_kv - n_q); "
-                      "is_causal aligns it top-left, as F.scaled_dot_product_attention does: j <= i"] = attention(
-                    q, k, v, True, offset=n_kv - n_q)
-        else:
-            found["a causal mask was applied although is_causal=False"] = attention(q, k, v, True)
-        right = attention(q, k, v, is_causal)
-        return {why: c for why, c in found.items() if not np.allclose(c, right, rtol=1e-4, atol=1e-5, equal_nan=True)}
-    return candidates
-
-
-def spans_of(keys):
-    """Key positions (a boolean row) in words: "keys 0..3, 7..9", "no key"."""
-    found = np.flatnonzero(keys)
-    if found.size == 0:
-        return "no key"
-    runs = np.split(found, np.flatnonzero(np.diff(found) > 1) + 1)
-    return "keys " + ", ".join(f"{r[0]}..{r[-1]}" if r.size > 1 else f"{r[0]}" for r in runs)
-
-
-def keys_seen(stage, n_q, n_kv, block_size):
-    """Which keys each query attends to in the learner's causal tiled_attention, (n_q, n_kv) booleans, read from
-    its own output on inputs of ours: the values are the one-hot keys (v = identity), so the output IS the
-    attention weights, and small random queries and keys give every key that takes part a weight of about
-    1 / (keys taken). A row with NaN cannot be read (a row with no key, or a kernel's own NaN): it is left out,
-    (readable rows, their keys). None when the run fails or the shape is off."""
-    if max(n_q, n_kv) > 256:
-        return None
-    rng = np.random.default_rng(0)
-    q, k = normal(rng, 1, 1, n_q, n_kv, scale=0.1), normal(rng, 1, 1, n_kv, n_kv, scale=0.1)
-    v = np.eye(n_kv, dtype=np.float32)[None, None]
-    try:
-        weights = np.asarray(stage.tiled_attention(q, k, v, is_causal=True, block_size=block_size))
-    except Exception:  # (the checks of these sizes say what went wrong)
-        return None
-    if weights.shape != (1, 1, n_q, n_kv):
-        return None
-    weights = weights[0, 0]
-    readable = ~np.isnan(weights).any(axis=-1)
-    return readable, np.abs(weights) > 1e-6
-
-
-TOP_LEFT = ("with is_causal key j takes part for query i exactly when j <= i, both counted from 0 whatever n_q and "
-            "n_kv are (top-left, as F.scaled_dot_product_attention(is_causal=True) aligns it): in every tile compare "
-            "the global positions, q_start + row against k_start + column")
-NAN = ("NaN where standard attention has none, though the queries that give numbers take the right keys: a row "
-       "whose scores are all masked so far has running max -inf, and exp(-inf - (-inf)) is NaN (subtract 0 there "
-       "instead); inf / inf is NaN too, after an exp overflowed")
-OVERFLOW = "NaN where standard attention has none: an exp overflowed (inf / inf is NaN): subtract the running max first"
-
-
-def probes(stage, n_q, n_kv, is_causal, block_size):
-    """The mistakes of this stage that no single array stands for, each named only when the learner's own
-    numbers bear it out (assert_close's probes): a causal diagonal in the wrong place, read from the keys each
-    query takes (keys_seen), and NaN that is the kernel's, not the mask's."""
-    right = causal_keep(n_q, n_kv)
-
-    @cache
-    def wrong_rows():
-        """The readable rows whose keys are not is_causal's (empty: the mask is right where it can be read);
-        None when nothing can be read."""
-        seen = keys_seen(stage, n_q, n_kv, block_size)
-        if seen is None or not seen[0].any():
-            return None
-        readable, taken = seen
-        return [i for i in np.flatnonzero(readable) if not np.array_equal(taken[i], right[i])], readable, taken
-
-    def misaligned(actual):
-        if not (wrong_rows() and wrong_rows()[0]):
-            return None
-        rows, readable, taken = wrong_rows()
-        said = "; ".join(f"query {i} took {spans_of(taken[i])}, not {spans_of(right[i])}" for i in rows[:2])
-        shift = next((s for s in range(-n_q, n_kv) if s and all(np.array_equal(taken[i], causal_keep(n_q, n_kv, s)[i])
-                                                                    for i in np.flatnonzero(readable))), None)
-        if shift is not None:  # one diagonal, in another place
-            said = f"query i took the keys j <= i {'+' if shift > 0 else '-'} {abs(shift)} ({said})"
-        return (f"the causal mask is misaligned ({n_q} queries, {n_kv} keys, tiles of {block_size}): {said}. "
-                + TOP_LEFT)
-
-    def nan(actual):
-        if not np.isnan(actual).any():
-            return None
-        if not is_causal:
-            return OVERFLOW
-        return NAN if wrong_rows() and not wrong_rows()[0] else None
-
-    return [misaligned, nan] if is_causal else [nan]
+def diagnosis(stage, q, k, v, is_causal, block_size):
+    """What a failed check of tiled_attention is diagnosed with (diagnosis.tiles)."""
+    def run(q, k, v, is_causal, block_size):
+        return stage.tiled_attention(q, k, v, is_causal=is_causal, block_size=block_size)
+    return TiledFunction(run).evidence(q, k, v, is_causal, block_size)
 
 
 def check_against_attention(stage, q, k, v, is_causal, block_size, what, tolerance=FLOAT32):
     out = stage.tiled_attention(q, k, v, is_causal=is_causal, block_size=block_size)
     assert_close(f"tiled_attention({what}, is_causal={is_causal}, block_size={block_size})", out,
-                 attention(q, k, v, is_causal), **tolerance, mistakes=mistakes(q, k, v, is_causal, block_size),
-                 probes=probes(stage, q.shape[-2], k.shape[-2], is_causal, block_size))
+                 standard(q, k, v, is_causal), **tolerance, diagnosis=diagnosis(stage, q, k, v, is_causal, block_size))
 
 
 def tile_sizes(n_q, n_kv, block_size):
@@ -273,14 +127,13 @@ def qkv(rng, b, h, n_q, n_kv, d):
 @pytest.mark.public
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_small_example(stage, public_fx, is_causal):
-    """10 tokens, 2 heads of size 4, tiles of 4: the last tile is smaller, and with is_causal the tiles
+    """10 tokens, 2 heads of size 4, tiles of 3: the last tile is smaller, and with is_causal the tiles
     above the diagonal add nothing (skip them)."""
     q, k, v, block_size = public_fx.q, public_fx.k, public_fx.v, int(public_fx.block_size)
     out = stage.tiled_attention(q, k, v, is_causal=is_causal, block_size=block_size)
     assert_close(f"tiled_attention(q, k, v, is_causal={is_causal}, block_size={block_size})", out,
                  public_fx["output_causal" if is_causal else "output"], **FLOAT32,
-                 mistakes=mistakes(q, k, v, is_causal, block_size),
-                 probes=probes(stage, q.shape[-2], k.shape[-2], is_causal, block_size))
+                 diagnosis=diagnosis(stage, q, k, v, is_causal, block_size))
 
 
 @pytest.mark.public
@@ -330,8 +183,8 @@ def test_fully_masked_tiles_give_no_nan(stage, rng):
 
 def test_random_cases(stage, rng):
     for _ in range(3):
-        b, h, d = rng.integers(1, 3), rng.integers(1, 4), rng.integers(1, 9)
-        n_q, n_kv, block_size = rng.integers(1, 40), rng.integers(1, 40), int(rng.integers(1, 20))
+        sizes = distinct_sizes(rng, dict(b=(1, 3), h=(1, 4), d=(2, 9), n_q=(2, 40), n_kv=(2, 40), block_size=(1, 20)))
+        b, h, d, n_q, n_kv, block_size = (sizes[k] for k in ("b", "h", "d", "n_q", "n_kv", "block_size"))
         q, k, v = qkv(rng, b, h, n_q, n_kv, d)
         is_causal = bool(rng.integers(2))
         check_against_attention(stage, q, k, v, is_causal, block_size, f"q {q.shape}, k {k.shape}")
@@ -358,10 +211,15 @@ def test_never_holds_the_score_matrix(stage, rng, is_causal):
             "into the running max, sum and accumulator") from None
     out = run["result"]
     assert np.shape(out) == q.shape, f"tiled_attention returned shape {np.shape(out)}, expected {q.shape}"
-    expected = np.concatenate([attention(q[..., i:i + 1, :], k[..., :i + 1, :] if is_causal else k,
-                                         v[..., :i + 1, :] if is_causal else v, False) for i in rows], axis=-2)
+    expected = np.concatenate([standard(q[..., i:i + 1, :], k[..., :i + 1, :] if is_causal else k,
+                                        v[..., :i + 1, :] if is_causal else v, False) for i in rows], axis=-2)
+    # (the evidence: the learner's output on the first 64 tokens in tiles of 16, where the search and the probes run
+    # quickly, worked out only if this check fails)
+    small = tuple(a[..., :64, :] for a in (q, k, v))
+    evidence = Deferred(lambda: [About(stage.tiled_attention(*small, is_causal=is_causal, block_size=16),
+                                       diagnosis(stage, *small, is_causal, 16), **FLOAT32)])
     assert_close(f"rows {rows} of tiled_attention at {n} tokens (is_causal={is_causal})", out[..., rows, :],
-                 expected, **FLOAT32)
+                 expected, **FLOAT32, diagnosis=[evidence])
     check_memory(run, q.shape, n, block_size)
 
 
@@ -396,7 +254,9 @@ def test_llama_sized_heads(stage, target):
     rounded = [torch.from_numpy(a).to(device=device, dtype=dtype).float() for a in (q, k, v)]
     expected = F.scaled_dot_product_attention(*rounded, is_causal=True).cpu().numpy()
     assert_close(f"tiled_attention ({device}, {size['dtype']}, T={size['t']}, {size['h']} heads)", run["result"],
-                 expected, **(BFLOAT16 if size["dtype"] == "bfloat16" else FLOAT32))
+                 expected, **(BFLOAT16 if size["dtype"] == "bfloat16" else FLOAT32),
+                 # (the evidence is computed in NumPy: on the CPU twin only)
+                 diagnosis=[] if target.cuda else diagnosis(stage, q, k, v, True, 64))
     if target.cuda:
         b, h, t, d, itemsize = size["b"], size["h"], size["t"], size["d"], dtype.itemsize
         bound, matrix = peak_bound(b, h, t, d, itemsize), b * h * t * t * itemsize

@@ -39,9 +39,12 @@ def m01_pytorch_attention(ref, public, hidden):
     book = seeded_weights("m01_pytorch_attention", "MultiHeadAttention", BOOK_SEED_MODULES, **init)
     case(public, "book/", init, x, book,
          "MultiHeadAttention(3, 2, 6, 0.0, 2) at torch.manual_seed(123), the book's example of section 3.6.2")
-    init = dict(d_in=3, d_out=3, context_length=6, dropout=0.0, num_heads=3, qkv_bias=True)
-    case(public, "square/", init, x, random_weights(rng(10100), mha_shapes(3, 3, True)),
-         "MultiHeadAttention(3, 3, 6, 0.0, 3, qkv_bias=True): d_in == d_out, as nn.MultiheadAttention needs")
+    # d_in == d_out, as nn.MultiheadAttention needs; every other size distinct from it and from each other
+    init = dict(d_in=8, d_out=8, context_length=6, dropout=0.0, num_heads=2, qkv_bias=True)
+    r = rng(10100)
+    square = public.add("square/x", r.normal(size=(3, 5, 8)), "input batch (3, 5, 8) of the square module")
+    case(public, "square/", init, square, random_weights(r, mha_shapes(8, 8, True)),
+         "MultiHeadAttention(8, 8, 6, 0.0, 2, qkv_bias=True): d_in == d_out, as nn.MultiheadAttention needs")
     for i, (b, t, d_in, d_out, ctx, heads, bias) in enumerate(M01_HIDDEN):
         r = rng(10110 + i)
         init = dict(d_in=d_in, d_out=d_out, context_length=ctx, dropout=0.0, num_heads=heads, qkv_bias=bias)
@@ -82,30 +85,31 @@ def m02_padding_and_cross(ref, public, hidden):
     r = rng(10200)
     # The journey sentence, and its first four tokens followed by two padding tokens (any values: masked out).
     padded = np.stack([JOURNEY, np.concatenate([JOURNEY[:4], r.uniform(size=(2, 3))])])
-    init = dict(d_in=3, d_out=4, num_heads=2)
-    weights = cross_weights(r, 3, 4, 3, False)
+    init = dict(d_in=3, d_out=20, num_heads=4)  # (head_dim 5: no size equals another)
+    weights = cross_weights(r, 3, 20, 3, False)
     cross_case(ref, public, "padded/", init, padded, weights, key_padding_mask=lengths([6, 4], 6))
-    # Cross-attention: the journey tokens read a context of 4 tokens of width 5 (an encoder's output, say).
-    cross_case(ref, public, "cross/", dict(init, d_context=5, qkv_bias=True), np.stack([JOURNEY, JOURNEY]),
-               cross_weights(r, 3, 4, 5, True), context=r.normal(size=(2, 4, 5)), key_padding_mask=lengths([4, 3], 4))
+    # Cross-attention: the journey tokens read a context of 8 tokens of width 7 (an encoder's output, say).
+    cross_case(ref, public, "cross/", dict(init, d_context=7, qkv_bias=True), np.stack([JOURNEY, JOURNEY]),
+               cross_weights(r, 3, 20, 7, True), context=r.normal(size=(2, 8, 7)), key_padding_mask=lengths([8, 5], 8))
     # Left padding with a causal mask: the padded sequence's first two queries have no key to attend to.
     left = np.stack([JOURNEY, np.concatenate([r.uniform(size=(2, 3)), JOURNEY[:4]])])
     cross_case(ref, public, "left/", init, left, weights, key_padding_mask=lengths([6, 4], 6, left=True), causal=True)
 
     r = rng(10210)
-    cross_case(ref, hidden, "case0/", dict(d_in=5, d_out=6, num_heads=3, qkv_bias=True), r.normal(size=(3, 7, 5)),
-               cross_weights(r, 5, 6, 5, True), key_padding_mask=lengths([7, 4, 1], 7))
-    cross_case(ref, hidden, "case1/", dict(d_in=4, d_out=8, num_heads=2, d_context=7), r.normal(size=(2, 5, 4)),
-               cross_weights(r, 4, 8, 7, False), context=r.normal(size=(2, 8, 7)), key_padding_mask=lengths([8, 3], 8))
-    cross_case(ref, hidden, "case2/", dict(d_in=8, d_out=8, num_heads=4), r.normal(size=(2, 6, 8)),
-               cross_weights(r, 8, 8, 8, False), key_padding_mask=lengths([6, 2], 6, left=True), causal=True)
+    # (every size of a case distinct from the others: batch, tokens, d_in, d_out, heads, head_dim, the context's)
+    cross_case(ref, hidden, "case0/", dict(d_in=5, d_out=8, num_heads=2, qkv_bias=True), r.normal(size=(3, 7, 5)),
+               cross_weights(r, 5, 8, 5, True), key_padding_mask=lengths([7, 4, 1], 7))
+    cross_case(ref, hidden, "case1/", dict(d_in=4, d_out=18, num_heads=3, d_context=7), r.normal(size=(2, 5, 4)),
+               cross_weights(r, 4, 18, 7, False), context=r.normal(size=(2, 9, 7)), key_padding_mask=lengths([9, 3], 9))
+    cross_case(ref, hidden, "case2/", dict(d_in=9, d_out=12, num_heads=3), r.normal(size=(2, 6, 9)),
+               cross_weights(r, 9, 12, 9, False), key_padding_mask=lengths([6, 2], 6, left=True), causal=True)
 
 # ---------------------------------------------------------------- m03, m04
 
 # b, num_tokens, d_in, d_out, context_length, num_heads, qkv_bias, chunks
-M03_HIDDEN = [
+M03_HIDDEN = [  # (every size of a case distinct from the others)
     (2, 9, 5, 12, 12, 3, True, (4, 1, 1, 3)),
-    (3, 8, 6, 8, 8, 4, False, (2, 3, 1, 2)),  # the sequence fills the whole context
+    (3, 8, 6, 10, 8, 2, False, (2, 3, 1, 2)),  # the sequence fills the whole context
 ]
 
 
@@ -121,24 +125,24 @@ def m03_kv_cache(ref, public, hidden):
         return init, weights
 
     # The book's batch of two "Your journey starts with one step" sequences: a prompt of 3 tokens, then 1 by 1.
-    case(public, "", rng(3000), *BATCH.shape, 4, 8, 2, False, (3, 1, 1, 1), x=BATCH)
+    case(public, "", rng(3000), *BATCH.shape, 20, 8, 4, False, (3, 1, 1, 1), x=BATCH)
     for i, sizes in enumerate(M03_HIDDEN):
         case(hidden, f"case{i}/", rng(3001 + i), *sizes)
     # Two sequences one after the other in one module, reset_cache() between them.
     r = rng(3010)
-    init, weights = case(hidden, "first/", r, 2, 6, 4, 6, 11, 2, True, (3, 1, 2))
-    second = r.normal(size=(2, 5, 4)).astype(np.float32)
-    hidden.add("second/x", second, "the next sequence (2, 5, 4), decoded with the same weights after reset_cache()")
-    hidden.add("second/chunks", np.asarray((2, 1, 1, 1), np.int64), "its tokens per cached step")
+    init, weights = case(hidden, "first/", r, 2, 6, 4, 15, 11, 3, True, (3, 1, 2))
+    second = r.normal(size=(2, 7, 4)).astype(np.float32)
+    hidden.add("second/x", second, "the next sequence (2, 7, 4), decoded with the same weights after reset_cache()")
+    hidden.add("second/chunks", np.asarray((2, 2, 1, 2), np.int64), "its tokens per cached step")
     hidden.add("second/output", stage.forward(cls, init, second, weights),
                "its full causal forward")
 
 
 # b, num_tokens, d_in, d_out, context_length, num_heads, num_kv_groups, qkv_bias, chunks
-M04_HIDDEN = [
-    (2, 8, 6, 16, 10, 8, 2, True, (3, 1, 4)),  # groups of 4 query heads
+M04_HIDDEN = [  # (every size of a case distinct from the others)
+    (1, 9, 6, 24, 10, 8, 2, True, (3, 1, 5)),  # groups of 4 query heads
     (1, 7, 5, 12, 7, 6, 3, False, (2, 2, 1, 2)),  # groups of 2, the whole context
-    (2, 6, 4, 8, 8, 4, 1, True, (4, 1, 1)),  # multi-query attention
+    (2, 6, 5, 12, 8, 4, 1, True, (4, 1, 1)),  # multi-query attention
 ]
 
 
@@ -151,8 +155,8 @@ def m04_grouped_query(ref, public, hidden):
         x = r.normal(size=(b, t, d_in)).astype(np.float32) if x is None else x
         decoding_case(out, prefix, stage, cls, init, x, chunks, draw_weights(r, stage, cls, init))
 
-    # The journey batch through 4 query heads that share 2 key/value heads in pairs.
-    case(public, "", rng(4000), *BATCH.shape, 8, 6, 4, 2, False, (3, 1, 1, 1), x=BATCH)
+    # The journey batch through 8 query heads (of 5 features) that share 4 key/value heads in pairs.
+    case(public, "", rng(4000), *BATCH.shape, 40, 6, 8, 4, False, (3, 1, 1, 1), x=BATCH)
     for i, sizes in enumerate(M04_HIDDEN):
         case(hidden, f"case{i}/", rng(4001 + i), *sizes)
 
@@ -168,8 +172,8 @@ def stored_module_case(out, prefix, stage, cls, init, x, seed, owner):
 
 
 # b, num_tokens, d_in, d_out, context_length, num_heads, num_kv_groups, qkv_bias, theta_base
-M05_HIDDEN = [
-    (2, 9, 10, 24, 12, 6, 2, True, 10_000.0),
+M05_HIDDEN = [  # (every size of a case distinct from the others)
+    (2, 9, 10, 24, 12, 6, 3, True, 10_000.0),
     (1, 11, 12, 16, 16, 2, None, False, 500_000.0),  # head_dim 8, Llama 3's theta_base
 ]
 
@@ -191,9 +195,9 @@ def m05_rotary_embeddings(ref, public, hidden):
 
     rope_case(public, rng(10500), 8, 6, 10_000.0, (1, 2, 4, 8), 2)
     rope_case(hidden, rng(10501), 16, 12, 500_000.0, (2, 3, 5, 16), 7)
-    init = dict(d_in=6, d_out=8, context_length=8, num_heads=2)
+    init = dict(d_in=6, d_out=12, context_length=8, num_heads=3)
     stored_module_case(public, "", s, "RoPEAttention", init, rng(10502).normal(size=(2, 7, 6)), 10503,
-                       "RoPEAttention(6, 8, 8, 2)")
+                       "RoPEAttention(6, 12, 8, 3)")
     for i, (b, t, d_in, d_out, ctx, heads, groups, bias, theta) in enumerate(M05_HIDDEN):
         init = dict(d_in=d_in, d_out=d_out, context_length=ctx, num_heads=heads, num_kv_groups=groups,
                     qkv_bias=bias, theta_base=theta)
@@ -202,9 +206,9 @@ def m05_rotary_embeddings(ref, public, hidden):
 
 
 # b, num_tokens, d_in, d_out, context_length, num_heads, window, qkv_bias
-M06_HIDDEN = [
-    (2, 11, 10, 12, 12, 3, 4, True),
-    (1, 9, 8, 8, 10, 2, 2, False),
+M06_HIDDEN = [  # (every size of a case distinct from the others)
+    (2, 11, 10, 12, 12, 3, 5, True),
+    (1, 9, 7, 10, 11, 2, 3, False),
 ]
 
 
@@ -213,9 +217,9 @@ def m06_sliding_window(ref, public, hidden):
     public.add("mask", s.sliding_window_mask(6, 3), "sliding_window_mask(6, 3)")
     for n, window in [(9, 4), (5, 1), (4, 7)]:
         hidden.add(f"mask/{n}_{window}", s.sliding_window_mask(n, window), f"sliding_window_mask({n}, {window})")
-    init = dict(d_in=6, d_out=8, context_length=8, num_heads=2, window=3)
-    stored_module_case(public, "", s, "SlidingWindowAttention", init, rng(10600).normal(size=(2, 7, 6)), 10601,
-                       "SlidingWindowAttention(6, 8, 8, 2, window=3)")
+    init = dict(d_in=6, d_out=10, context_length=8, num_heads=2, window=4)
+    stored_module_case(public, "", s, "SlidingWindowAttention", init, rng(10600).normal(size=(3, 7, 6)), 10601,
+                       "SlidingWindowAttention(6, 10, 8, 2, window=4)")
     for i, (b, t, d_in, d_out, ctx, heads, window, bias) in enumerate(M06_HIDDEN):
         init = dict(d_in=d_in, d_out=d_out, context_length=ctx, num_heads=heads, window=window, qkv_bias=bias)
         stored_module_case(hidden, f"case{i}/", s, "SlidingWindowAttention", init,
@@ -236,10 +240,10 @@ def m07_tiled_attention(ref, public, hidden):
         out.add(f"{prefix}block_size", np.int64(block_size), "tiles of block_size queries x block_size keys")
         return q, k, v
 
-    q, k, v = qkv(public, "", rng(70), 1, 2, 10, 10, 4, 4)
+    q, k, v = qkv(public, "", rng(70), 1, 2, 10, 10, 4, 3)
     for is_causal, name in ((False, "output"), (True, "output_causal")):
-        public.add(name, s.tiled_attention(q, k, v, is_causal=is_causal, block_size=4),
-                   f"tiled_attention(q, k, v, is_causal={is_causal}, block_size=4)")
+        public.add(name, s.tiled_attention(q, k, v, is_causal=is_causal, block_size=3),
+                   f"tiled_attention(q, k, v, is_causal={is_causal}, block_size=3)")
     qkv(public, "long/", rng(71), 1, 2, 256, 256, 8, 32, what=": the memory check's inputs")
 
     r = rng(72)

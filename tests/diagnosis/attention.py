@@ -35,6 +35,9 @@ class Attention:
     rope_theta: float | None = None  # rotary positions on queries and keys (Llama's halves layout)
     out_proj: bool = True
     head_name: str = "head_dim"
+    # What a query with no key to attend to gets: "nan" (torch.softmax of a row of -inf) or "zero" (weights 0, as
+    # F.scaled_dot_product_attention and a padding-aware module give it).
+    empty_rows: str = "nan"
 
     @property
     def groups(self) -> int:
@@ -63,6 +66,8 @@ def linear(x, weights, name, bias=True):
 def rope(x, positions, theta, choice=None):
     """x (..., T, head_dim) rotated at ``positions`` (T,), Llama's halves layout; ``choice`` a rotary mistake."""
     d = x.shape[-1]
+    if choice == "theta":  # the frequencies of the default theta_base, whatever the module was given
+        theta, choice = 10_000.0, None
     inv = float(theta) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
     if choice == "frequency":
         inv = float(theta) ** (-np.arange(0, d // 2, dtype=np.float64) / d)
@@ -120,18 +125,21 @@ def allowed_keys(spec: Attention, query_positions, key_positions, choices: Choic
     i = np.asarray(query_positions)[:, None]
     j = np.asarray(key_positions)[None, :]
     causal = choices.get("causal")
-    if causal == "top_left":  # a cached step's queries counted from 0, as if they came first
-        i = i - i.min()
+    inverted = causal in ("inverted", "inverted_nan")  # the whole mask read with the opposite convention
+    if causal == "top_left":  # a cached step's queries (and its keys) counted from 0, as if they came first
+        i, j = i - i.min(), j - j.min()
     allowed = np.ones((i.shape[0], j.shape[1]), bool)
     if spec.causal:
         allowed = {None: j <= i, "top_left": j <= i, "none": allowed, "diagonal": j < i, "next": j <= i + 1,
-                   "past": j >= i, "inverted": j > i, "inverted_nan": j > i}[causal]
+                   "past": j >= i, "inverted": j > i, "inverted_nan": j > i}.get(causal, j <= i)
+    elif causal == "added":  # a causal mask where the attention is not causal
+        allowed = j <= i
     if spec.window is not None:
         w = spec.window
         band = {None: i - j < w, "plus_one": i - j <= w, "minus_one": i - j < w - 1, "two_sided": abs(i - j) < w,
                 "none": np.ones_like(allowed)}[choices.get("window")]
         allowed = allowed & band
-    return allowed
+    return ~allowed if inverted else allowed
 
 
 def scale_of(spec: Attention, head_dim: int, d_in: int, d_out: int, choices: Choices = NONE) -> float:
@@ -150,10 +158,15 @@ def attention_weights(scores, allowed, scale: float, choices: Choices = NONE, em
     axis = -2 if choices.get("softmax") == "queries" else -1
     normalise = BY_HAND.get(str(choices.get("by_hand")), softmax)
     fill = choices.get("fill")
+    empty_rows = {"nan": "nan", "uniform": "uniform"}.get(choices.get("empty"), empty_rows)
+    if choices.get("causal") == "inverted_nan":  # (a row the inverted mask leaves empty: NaN, as some kernels give)
+        empty_rows = "nan"
     if fill == "zero":
         w = normalise(np.where(allowed, s, 0.0), axis)
     elif fill == "after":
         w = normalise(s, axis) * allowed
+    elif empty_rows == "uniform":  # masked with a large finite number: a row with no key spreads over every key
+        w = normalise(np.where(allowed, s, -1e9), axis)
     else:
         w = normalise(np.where(allowed, s, -np.inf), axis)
         if empty_rows == "zero":
@@ -179,19 +192,30 @@ def merge(a, choices: Choices = NONE):
     return a.transpose(0, 2, 1, 3).reshape(b, t, h * hd)
 
 
-def forward(spec: Attention, x, weights, choices: Choices = NONE, *, context=None, positions=None):
+def forward(spec: Attention, x, weights, choices: Choices = NONE, *, context=None, positions=None,
+            key_positions=None, key_padding=None, mask_context=False, rotary_positions=None,
+            rotary_key_positions=None):
     """The module's output for ``x`` (b, T, d_in) (keys and values from ``context`` when given), the tokens at
-    rotary ``positions`` (default 0..T-1), as ``choices`` make it."""
+    rotary ``positions`` (default 0..T-1), as ``choices`` make it.
+
+    key_positions: the context's tokens' positions (default 0..n-1); key_padding: (b, n) bool, True = a real key
+    (False: padding, which no query may see); mask_context: the causal mask (and window) applies to the context
+    too, by the positions (a cached step's keys, or causal cross-attention counted from the start of both);
+    rotary_positions, rotary_key_positions: the positions the queries and the keys are rotated at, where they are
+    not those the mask sees (a cached step whose positions restart at 0)."""
     x = np.asarray(x, dtype=np.float64)
-    source = x if context is None else np.asarray(context, dtype=np.float64)
+    source = x if context is None or choices.get("context") == "self" else np.asarray(context, dtype=np.float64)
     num_heads = choices.get("num_heads") or spec.num_heads
     groups = spec.groups if choices.get("num_heads") is None else min(spec.groups, num_heads)
     bias = choices.get("bias") != "ignored"
-    q = linear(x, weights, "W_query", bias)
-    k = linear(source, weights, "W_key", bias)
+    roles = {None: ("W_query", "W_key", "W_value"), "queries_keys": ("W_key", "W_query", "W_value"),
+             "keys_values": ("W_query", "W_value", "W_key"),
+             "queries_values": ("W_value", "W_key", "W_query")}[choices.get("roles")]
+    q = linear(x, weights, roles[0], bias)
+    k = linear(source, weights, roles[1], bias)
     v = {"inputs": lambda: source, "keys": lambda: linear(source, weights, "W_key", bias),
          "queries": lambda: linear(source, weights, "W_query", bias)}.get(
-        str(choices.get("values")), lambda: linear(source, weights, "W_value", bias))()
+        str(choices.get("values")), lambda: linear(source, weights, roles[2], bias))()
     d_in, d_out = x.shape[-1], q.shape[-1]
     head_dim = d_out // num_heads
     if d_out % num_heads or k.shape[-1] % groups or k.shape[-1] // groups != head_dim:
@@ -199,29 +223,59 @@ def forward(spec: Attention, x, weights, choices: Choices = NONE, *, context=Non
     q, k, v = split(q, num_heads, choices), split(k, groups, choices), split(v, groups, choices)
     t, n = x.shape[1], source.shape[1]
     query_positions = np.arange(t) if positions is None else np.asarray(positions)
-    key_positions = np.arange(n) if positions is None or context is not None else np.asarray(positions)
+    if key_positions is not None and source is not x:
+        key_positions = np.asarray(key_positions)
+    else:
+        key_positions = np.arange(n) if positions is None or context is not None else np.asarray(positions)
     if spec.rope_theta is not None and choices.get("rope") != "none":
         choice = choices.get("rope")
+        turn_q = query_positions if rotary_positions is None else np.asarray(rotary_positions)
+        turn_k = key_positions if rotary_key_positions is None else np.asarray(rotary_key_positions)
         if choice == "restart":
-            query_positions = key_positions = np.arange(t)
-        q = rope(q, query_positions, spec.rope_theta, choice)
-        k = rope(k, key_positions, spec.rope_theta, choice)
+            turn_q = turn_k = np.arange(t)
+        q = rope(q, turn_q, spec.rope_theta, choice)
+        k = rope(k, turn_k, spec.rope_theta, choice)
         if choice == "values":
-            v = rope(v, key_positions, spec.rope_theta)
+            v = rope(v, turn_k, spec.rope_theta)
     if groups != num_heads:
         size = num_heads // groups
-        expand = (lambda a: np.tile(a, (1, size, 1, 1))) if choices.get("kv_repeat") == "tile" else \
-            (lambda a: np.repeat(a, size, axis=1))
-        k, v = expand(k), expand(v)
-    allowed = allowed_keys(spec, query_positions, key_positions, choices) if context is None else \
-        np.ones((t, n), bool)
+        repeat = choices.get("kv_repeat")
+
+        def tiled(a):
+            return np.tile(a, (1, size, 1, 1))
+
+        def interleaved(a):
+            return np.repeat(a, size, axis=1)
+
+        k = (tiled if repeat in ("tile", "keys") else interleaved)(k)
+        v = (tiled if repeat in ("tile", "values") else interleaved)(v)
+    if context is None or mask_context:
+        allowed = allowed_keys(spec, query_positions, key_positions, choices)
+    else:
+        allowed = np.ones((t, n), bool)
+    if key_padding is not None:
+        allowed = padded(allowed, np.asarray(key_padding, bool), choices.get("padding"))
     # (an inverted boolean mask given to F.scaled_dot_product_attention: a row left with no key gives 0, or NaN)
+    empty = "zero" if choices.get("causal") == "inverted" else spec.empty_rows
     w = attention_weights(q @ np.swapaxes(k, -1, -2), allowed, scale_of(spec, head_dim, d_in, d_out, choices),
-                          choices, empty_rows="zero" if choices.get("causal") == "inverted" else "nan")
+                          choices, empty)
     out = merge(w @ v, choices)
     if spec.out_proj and choices.get("out_proj") != "missing":
         out = linear(out, weights, "out_proj")
+        if choices.get("out_bias") == "missing" and "out_proj.bias" in weights:
+            out = out - np.asarray(weights["out_proj.bias"], dtype=np.float64)
     return out
+
+
+def padded(allowed, real, choice=None):
+    """``allowed`` (n_queries, n_keys) and the key padding mask ``real`` (b, n_keys; True = a real key) as one mask
+    (b, 1, n_queries, n_keys); ``choice``: a padding mistake (the mask inverted, put on the queries, ignored)."""
+    allowed = np.asarray(allowed, bool)
+    if choice == "none":
+        return np.broadcast_to(allowed, (real.shape[0], 1, *allowed.shape[-2:]))
+    if choice == "queries":  # (only where n_queries == n_keys: the mask read along the query axis)
+        return allowed & real[:, None, :, None]
+    return allowed & (~real if choice == "inverted" else real)[:, None, None, :]
 
 
 # ---------------------------------------------------------------- the switches
@@ -271,10 +325,17 @@ CAUSAL = Switch("causal", "masking", {
     "next": "the mask starts one diagonal too high (torch.triu(..., diagonal=2), or j <= i + 1): each token also "
             "sees the next one; mask the strict upper triangle, torch.triu(..., diagonal=1)",
     "past": "the mask hides the past instead of the future (tril and triu swapped)"})
+INVERTED = ("the mask is inverted: the future takes part and each token's past and its own position are hidden (a "
+            "boolean mask of the opposite convention: True = takes part where True = masked out is meant, or the other "
+            "way)")
+CAUSAL_INVERTED = {"inverted": INVERTED, "inverted_nan": INVERTED}
+# A module's attention computed by F.scaled_dot_product_attention, given the causal buffer as it is.
 SDPA_MASK = ("the boolean mask is inverted: F.scaled_dot_product_attention takes attn_mask True where a token takes "
              "part, so pass the allowed positions, ~mask (the causal buffer marks the future)")
-INVERTED = {"inverted": SDPA_MASK,
-            "inverted_nan": SDPA_MASK + " (here a row left with nothing to attend to gives NaN)"}
+SDPA_INVERTED = {"inverted": SDPA_MASK,
+                 "inverted_nan": SDPA_MASK + " (here a row left with nothing to attend to gives NaN)"}
+CAUSAL_ADDED = Switch("causal", "masking", {
+    "added": "a causal mask was applied although this attention is not causal here (causal=False)"})
 CACHED_ROWS = {"top_left": "the new queries of a cached step were masked as if they came first (rows 0.. of the "
                            "mask, or is_causal with more keys than queries, which aligns them top-left): they are the "
                            "last num_new of num_keys positions"}
@@ -288,6 +349,27 @@ WINDOW = Switch("window", "masking", {
                  "part when j <= i and i - j < window (yours holds window - 1 tokens)",
     "two_sided": "the band is not causal: keys after the query (j > i) take part; add j <= i",
     "none": "the window was not applied: every earlier token takes part (plain causal attention)"})
+PADDING = Switch("padding", "padding", {
+    "inverted": "the key_padding_mask is inverted: True marks a REAL token that takes part, False a padding token",
+    "queries": "the key_padding_mask was applied on the query axis (rows of the scores): it says which KEYS are "
+               "padding, so it masks columns, key_padding_mask[:, None, None, :] against (b, num_heads, n_q, n_kv)",
+    "none": "padding keys took part, as if the key_padding_mask were ignored: it is not applied, or it is combined "
+            "with the causal mask by | (or) where & (and) is meant"})
+EMPTY = Switch("empty", "padding", {
+    "nan": "a query with nothing to attend to (every key masked) got NaN: its softmax row is all -inf, 0/0. Give "
+           "such rows attention weights 0, so that its context vector is 0",
+    "uniform": "masked scores were filled with a large negative number (not -inf) and rows with nothing to attend "
+               "to kept: such a query then spreads its weight evenly over every key, masked ones included; give "
+               "such rows weights 0"})
+CONTEXT = Switch("context", "cross attention", {
+    "self": "the keys and values came from x: with a context, W_key and W_value project the context"})
+ROLES = Switch("roles", "projections", {
+    "queries_keys": "the queries were projected with W_key and the keys with W_query (the two swapped)",
+    "keys_values": "the keys were projected with W_value and the values with W_key (the two swapped)",
+    "queries_values": "the queries were projected with W_value and the values with W_query (the two swapped)"})
+OUT_BIAS = Switch("out_bias", "projections", {
+    "missing": "out_proj's bias is missing from the output (out_proj applied without its bias, or its bias left at "
+               "zeros)"})
 PROJECTIONS = {
     "values": Switch("values", "projections", {
         "inputs": "the values were the inputs: mix the projected values W_value(x), not x",
@@ -309,7 +391,13 @@ HEADS = {
 KV_REPEAT = Switch("kv_repeat", "grouped-query attention", {
     "tile": "the key/value heads were expanded with `repeat`, which tiles them (query head h got kv head "
             "h % num_kv_groups); use repeat_interleave(group_size, dim=1): query head h uses kv head "
-            "h // group_size, consecutive query heads share one"})
+            "h // group_size, consecutive query heads share one",
+    "keys": "the keys were expanded with `repeat` (the values right), which tiles them (query head h got key head "
+            "h % num_kv_groups); use repeat_interleave(group_size, dim=1) for both: query head h uses kv head "
+            "h // group_size",
+    "values": "the values were expanded with `repeat` (the keys right), which tiles them (query head h got value "
+              "head h % num_kv_groups); use repeat_interleave(group_size, dim=1) for both: query head h uses kv "
+              "head h // group_size"})
 ROPE = Switch("rope", "rotary positions", {
     "none": "RoPE was not applied: rotate the queries and the keys with apply_rope before the scores",
     "values": "RoPE was applied to the values: rotate only the queries and the keys (a score q.k depends on their "
@@ -325,6 +413,7 @@ ROPE = Switch("rope", "rotary positions", {
             "cat([x2, -x1])",
     "frequency": "the frequencies use i / head_dim: inv_freq = theta_base ** (-arange(0, head_dim, 2) / head_dim), "
                  "one frequency per pair"})
+ROPE_THETA = {"theta": "theta_base was ignored (10_000 used): compute the frequencies from the theta_base argument"}
 
 
 def head_count_switch(spec: Attention, d_out: int, kv_width: int) -> Switch:
@@ -340,13 +429,26 @@ def head_count_switch(spec: Attention, d_out: int, kv_width: int) -> Switch:
 
 
 def switches(spec: Attention, d_in: int, d_out: int, kv_width: int | None = None, *, cached: bool = False,
-             values_from_inputs: bool | None = None) -> list[Switch]:
-    """Every choice of ``spec``'s computation that the sizes of a case can show, with its wrong values."""
+             values_from_inputs: bool | None = None, padded: bool = False, context: bool = False,
+             causal_added: bool = False) -> list[Switch]:
+    """Every choice of ``spec``'s computation that the sizes of a case can show, with its wrong values.
+
+    cached: a cached step's (its queries after the cached keys); padded: a key padding mask is given; context: the
+    keys and values come from a context (of x's width: else they could not come from x); causal_added: a
+    non-causal computation that a learner could mask causally by mistake (a module with a causal flag)."""
     head_dim = d_out // spec.num_heads
     kv_width = d_out if kv_width is None else kv_width
     found = [scaling_switch(spec, head_dim, d_in, d_out), SCORES, SOFTMAX, FILL, *PROJECTIONS.values()]
     if spec.causal:
-        found.append(CAUSAL.plus(INVERTED).plus(CACHED_ROWS if cached else {}))
+        found.append(CAUSAL.plus(SDPA_INVERTED).plus(CACHED_ROWS if cached else {}))
+    elif causal_added:
+        found.append(CAUSAL_ADDED)
+    if padded:
+        found.append(PADDING)
+    if spec.empty_rows == "zero":  # (a row with no key: NaN or spread over every key, where 0 is meant)
+        found.append(EMPTY)
+    if context:
+        found.append(CONTEXT)
     if spec.window is not None:
         found.append(WINDOW)
     if not spec.out_proj:
@@ -362,5 +464,5 @@ def switches(spec: Attention, d_in: int, d_out: int, kv_width: int | None = None
     if spec.groups not in (1, spec.num_heads) or (spec.num_kv_groups and spec.num_kv_groups < spec.num_heads > 2):
         found.append(KV_REPEAT)
     if spec.rope_theta is not None:
-        found.append(ROPE if cached else ROPE)
+        found.append(ROPE.plus(ROPE_THETA) if spec.rope_theta != 10_000.0 else ROPE)
     return found

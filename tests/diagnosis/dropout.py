@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .compare import assert_close
+from .explain import Said
 from .findings import Finding, diagnosed
 
 __tracebackhide__ = True
@@ -80,11 +81,12 @@ def rate_mistakes(trained, plain, kept, p) -> list[Finding]:
     return found
 
 
-def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu"):
+def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu", explained=False):
     """A module's dropout, by its properties. Give a case whose output exposes the attention weights
     (cases.exposing_case) and those weights (``exposed``: ``multihead`` on that case): in training mode with
     dropout=p each output value is dropped or scaled by 1 / (1 - p) (check_dropout); in eval mode the
-    output is the dropout=0 module's, whatever the seed."""
+    output is the dropout=0 module's, whatever the seed. explained: the eval-mode check says that dropout acted
+    only where the output shows it (``eval_dropout_findings``), instead of a hint shown on any failure."""
     plain = stage.forward(cls, dict(init, dropout=0.0), x, weights, device=device)
     # Dropout can only be judged on a module that is right without it: otherwise this check would
     # blame dropout for another mistake of the stage (which its own checks name).
@@ -96,6 +98,11 @@ def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu")
         )
     init = dict(init, dropout=p)
     for seed in (1, 2):
+        if explained:
+            assert_close(f"{cls} output in eval mode with dropout={p} (seed {seed})",
+                         stage.forward(cls, init, x, weights, seed=seed, device=device), plain,
+                         diagnosis=[Said(lambda out: eval_dropout_findings(out, plain, p))])
+            continue
         assert_close(f"{cls} output in eval mode with dropout={p} (seed {seed})",
                      stage.forward(cls, init, x, weights, seed=seed, device=device), plain,
                      hint="In eval mode dropout must do nothing: use nn.Dropout, which follows the module's "
@@ -103,3 +110,29 @@ def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu")
     trained = stage.forward(cls, init, x, weights, train=True, seed=0, device=device)
     check_dropout(trained, plain, p, f"{cls} output in training mode with dropout={p}")
 
+
+
+EVAL_DROPOUT = ("In eval mode dropout must do nothing: use nn.Dropout (it follows the module's train()/eval()), or "
+                "pass the rate only in training mode (dropout_p=p if self.training else 0.0 for "
+                "F.scaled_dot_product_attention, F.dropout(..., training=self.training))")
+
+
+def eval_dropout_findings(out, plain, p) -> list[Finding]:
+    """An eval-mode output (``out``) of a case whose output is the attention weights, read against the weights
+    without dropout (``plain``): dropout acting in eval mode drops about p of them and scales the others by
+    1 / (1 - p). Said only when both show."""
+    out, plain = np.asarray(out, dtype=np.float64), np.asarray(plain, dtype=np.float64)
+    if out.shape != plain.shape:
+        return []
+    live = np.abs(plain) > 1e-6
+    dropped = live & (np.abs(out) <= 1e-6)
+    kept = live & ~dropped
+    if not np.any(dropped) or not np.any(kept):
+        return []
+    fraction = kept.sum() / live.sum()
+    scaled = np.allclose(out[kept] / plain[kept], 1 / (1 - p), rtol=1e-3, atol=1e-4)
+    if not scaled or abs(fraction - (1 - p)) >= kept_fraction_tolerance(p, live.sum()):
+        return []
+    return [Finding(f"in eval mode {1 - fraction:.2f} of the weights were dropped and the others scaled by "
+                    f"1 / (1 - p) = {1 / (1 - p):.3g}: dropout acted in eval mode.", (EVAL_DROPOUT,), "dropout",
+                    "probe", weight=1)]

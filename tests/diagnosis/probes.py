@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .attention import WINDOW
 from .findings import Finding
 
 TINY = 1e-12  # a weight at or below this is none (float32 keeps weights down to 1e-38; masked ones are exactly 0)
@@ -60,6 +61,10 @@ class ExposedWeights:
     what: str = "your attention weights"
     empty_rows: str = "nan"
     sink_tokens: int = 0  # keys 0 .. sink_tokens - 1 take part beside a window (StreamingLLM): not part of its width
+    causal: bool = True  # False: keys after a query may take part (cross-attention, padding alone): no "future" reading
+    # The words of rows that do not sum to 1 where the stage has its own reading of that (an online softmax's):
+    # (mechanism, cause); None: a softmax changed after the fact.
+    unnormalised: tuple[str, str] | None = None
 
 
 def weight_findings(w: ExposedWeights) -> list[Finding]:
@@ -95,7 +100,8 @@ def _nan_rows(w, observed, finite, allowed, qpos, kpos):
     cause = ("a softmax gives NaN where every score of its row is -inf (every key masked: 0 / 0), or where a score "
              "is inf or NaN (an overflow, or a NaN made earlier)")
     own = allowed & (qpos[:, None] == kpos[None, :]) & finite[..., None]  # readable rows' own tokens
-    if np.any(own) and np.all(observed[own] <= TINY):
+    later = finite[..., None] & (np.nan_to_num(observed) > TINY) & (kpos[None, :] > qpos[:, None])
+    if np.any(own) and np.all(observed[own] <= TINY) and not (w.causal and np.any(later)):
         cause = ("the mask hides each token's own position too (torch.triu(..., diagonal=0), or j < i): the first "
                  "query is left with no key at all, so its softmax gives NaN, and every other query ignores its own "
                  "token; mask the strict upper triangle, torch.triu(..., diagonal=1)")
@@ -107,7 +113,7 @@ def _support(w, observed, rows, allowed, qpos, kpos):
     extra = seen & ~allowed
     missing = ~seen & allowed & rows[..., None]
     found = []
-    later = extra & (kpos[None, :] > qpos[:, None])
+    later = extra & (kpos[None, :] > qpos[:, None]) & w.causal
     if np.any(later):
         index = tuple(int(i) for i in np.argwhere(later)[0])
         i, j = index[-2], index[-1]
@@ -117,7 +123,7 @@ def _support(w, observed, rows, allowed, qpos, kpos):
             ("the causal mask lets a query see keys after it: it is missing, hides the wrong side, or starts too high "
              "(only keys j <= i may take part: mask the strict upper triangle, torch.triu(..., diagonal=1))",),
             "masking", "probe", weight=1))
-    own = allowed & rows[..., None] & (kpos[None, :] == qpos[:, None])  # each readable row's own key
+    own = allowed & rows[..., None] & (kpos[None, :] == qpos[:, None]) & w.causal  # each readable row's own key
     diagonal = missing & own
     # A weight can underflow to 0 when scores are extreme: a key is said to be hidden only when every row hides it
     # the same way (its own token in every row).
@@ -130,7 +136,7 @@ def _support(w, observed, rows, allowed, qpos, kpos):
              "upper triangle, torch.triu(..., diagonal=1)",),
             "masking", "probe", weight=2))
     back = (qpos[:, None] - kpos[None, :])
-    if w.window is not None:
+    if w.window is not None and not np.any(later):  # (a width is read where no query sees the future)
         banded = seen & (back >= 0) & (kpos[None, :] >= w.sink_tokens)  # (sink tokens are not the window's)
         reach = np.where(banded, back + 1, 0).max(axis=-1)  # tokens each query sees, itself included
         full = rows & (qpos >= w.window + w.sink_tokens)  # queries with at least window tokens up to them
@@ -140,7 +146,7 @@ def _support(w, observed, rows, allowed, qpos, kpos):
                 found.append(Finding(
                     f"the queries that have at least window={w.window} tokens up to them see the last "
                     f"{' or '.join(map(str, measured))} tokens (themselves included), not window={w.window}.",
-                    ("the window is off by one: key j takes part for query i when 0 <= i - j < window"
+                    ({w.window + 1: WINDOW.wrong["plus_one"], w.window - 1: WINDOW.wrong["minus_one"]}[measured[0]]
                      if measured in ([w.window + 1], [w.window - 1]) else
                      "the window's width is not the window argument: key j takes part when 0 <= i - j < window",),
                     "masking", "probe", weight=3))
@@ -171,8 +177,14 @@ def _sums(w, observed, rows, allowed):
         return []
     sums = observed.sum(axis=-1)
     off = rows & (np.abs(sums - 1) > 1e-3)
-    if w.empty_rows == "zero":  # a row of zeros is a query left with no key (its mask says why), not a softmax's
-        off &= sums > 1e-6
+    empty = off & (np.abs(sums) <= TINY)  # rows with no weight at all: every key of theirs masked
+    if np.any(empty):
+        index = tuple(int(i) for i in np.argwhere(empty)[0])
+        qpos = np.arange(observed.shape[-2])
+        return [Finding(f"query {qpos[index[-1]]} puts no weight on any key, though it must see some: all of its "
+                        "row is masked.", ("the mask hides keys that must take part: check its convention (which of "
+                                           "True and False means masked out) and its side of the diagonal",),
+                        "masking", "probe", weight=4)]
     if not np.any(off):
         return []
     index = tuple(int(i) for i in np.argwhere(off)[0])
@@ -190,9 +202,11 @@ def _sums(w, observed, rows, allowed):
                             f"batch), not along each row: row {index[-1]} sums to {sums[index]:.4g}.",
                             (f"the softmax (or its sum) ran over dim {axis}, a batch axis: take it over the keys, "
                              "dim=-1",), "softmax", "probe", weight=4)]
+    mechanism, cause = w.unnormalised or ("softmax", "the weights were changed after the softmax without being "
+                                          "renormalised (masked after the softmax, say), or they are not a softmax "
+                                          "over the keys")
     return [Finding(f"{w.what} of a query do not sum to 1: row {index[-1]} sums to {sums[index]:.4g}.",
-                    ("the weights were changed after the softmax without being renormalised (masked after the "
-                     "softmax, say), or they are not a softmax over the keys",), "softmax", "probe", weight=6)]
+                    (cause,), mechanism, "probe", weight=6)]
 
 
 def _fit(scores, observed, use):
@@ -241,7 +255,9 @@ def _temperature(w, observed, rows, allowed):
              + (f", and {divisor:.4g} = {' = '.join(names)}" if names else "")
              + f"; the scores must be divided by {expected or f'{1 / w.scale:.4g}'}"
              + (f" = {1 / w.scale:.4g}" if expected else "") + ".")
-    causes = tuple(w.scale_words[name] for name in names if name in w.scale_words)
+    # (a divisor's words: one mistake, or several that give the same divisor)
+    causes = tuple(dict.fromkeys(c for name in names if name in w.scale_words for c in (
+        (w.scale_words[name],) if isinstance(w.scale_words[name], str) else w.scale_words[name])))
     if not causes:
         causes = _related_scale(divisor, 1 / w.scale, expected or f"{1 / w.scale:.4g}")
     return [Finding(shows, causes, "scaling", "probe", weight=4)]

@@ -124,6 +124,7 @@ def separate(found: list[Change], second: tuple[np.ndarray, Compute] | None, rto
 def findings_of(found: list[Change], what: str, separated: bool = False) -> list[Finding]:
     """What a search found, as findings: the evidence (the learner's values equal the right computation with this
     change) and the change as the likely mistake, or several changes as possible ones."""
+    found = list({change.text: change for change in found}.values())  # (two values in the same words: one mistake)
     if not found:
         return []
     mechanisms = ", ".join(dict.fromkeys(m for change in found for m in change.mechanisms))

@@ -19,6 +19,8 @@ import numpy as np
 
 from . import attention as A
 from .explain import Evidence, Probed, Said, Searched
+from .findings import Finding
+from .groups import sharing_findings
 from .probes import (
     HEAD_MODULES,
     ExposedWeights,
@@ -76,6 +78,15 @@ def sizes(init: dict, d_in: int, d_out: int, context_length: int) -> dict:
             "qkv_bias": False}
 
 
+def sizes_as_given(init: dict, d_in: int, d_out: int, context_length: int) -> dict:
+    """A module's constructor arguments for these sizes, among those it takes (``init`` names them): no dropout, no
+    biases, context_length where it has one (modern modules without a dropout argument, say)."""
+    found = {**init, "d_in": d_in, "d_out": d_out}
+    found.update({k: v for k, v in (("context_length", context_length), ("dropout", 0.0), ("qkv_bias", False))
+                  if k in init})
+    return found
+
+
 def sizes_per_head(init: dict, d_in: int, d_out: int, context_length: int) -> dict:
     """MultiHeadAttentionWrapper's arguments: its d_out is each head's width."""
     return sizes(init, d_in, d_out // init["num_heads"], context_length)
@@ -96,11 +107,21 @@ class AttentionModule:
     what: str = "your output"
     options: dict = field(default_factory=dict)  # passed to every forward (device, dtype)
     batched: bool = True  # False: forward takes one sequence (num_tokens, d_in), as chapter 3's SelfAttention does
+    # How the output is computed where it is not the module's forward (a function given the module, as stage m01's
+    # sdpa_attention(mha, x)): call(stage, cls, init, x, state, options) -> the output.
+    call: Callable | None = None
+    # The stage's own words or values for the mechanism's switches (the mask convention of the function it calls,
+    # say): adjust(switches) -> switches.
+    adjust: Callable | None = None
+    more_probes: tuple = ()  # further probes (functions giving findings) of the stage's own code
+    square: bool = False  # the module needs d_in == d_out (nn.MultiheadAttention): so do the diagnoser's own cases
 
     def run(self, x, weights, init=None, **options):
         """The learner's output for ``x`` (b, num_tokens, d_in) with the canonical ``weights``."""
         state = self.layout(weights, self.spec.num_heads)
         options = {**self.options, **options}
+        if self.call is not None:
+            return self.call(self.stage, self.cls, init or self.init, x, state, options)
         if self.batched:
             return self.stage.forward(self.cls, init or self.init, x, state, **options)
         return np.stack([self.stage.forward(self.cls, init or self.init, row, state, **options) for row in x])
@@ -124,6 +145,8 @@ class AttentionModule:
         switches = A.switches(self.spec, d_in, d_out, kv_width, values_from_inputs=values_from_inputs)
         if not any(k.endswith(".bias") and k.startswith("W_") for k in weights):
             switches = [s for s in switches if s.name != "bias"]
+        if self.adjust is not None:
+            switches = self.adjust(switches)
 
         def compute(choices):
             return A.forward(self.spec, x, weights, choices)[:, rows]
@@ -134,7 +157,7 @@ class AttentionModule:
                     lambda choices: A.forward(self.spec, x2, weights2, choices)[:, rows])
 
         return [Searched(compute, switches, self.what, second),
-                Probed([lambda: self.probes(x, weights)])]
+                Probed([lambda: self.probes(x, weights), lambda: sharing_findings(self), *self.more_probes])]
 
     def probes(self, x, weights) -> list:
         """The probes of this module, on a case of the probes' own with the check's sizes (fresh numbers): what they
@@ -165,6 +188,8 @@ class AttentionModule:
         b, t, d_in = x.shape
         head_dim = weights["W_query.weight"].shape[0] // spec.num_heads + 1
         d_out, kv = spec.num_heads * head_dim, spec.groups * head_dim
+        if self.square:
+            d_in = d_out - 1  # (one more below)
         context_length = max(self.init.get("context_length", t), t) + 1
         init = self.sized(self.init, d_in + 1, d_out, context_length)
         if "qkv_bias" in init:
@@ -190,6 +215,8 @@ class AttentionModule:
         h, g = spec.num_heads, spec.groups
         head_dim, d_in = t, t + 2  # (d_in != head_dim != d_out: the temperature says which divisor was used)
         d_out, kv = h * head_dim, g * head_dim
+        if self.square:
+            d_in = d_out
         rng = np.random.default_rng(2024)
         x = np.zeros((2, t, d_in), np.float32)
         x[:, np.arange(t), np.arange(t)] = 1
@@ -215,7 +242,26 @@ class AttentionModule:
             found = self.probe_weights()
         except Exception:
             found = None
-        return self.probe_dependencies(x, weights) if found is None else found
+        return self.reworded(self.probe_dependencies(x, weights) if found is None else found)
+
+    def reworded(self, findings):
+        """Findings whose cause is a switch's words, in the stage's own words for that switch (``adjust``); a cause
+        whose switch the stage does not have (nn.MultiheadAttention computes its scores itself) goes, its evidence
+        stays."""
+        if self.adjust is None:
+            return findings
+        words = {}
+        for base in (A.SCORES, A.SOFTMAX, A.FILL, A.CAUSAL.plus(A.CAUSAL_INVERTED)):
+            adjusted = next((s for s in self.adjust([base]) if s.name == base.name), None)
+            for value, said in base.wrong.items():
+                words[said] = None if adjusted is None else adjusted.wrong.get(value)
+        found = []
+        for f in findings:
+            if any(c in words for c in f.causes):
+                causes = tuple(words.get(c, c) for c in f.causes)
+                f = Finding(f.shows, tuple(c for c in causes if c), f.mechanism, f.source, f.weight)
+            found.append(f)
+        return found
 
     def probe_weights(self):
         """Findings on the exposed weights, or None where the module's output on the exposing case is not them."""
@@ -244,7 +290,13 @@ class AttentionModule:
             divisors["sqrt(num_heads)"] = np.sqrt(spec.num_heads)
         value_of = {"none": "1", "times": f"1/sqrt({name})", "no_sqrt": name, "d_out": "sqrt(d_out)",
                     "d_in": "sqrt(d_in)", "num_heads": "sqrt(num_heads)"}
-        words = {value_of[v]: w for v, w in switch.wrong.items()}
+        if self.adjust is not None:  # (the stage's own words for these divisors, and its other readings of them)
+            switch = next((s for s in self.adjust([switch]) if s.name == "scale"), switch)
+        value_of["twice"] = name
+        words = {}
+        for v, w in switch.wrong.items():
+            if v in value_of:
+                words[value_of[v]] = (*words.get(value_of[v], ()), w)
         return weight_findings(ExposedWeights(
             observed, scores, A.allowed_keys(spec, positions, positions), 1 / np.sqrt(head_dim), divisors, words,
             positions, positions, spec.window, what="your attention weights"))
@@ -291,6 +343,8 @@ class AttentionModule:
     def probe_heads(self, x, weights):
         if self.spec.num_heads < 2:
             return []
+        if self.spec.groups not in (1, self.spec.num_heads) and sharing_findings(self):
+            return []  # (swapping groups of heads assumes query head h uses kv head h // group_size: it does not)
         swapped, order = self._swap_heads(weights)
         if self.spec.out_proj:
             return heads_findings(lambda: (self.run(x, weights), self.run(x, swapped)), what=self.what)
@@ -306,10 +360,19 @@ class AttentionModule:
         return heads_findings(both, what=self.what, words=HEAD_MODULES)
 
     def probe_dependencies(self, x, weights):
+        """Which tokens each output depends on. With several heads, a reshape that mixes the token axis with the
+        heads' (merging them without transpose(1, 2) first) moves outputs across tokens too: the mask is then one
+        possible cause among two."""
         t = np.asarray(x).shape[1]
         positions = np.arange(t)
-        return dependency_findings(lambda a: self.run(a, weights), x,
-                                   A.allowed_keys(self.spec, positions, positions), what=self.what)
+        found = dependency_findings(lambda a: self.run(a, weights), x,
+                                    A.allowed_keys(self.spec, positions, positions), what=self.what)
+        if self.spec.num_heads < 2:
+            return found
+        mixing = ("a view or reshape mixes the token axis with the heads' (the heads merged without transpose(1, 2) "
+                  "first, or split without it): each output row then holds several tokens' values")
+        return [Finding(f.shows, (*f.causes, mixing), f.mechanism, f.source, f.weight) if f.mechanism == "masking"
+                else f for f in found]
 
 
 @dataclass

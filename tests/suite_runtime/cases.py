@@ -127,3 +127,14 @@ def pairwise_distinct(rng, draw, tries=500):
         if len(set(sizes.values())) == len(sizes):
             return sizes
     raise ValueError(f"no pairwise distinct sizes in {tries} draws (last: {sizes})")
+
+
+def distinct_sizes(rng, ranges, derived=None, tries=1000):
+    """``pairwise_distinct`` sizes drawn from ``ranges`` ({name: (low, high)}, both ends included), together with
+    those ``derived`` from them (a function of the drawn sizes giving {name: size}: d_out = num_heads * head_dim,
+    say): {name: size}."""
+    def draw(r):
+        drawn = {name: int(r.integers(low, high, endpoint=True)) for name, (low, high) in ranges.items()}
+        return {**drawn, **(derived(drawn) if derived else {})}
+
+    return pairwise_distinct(rng, draw, tries)

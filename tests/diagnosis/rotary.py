@@ -1,0 +1,188 @@
+"""Rotary position embeddings (RoPE): the angles of each position (``rope_angles``: cos and sin, Llama's halves
+layout) and the rotation of queries and keys by them (``apply_rope``).
+
+The references, with the switches of ``attention.ROPE`` (layouts, direction, frequencies, theta_base) and an
+``offset`` ignored: ``cos_sin`` and ``rotate``, searched by ``AnglesFunction`` and ``RotateFunction`` when a check of
+a learner's function fails. Probes of the learner's own apply_rope state what a rotation must keep
+(``rotation_findings``): which feature each feature turns with and in which direction (read from one-hot vectors),
+vectors' lengths, and scores that depend on the distance m - n alone (RoPE's relative-position invariance); and
+a reading of the learner's own cos and sin (``angle_findings``): the layout of the angles and the frequencies and
+theta_base they were made with, fitted.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import attention as A
+from .explain import Evidence, Probed, Said, Searched
+from .findings import Finding
+from .search import Switch
+
+OFFSET = Switch("offset", "rotary positions", {
+    "ignored": "the offset was ignored: rotate the tokens at positions offset, offset + 1, ..., "
+               "cos[offset:offset + T]"})
+MECHANISM = "rotary positions"
+
+
+def angles(head_dim: int, positions, theta: float, choices: A.Choices = A.NONE) -> np.ndarray:
+    """(len(positions), head_dim): the angle of each feature at each position, Llama's halves layout."""
+    choice = choices.get("rope")
+    theta = 10_000.0 if choice == "theta" else float(theta)
+    step = 1 if choice == "frequency" else 2
+    inv = theta ** (-np.arange(0, step * (head_dim // 2), step, dtype=np.float64) / head_dim)
+    freqs = np.asarray(positions, dtype=np.float64)[:, None] * inv
+    return np.repeat(freqs, 2, axis=-1) if choice == "angles_interleaved" else np.concatenate([freqs, freqs], -1)
+
+
+def cos_sin(head_dim, positions, theta, choices: A.Choices = A.NONE) -> np.ndarray:
+    a = angles(head_dim, positions, theta, choices)
+    return np.stack([np.cos(a), np.sin(a)])
+
+
+def angle_switches(theta: float) -> list[Switch]:
+    values = ["angles_interleaved", "frequency"]
+    return [A.ROPE.plus(A.ROPE_THETA).only(*values, *(["theta"] if theta != 10_000.0 else []))]
+
+
+def rotate(x, cos, sin, offset: int = 0, choices: A.Choices = A.NONE) -> np.ndarray:
+    """x (..., T, head_dim) rotated by the given cos and sin (rows offset..offset+T-1), as ``choices`` make it."""
+    x = np.asarray(x, dtype=np.float64)
+    t, d = x.shape[-2], x.shape[-1]
+    first = 0 if choices.get("offset") == "ignored" else offset
+    c, s = np.asarray(cos, np.float64)[first:first + t], np.asarray(sin, np.float64)[first:first + t]
+    choice = choices.get("rope")
+    if choice == "sign":
+        s = -s
+    if choice == "interleaved":  # neighbours (2i, 2i + 1) turned by pair i's angle: RoFormer's layout
+        half = d // 2
+        x1, x2, ch, sh = x[..., ::2], x[..., 1::2], c[:, :half], s[:, :half]
+        return np.stack([x1 * ch - x2 * sh, x1 * sh + x2 * ch], axis=-1).reshape(x.shape)
+    if choice == "pairs_interleaved":
+        return x * c + np.stack([-x[..., 1::2], x[..., ::2]], axis=-1).reshape(x.shape) * s
+    return x * c + np.concatenate([-x[..., d // 2:], x[..., :d // 2]], axis=-1) * s
+
+
+ROTATE_SWITCHES = [A.ROPE.only("interleaved", "pairs_interleaved", "sign"), OFFSET]
+
+
+# ---------------------------------------------------------------- readings of the learner's own apply_rope
+
+Apply = Callable[..., np.ndarray]  # apply_rope(x, cos, sin, offset=...) of the learner, returning an array
+
+
+def rotation_findings(apply: Apply, head_dim: int = 8) -> list[Finding]:
+    """The learner's apply_rope on inputs of ours (float64, Llama's angles at theta_base 10_000; five calls): which
+    feature each one-hot feature turns with and in which direction, whether lengths are kept, whether a score
+    depends on the distance alone."""
+    d, half = head_dim, head_dim // 2
+    a = angles(d, np.arange(64), 10_000.0)
+    cos, sin = np.cos(a), np.sin(a)
+    found = []
+    turned = np.asarray(apply(np.eye(d)[:, None, None, :], cos, sin, offset=1), np.float64)  # (d, 1, 1, d)
+    if turned.shape != (d, 1, 1, d):
+        return []
+    turned = turned[:, 0, 0]
+    partners = [int(np.argmax(np.abs(np.where(np.arange(d) == i, 0, row)))) for i, row in enumerate(turned)]
+    halves = [(i + half) % d for i in range(d)]
+    if partners != halves and partners == [i ^ 1 for i in range(d)]:
+        # neighbours: with each pair's own angle (RoFormer's layout), or with the halves layout's columns (mixed)
+        own = np.isclose(turned[2, 2], np.cos(a[1, 1]), atol=1e-6)
+        found.append(Finding("your apply_rope turns feature 0 with feature 1 and feature 2 with feature 3 "
+                             "(neighbours), where the halves layout pairs feature i with feature i + head_dim/2 "
+                             f"({half} for head_dim {d}).",
+                             (A.ROPE.wrong["interleaved" if own else "pairs_interleaved"],), MECHANISM, "probe",
+                             weight=2))
+    elif partners == halves and np.isclose(turned[0, half] / np.sin(a[1, 0]), -1, atol=1e-4):
+        # (feature 0 must gain + sin(angle) times feature head_dim/2)
+        found.append(Finding(f"your apply_rope turns feature 0 towards -feature {half}: the other way round.",
+                             (A.ROPE.wrong["sign"],), MECHANISM, "probe", weight=2))
+    qk = np.random.default_rng(3).normal(size=(2, 1, 1, d))  # q and k, one token each
+    at = {m: np.asarray(apply(qk, cos, sin, offset=m), np.float64) for m in (0, 3, 37, 40)}
+    if any(v.shape != qk.shape for v in at.values()):
+        return found
+    norms = np.linalg.norm(at[40], axis=-1)
+    if not np.allclose(norms, np.linalg.norm(qk, axis=-1), rtol=1e-5):
+        ratio = float(np.max(np.abs(norms / np.linalg.norm(qk, axis=-1) - 1)))
+        found.append(Finding(f"your apply_rope changes vectors' lengths (by up to {ratio:.1%}): a rotation keeps "
+                             "them.", ("the two features of a pair are not turned by the same angle: cos and sin must "
+                                       "hold each pair's angle in both of its features' columns (cat([freqs, freqs]) "
+                                       "for the halves layout), and apply_rope must pair the features the same way",),
+                             MECHANISM, "probe", weight=3))
+    near, far = float(np.sum(at[3][0] * at[0][1])), float(np.sum(at[40][0] * at[37][1]))
+    if not np.isclose(near, far, rtol=1e-4, atol=1e-6):
+        found.append(Finding(f"q rotated at position 3 . k at 0 = {near:.4f}, but q at 40 . k at 37 = {far:.4f}: "
+                             "with your apply_rope a score depends on the positions, not on their distance alone.",
+                             (), MECHANISM, "probe", weight=4))
+    return found
+
+
+def angle_findings(cos_and_sin, head_dim: int, theta: float) -> list[Finding]:
+    """The learner's cos and sin (2, positions, head_dim) read at positions 0 and 1: the position row 0 stands for,
+    which columns share an angle (the layout), and the frequencies' ratio fitted (the exponent and theta_base they
+    were made with)."""
+    values = np.asarray(cos_and_sin, dtype=np.float64)
+    if values.ndim != 3 or values.shape[0] != 2 or values.shape[1] < 2 or values.shape[2] != head_dim or head_dim < 4:
+        return []
+    first = np.arctan2(values[1, 0], values[0, 0])  # row 0's angles: 0 at position 0
+    a = np.angle(np.exp(1j * (np.arctan2(values[1, 1], values[0, 1]) - first)))  # one position's turn: the freqs
+    half = head_dim // 2
+    found = []
+    if a[0] > 1e-6 and abs(first[0]) > 1e-4:
+        start = first[0] / a[0]
+        if abs(start - round(start)) < 1e-3 and np.allclose(first, round(start) * a, atol=1e-4):
+            found.append(Finding(f"row 0 of your cos and sin holds the angles of position {round(start)}, and row p "
+                                 f"those of position p + {round(start)}.",
+                                 (f"the positions start at {round(start)}: row p must hold position p, "
+                                  "torch.arange(context_length) from 0",), MECHANISM, "probe", weight=2))
+    if np.allclose(a[0::2], a[1::2], atol=1e-5) and not np.allclose(a[:half], a[half:], atol=1e-5):
+        found.append(Finding("your cos and sin hold each angle in two neighbouring columns (2i and 2i + 1), where the "
+                             "halves layout repeats the first half's angles in the second half.",
+                             (A.ROPE.wrong["angles_interleaved"],), MECHANISM, "probe", weight=2))
+        freqs = a[0::2]
+    else:
+        freqs = a[:half]
+    if np.any(freqs <= 0) or not np.isclose(freqs[0], 1.0, atol=1e-4):
+        return found
+    ratio = freqs[1] / freqs[0]  # theta ** (-step / head_dim)
+    exponent = -np.log(ratio) * head_dim  # step * ln(theta)
+    right = 2 * np.log(theta)
+    if np.isclose(exponent, right, rtol=1e-3):
+        return found
+    readings = {np.log(theta): ("the frequencies' exponent is i / head_dim (theta_base ** (-i / head_dim)), not 2i "
+                                "/ head_dim", A.ROPE.wrong["frequency"]),
+                2 * np.log(10_000.0): ("the frequencies are those of theta_base = 10000", A.ROPE_THETA["theta"])}
+    for value, (shows, cause) in readings.items():
+        if np.isclose(exponent, value, rtol=1e-3):
+            return found + [Finding(f"at position 1 your angles are {np.round(freqs[:3], 4).tolist()}...: {shows}, "
+                                    f"where theta_base = {theta:g} gives "
+                                    f"{np.round(theta ** (-2 * np.arange(3) / head_dim), 4).tolist()}...",
+                                    (cause,), MECHANISM, "probe", weight=2)]
+    return found + [Finding(f"at position 1 your angles are {np.round(freqs[:3], 4).tolist()}...: frequencies "
+                            f"theta ** (-2i / head_dim) with theta = {np.exp(exponent / 2):.4g}, not theta_base = "
+                            f"{theta:g}.", (), MECHANISM, "probe", weight=2)]
+
+
+# ---------------------------------------------------------------- a check's evidence
+
+@dataclass
+class AnglesFunction:
+    """The learner's rope_angles(head_dim, context_length, theta_base) -> (cos, sin), checked as [cos, sin]."""
+
+    def evidence(self, head_dim: int, positions, theta: float) -> list[Evidence]:
+        return [Searched(lambda choices: cos_sin(head_dim, positions, theta, choices), angle_switches(theta),
+                         "your [cos, sin]"),
+                Said(lambda actual: angle_findings(actual, head_dim, theta) if np.asarray(positions)[0] == 0 else [])]
+
+
+@dataclass
+class RotateFunction:
+    """The learner's apply_rope(x, cos, sin, offset=0): ``apply`` runs it (on arrays, returning an array)."""
+
+    apply: Apply
+
+    def evidence(self, x, cos, sin, offset: int = 0) -> list[Evidence]:
+        return [Searched(lambda choices: rotate(x, cos, sin, offset, choices), ROTATE_SWITCHES, "your rotated x"),
+                Probed([lambda: rotation_findings(self.apply)])]
