@@ -78,6 +78,7 @@ def pytest_args(staging: Path) -> list[str]:
         # conftest.py from the submission into this trusted process).
         f"--impl={staging}", "--seed=0", "-m", "not book", "--assert=plain",
         "-o", "addopts=",  # the ini's options are for a person at a terminal
+        "-o", "check_time_limit=0",  # (the student's clock: the sandbox times the learner's code, in its boxes)
         *[arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")],
     ]
 
@@ -129,7 +130,7 @@ class JobLoop:
             # backend closes (its boxes are killed); the sandbox stays for the next one.
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=following)
             if grading.infrastructure:
-                return {"error": f"the sandbox failed, so the submission was not graded: {grading.infrastructure}"}
+                return {"error": f"the grader failed, so the submission was not graded: {grading.infrastructure}"}
         if grading.implementations != 1:
             return {"error": f"pytest {pytest.__version__} set up the implementation {grading.implementations} "
                              "times for one submission instead of once: grading stopped rather than give "
@@ -317,19 +318,32 @@ class WorkerProcess:
             self.log = None
 
 
+ATTEMPTS = 2  # a submission the grader failed on is graded again by a fresh worker (a fresh sandbox) this often in all
+
+
 def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None = None, *, allow_plain=False,
                  private=()) -> dict:
     """The verdicts of the submission in nbgrader's autograded copy ``folder`` on ``graded_stages`` (None:
     every stage), graded by a worker of its own: {"fingerprint", "seed", "tests", "output_capped",
-    "confinement", "seconds"}. ``allow_plain``, ``private``: see WorkerProcess."""
+    "confinement", "seconds"}. ``allow_plain``, ``private``: see WorkerProcess. A failure of the grader's own (the
+    worker's, its sandbox's: WorkerError) is tried again in a fresh worker; if that fails too, WorkerError says why
+    (never a grade). WorkerRefused (no confinement holds here) is not tried again."""
     sources = S.autograded_sources(folder, graded_stages or ())
     fingerprint = S.fingerprint(sources)
     job = {"sources": sources, "seed": S.seed_of(fingerprint), "stages": graded_stages}
-    worker = WorkerProcess(limits, allow_plain=allow_plain, private=private)
-    try:
-        return {"fingerprint": fingerprint, "seed": job["seed"], **worker.grade(job)}
-    finally:
-        worker.close()
+    failures = []
+    for _ in range(ATTEMPTS):
+        worker = WorkerProcess(limits, allow_plain=allow_plain, private=private)
+        try:
+            return {"fingerprint": fingerprint, "seed": job["seed"], **worker.grade(job)}
+        except WorkerRefused:
+            raise
+        except WorkerError as exc:
+            failures.append(str(exc))
+        finally:
+            worker.close()
+    raise WorkerError(f"the grader failed {len(failures)} times on this submission (each time in a fresh worker and "
+                      f"sandbox), so it was not graded; the last time: {failures[-1]}")
 
 
 if __name__ == "__main__":
