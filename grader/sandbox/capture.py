@@ -5,6 +5,8 @@ import os
 import select
 import threading
 
+from .procfs import thread_run_delay
+
 
 class Capture:
     """Drains a process's stdout and stderr so that it never blocks on a full pipe.
@@ -21,6 +23,12 @@ class Capture:
         self.reset()
         self.thread = threading.Thread(target=self._drain, args=(streams,), daemon=True, name="sandbox-output")
         self.thread.start()
+
+    def run_delay(self) -> float:
+        """Seconds the draining thread has waited for a processor (Linux; 0 where unknown). A box that prints
+        more than its pipes hold waits for this thread: while the machine keeps the thread waiting, the box's
+        wait is the machine's load, not the learner's time (``channel.Waiting``)."""
+        return thread_run_delay(self.thread.native_id) if self.thread.native_id is not None else 0.0
 
     def reset(self):
         with self.lock:

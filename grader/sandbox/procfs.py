@@ -97,6 +97,15 @@ def own_run_delay() -> float:
         return 0.0
 
 
+def thread_run_delay(tid) -> float:
+    """Seconds thread ``tid`` of this process has waited on a run queue (Linux schedstat; 0 where unknown)."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def ns_pids(pid) -> list[int]:
     """The pids of process ``pid`` in each pid namespace it belongs to, outermost first (Linux)."""
     try:
