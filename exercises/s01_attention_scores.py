@@ -4,6 +4,9 @@ The running example is the sentence "Your journey starts with one step", one
 3-dimensional embedding per token. The query is the second token, "journey"
 (``inputs[1]``). A score says how much the query "resembles" each token: the
 dot product of the two vectors.
+
+Both functions work for any num_tokens and d_in, and for any query vector, not
+only a row of ``inputs``. They take float32 tensors and return a torch tensor.
 """
 import torch
 

@@ -3,7 +3,10 @@
 SelfAttention_v1 stores its projections as raw ``nn.Parameter`` matrices
 (d_in, d_out) and multiplies by them. SelfAttention_v2 uses ``nn.Linear``,
 which stores the transposed matrix (d_out, d_in), can add a bias and starts
-from a better initialisation. Both compute the same function.
+from a better initialisation. Both compute the same function: scaled
+dot-product attention over one sequence, the scores divided by sqrt(d_out)
+(the keys' width), for any num_tokens >= 1. The tests build both classes with
+keyword arguments: keep the constructors' parameter names.
 """
 import torch
 import torch.nn as nn
@@ -12,7 +15,7 @@ import torch.nn as nn
 class SelfAttention_v1(nn.Module):
     """Scaled dot-product self-attention with raw parameter matrices.
 
-    Parameters: W_query, W_key, W_value, each an nn.Parameter of shape (d_in, d_out).
+    Parameters: W_query, W_key, W_value, each an nn.Parameter of shape (d_in, d_out), and no others.
     forward(x): x (num_tokens, d_in) -> context vectors (num_tokens, d_out)
     """
 
@@ -30,7 +33,7 @@ class SelfAttention_v2(nn.Module):
     """Scaled dot-product self-attention with nn.Linear projections.
 
     Submodules: W_query, W_key, W_value, each nn.Linear(d_in, d_out, bias=qkv_bias);
-    their .weight has shape (d_out, d_in).
+    their .weight has shape (d_out, d_in), with a bias only when qkv_bias is True. No other parameters.
     forward(x): x (num_tokens, d_in) -> context vectors (num_tokens, d_out)
     """
 

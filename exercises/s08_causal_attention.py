@@ -15,8 +15,15 @@ class CausalAttention(nn.Module):
 
     Submodules: W_query, W_key, W_value = nn.Linear(d_in, d_out, bias=qkv_bias);
     dropout = nn.Dropout(dropout). Buffer: mask (context_length, context_length),
-    1 above the diagonal (future positions), 0 elsewhere.
-    forward(x): x (b, num_tokens, d_in), num_tokens <= context_length -> (b, num_tokens, d_out)
+    1 above the diagonal (future positions), 0 elsewhere. No other parameters. Every
+    size comes from the constructor's arguments (the tests pass them by name), never
+    from a global or the book's example.
+    forward(x): x (b, num_tokens, d_in), num_tokens <= context_length -> (b, num_tokens, d_out);
+    b and num_tokens may be 1. Token t's output depends on tokens 0..t only. The scores
+    are scaled by 1/sqrt(d_out) (the keys' width); dropout acts on the attention weights,
+    after the softmax, in training mode only.
+    The checks also run it on CUDA, the module and x moved there with .to(device): a
+    tensor created inside forward (torch.ones, torch.full ...) must be on x's device.
     """
 
     def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):

@@ -5,6 +5,8 @@ into num_heads slices of head_dim = d_out // num_heads. Reshaping (view) and
 moving the head axis next to the batch axis (transpose) lets one batched
 matrix product compute every head at once. An output projection then mixes
 the concatenated heads.
+
+Each function and the class are graded on their own; any size may be 1.
 """
 import torch
 import torch.nn as nn
@@ -33,9 +35,20 @@ class MultiHeadAttention(nn.Module):
 
     Submodules: W_query, W_key, W_value = nn.Linear(d_in, d_out, bias=qkv_bias);
     out_proj = nn.Linear(d_out, d_out) (with bias); dropout = nn.Dropout(dropout).
-    Buffer: mask (context_length, context_length), 1 above the diagonal.
-    Head h uses output features h*head_dim .. (h+1)*head_dim - 1 of each projection.
-    forward(x): x (b, num_tokens, d_in) -> (b, num_tokens, d_out)
+    Buffer: mask (context_length, context_length), 1 above the diagonal, 0 elsewhere.
+    No other parameters. Every size comes from the constructor's arguments (the tests
+    pass them by name), never from a global or the book's example.
+    Head h uses output features h*head_dim .. (h+1)*head_dim - 1 of each projection,
+    head_dim = d_out // num_heads; num_heads may be 1.
+    forward(x): x (b, num_tokens, d_in), num_tokens <= context_length -> (b, num_tokens, d_out);
+    b and num_tokens may be 1. Each head's scores are scaled by 1/sqrt(head_dim) (not
+    d_out) and causally masked; dropout acts on the attention weights, after the softmax,
+    in training mode only; head h's context vectors fill features h*head_dim ..
+    (h+1)*head_dim - 1 of out_proj's input.
+    The checks run it in float32 and in bfloat16, on the CPU and on CUDA, the module and
+    x moved with .to(device, dtype): a tensor created inside forward (torch.ones, torch.full
+    ...) must take x's device and, if floating-point, x's dtype. A bfloat16 output is
+    compared with the float32 computation at rtol = atol = 3e-2.
     """
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):

@@ -19,7 +19,7 @@ from shlex import quote
 from suite_runtime.stage_names import is_stage_module
 
 from .errors import AttnkitError, GradeError, SampleError
-from .kit import assignment, assignments, plan_points
+from .kit import assignment, assignments, plan_points, stage_named
 from .sandbox.confinement import ALLOW_PLAIN
 from .sandbox.limits import BUDGET_CHECKS, TEST_TIMEOUT, budget_problem
 from .untrusted import ID_RULE, printable
@@ -34,9 +34,18 @@ def cmd_stubs(args):
 
 def cmd_fixtures(args):
     from .authoring.fixtures import generate
+    from .kit import FIXTURES
 
-    manifest = generate(args.out) if args.out else generate()
-    print(f"wrote {len(manifest['files'])} fixture files and manifest.json")
+    stages = None
+    if args.stage or args.assignment:
+        stages = [stage_named(s) for s in args.stage or []]
+        for name in args.assignment or []:
+            stages += assignment(name).modules
+    manifest = generate(args.out or FIXTURES, stages)
+    written, kept = manifest["written"], manifest["kept"]
+    print(f"wrote {len(written)} fixture file{'s' if len(written) != 1 else ''}"
+          + (f" ({', '.join(written)})" if 0 < len(written) <= 6 else "")
+          + f", kept {len(kept)} unchanged (the same arrays within float noise), updated manifest.json")
 
 
 def _points(text):
@@ -228,8 +237,10 @@ def main(argv=None):
         prog="attnkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("stubs", help="write exercises/ from solutions/").set_defaults(func=cmd_stubs, said_as="stubs")
-    p = sub.add_parser("fixtures", help="regenerate fixtures/ from solutions/")
+    p = sub.add_parser("fixtures", help="regenerate fixtures/ from solutions/ (only the files that change)")
     p.add_argument("--out", help="write somewhere else than fixtures/")
+    p.add_argument("--stage", action="append", help="only this stage (its module or marker; repeatable)")
+    p.add_argument("--assignment", action="append", help="only this assignment's stages (repeatable)")
     p.set_defaults(func=cmd_fixtures, said_as="fixtures")
 
     p = sub.add_parser("course", help="nbgrader course management")

@@ -154,6 +154,19 @@ def stage_info(stage: str) -> Stage:
     raise AssignmentError(f"{stage!r} is no stage of the kit's assignments")
 
 
+def stage_named(name: str) -> str:
+    """The stage module a person means by ``name``: its module (s08_causal_attention) or its marker
+    (causal_attention); an AssignmentError listing the markers otherwise."""
+    every = stages()
+    if name in every:
+        return name
+    found = [stage for stage in every if marker(stage) == name]
+    if not found:
+        raise AssignmentError(f"no stage {name!r}: name one by its module or its marker "
+                              f"({', '.join(map(marker, every))})")
+    return found[0]
+
+
 def stages(name: str | None = None) -> list[str]:
     """Stage module names in teaching order: those of the assignment ``name``, or of every assignment."""
     chosen = [assignment(name)] if name is not None else assignments().values()

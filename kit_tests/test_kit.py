@@ -9,21 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grader.authoring.fixtures import generate
+from grader.authoring.fixtures import REGENERATED, generate
 from grader.authoring.stubs import out_of_sync
 from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTION_BEGIN, SOLUTIONS, SUITE, stages
-
-# How close regenerated fixtures must come to the committed ones. The same float32 computation does
-# not give the same bits on every machine: the BLAS library picks its kernels by CPU (vector width,
-# fused multiply-add, blocking), so sums are added up in another order. A result that is a small
-# difference of large terms can then move by a few float32 steps of those terms (seen: 1.6e-7 on a
-# value of -0.0142 made from terms near 3). Learners are graded against these files at
-# checks.assert_close's default tolerance (rtol 1e-4, atol 1e-6), so whatever the stored values
-# are off by comes out of the learner's tolerance. A tenth of the rtol (about 80 float32 steps,
-# eps = 1.2e-7) and half of the atol absorb any machine's rounding while a fixture that passes
-# still leaves the learner 90 % of the relative and 50 % of the absolute tolerance. A real change
-# (another seed, shape or formula) moves values by far more than this.
-REGENERATED = dict(rtol=1e-5, atol=5e-7)
 
 
 def test_exercises_are_generated_from_the_solutions():
@@ -54,6 +42,33 @@ def test_fixtures_regenerate_to_the_committed_values(tmp_path):
             for key in old.files:
                 assert old[key].dtype == new[key].dtype, f"{name}:{key}"
                 np.testing.assert_allclose(new[key], old[key], **REGENERATED, err_msg=f"{name}:{key}")
+
+
+def test_fixtures_rewrite_only_what_changed(tmp_path, monkeypatch):
+    """`attnkit fixtures --stage S` regenerates S alone and leaves a file whose arrays are the same within float noise
+    as it was (byte for byte); a generator that changes writes its files, and the manifest keeps every other stage."""
+    import shutil
+
+    import grader.authoring.fixtures as F
+
+    shutil.copytree(FIXTURES, tmp_path / "fixtures")
+    out = tmp_path / "fixtures"
+    before = {p: p.read_bytes() for p in out.rglob("*.npz")}
+    manifest = generate(out, ["s06_causal_mask"])
+    assert manifest["written"] == [] and sorted(manifest["kept"]) == ["hidden/s06_causal_mask.npz",
+                                                                       "public/s06_causal_mask.npz"]
+    assert {p: p.read_bytes() for p in out.rglob("*.npz")} == before
+    assert set(json.loads((out / "manifest.json").read_text())["files"]) == set(
+        json.loads((FIXTURES / "manifest.json").read_text())["files"])
+    found, none = F.generators()
+    original = found["s06_causal_mask"]
+
+    def changed(ref, public, hidden):
+        original(ref, public, hidden)
+        hidden.add("d_k", np.asarray(5), "key dimension")  # another value: a real change
+
+    monkeypatch.setattr(F, "generators", lambda: ({**found, "s06_causal_mask": changed}, none))
+    assert generate(out, ["s06_causal_mask"])["written"] == ["hidden/s06_causal_mask.npz"]
 
 
 def test_manifest_describes_every_stored_array():
@@ -138,9 +153,9 @@ def test_the_suite_s_layers_import_downwards_only():
     """Runtime < diagnosis < plugin < tests: the runtime knows nothing of how failures are explained, the
     diagnosis engine nothing of pytest's wiring, and no package of the suite imports a test file."""
     modules = suite_modules()
+    suite = {*SUITE_LAYERS.values(), "conftest"} | {n for n in modules if n.startswith("test_")}
     upwards = [f"{name} imports {m}" for name, path in modules.items() for m in sorted(imported(path))
-               if m.split(".")[0] in {*SUITE_LAYERS.values(), "conftest"} | {n for n in modules if n.startswith("test_")}
-               and suite_layer(m) > suite_layer(name)]
+               if m.split(".")[0] in suite and suite_layer(m) > suite_layer(name)]
     assert not upwards, "a layer of the suite imports one above it:\n" + "\n".join(upwards)
 
 

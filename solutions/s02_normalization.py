@@ -21,7 +21,9 @@ def normalize_by_sum(scores):
 def softmax_by_hand(x, dim=-1):
     """Softmax written with exp and sum only (no torch.softmax), stable for large x.
 
-    x: any shape   returns: same shape, sums to 1 along ``dim``
+    x: any shape, its values possibly in the thousands (of either sign): no inf or NaN
+    dim: the dimension to normalise (the tests pass it by name)
+    returns: same shape, sums to 1 along ``dim``
     """
     # Subtract the max along dim before exp: softmax is unchanged by a shift,
     # and exp can no longer overflow to inf.

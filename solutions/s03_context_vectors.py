@@ -10,8 +10,8 @@ import torch
 def context_vector(attn_weights, inputs):
     """The context vector of one query, summed token by token.
 
-    attn_weights: (num_tokens,) weights of one query   inputs: (num_tokens, d_in)
-    returns: (d_in,)
+    attn_weights: (num_tokens,) weights of one query, already normalised: use them as given
+    inputs: (num_tokens, d_in)   returns: (d_in,)
     """
     # Add up each input vector scaled by its weight.
     ### BEGIN SOLUTION
@@ -25,7 +25,8 @@ def context_vector(attn_weights, inputs):
 def all_context_vectors(attn_weights, inputs):
     """The context vectors of all tokens in one matrix product.
 
-    attn_weights: (num_tokens, num_tokens)   inputs: (num_tokens, d_in)
+    attn_weights: (num_tokens, num_tokens), row i holding token i's weights (rows sum to 1;
+    the matrix need not be symmetric); use them as given   inputs: (num_tokens, d_in)
     returns: (num_tokens, d_in); row i is token i's context vector
     """
     # Compute every weighted sum in one product: row i of the weights mixes the inputs for token i.

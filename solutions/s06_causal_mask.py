@@ -9,7 +9,10 @@ tokens 0..i. Two ways to hide the future:
   softmax; exp(-inf) = 0, so the masked weights come out exactly 0 and the
   rows already sum to 1.
 
-Both give the same weights. All functions accept a leading batch dimension.
+Both give the same weights. All functions accept a leading batch dimension,
+and any num_tokens >= 1. In both forms every weight above the diagonal must be
+exactly 0 (checked with no tolerance, not merely small), every row sums to 1,
+and the scores above the diagonal have no influence on any weight.
 """
 import torch
 

@@ -11,8 +11,8 @@ import torch.nn as nn
 def attention_dropout(attn_weights, p, training=True):
     """Apply ``nn.Dropout(p)`` to the weights, in train or eval mode.
 
-    attn_weights: any shape   p: drop probability   training: the module's mode
-    returns: same shape
+    attn_weights: any shape   p: drop probability   training: the module's mode (the tests pass it by name)
+    returns: same shape; attn_weights unchanged when training is False or p = 0
     """
     # Build the dropout layer, put it in the requested mode, apply it.
     ### BEGIN SOLUTION
@@ -25,7 +25,8 @@ def attention_dropout(attn_weights, p, training=True):
 def dropout_by_hand(x, p):
     """Training-mode dropout without nn.Dropout.
 
-    Zero each element with probability p; scale the kept ones by 1 / (1 - p).
+    Zero each element with probability p; scale the kept ones by exactly 1 / (1 - p)
+    (p = 0 returns x unchanged).
     Use torch's random generator (e.g. torch.rand_like), so torch.manual_seed applies.
     x: any shape   p: drop probability in [0, 1)   returns: same shape
     """

@@ -7,7 +7,14 @@
 
 Both compute exactly what MultiHeadAttention computes once its weights are
 mapped across; the two mapping functions below do that, and they show where
-every head's weights live inside the big projections.
+every head's weights live inside the big projections. As in MultiHeadAttention,
+head_dim = d_out // num_heads, each head's scores are scaled by 1/sqrt(head_dim)
+and causally masked, and dropout acts on the attention weights, after the softmax,
+in training mode only. Every size comes from the constructor's arguments (the tests
+pass them by name): the output has width d_out even when d_in differs. b and
+num_tokens (<= context_length) may be 1. The checks also run the modules on CUDA,
+moved there with .to(device): a tensor created inside forward (torch.ones,
+torch.full ...) must be on x's device.
 """
 import torch
 import torch.nn as nn
@@ -17,9 +24,11 @@ class MultiHeadAttentionCombinedQKV(nn.Module):
     """Causal multi-head attention with one fused query/key/value projection.
 
     Submodules: W_qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias), its output laid
-    out as [queries | keys | values]; out_proj = nn.Linear(d_out, d_out);
-    dropout = nn.Dropout(dropout). Buffer: mask (1, 1, context_length, context_length),
-    1 above the diagonal, shaped to broadcast over batch and heads.
+    out as [queries | keys | values], each part split into heads as MultiHeadAttention
+    splits its projections (head h: features h*head_dim .. (h+1)*head_dim - 1);
+    out_proj = nn.Linear(d_out, d_out); dropout = nn.Dropout(dropout). No other parameters.
+    Buffer: mask (1, 1, context_length, context_length), 1 above the diagonal, shaped to
+    broadcast over batch and heads.
     forward(x): x (b, num_tokens, d_in) -> (b, num_tokens, d_out)
     """
 
@@ -68,8 +77,9 @@ class Head(nn.Module):
 
     Submodules: W_query, W_key, W_value = nn.Linear(d_in, head_dim, bias=qkv_bias);
     dropout = nn.Dropout(dropout). Buffer: mask (context_length, context_length), 1 above
-    the diagonal. All sizes come from the constructor (no global variables).
-    forward(x): x (b, num_tokens, d_in) -> (b, num_tokens, head_dim)
+    the diagonal. No other parameters. All sizes come from the constructor (no global variables).
+    forward(x): x (b, num_tokens, d_in) -> (b, num_tokens, head_dim), the scores scaled
+    by 1/sqrt(head_dim)
     """
 
     def __init__(self, d_in, head_dim, context_length, dropout, qkv_bias=False):
@@ -105,9 +115,11 @@ class Head(nn.Module):
 class MultiHeadAttentionPerHead(nn.Module):
     """Causal multi-head attention built from num_heads Head modules and out_proj.
 
-    Submodules: heads = nn.ModuleList of num_heads Head(d_in, d_out // num_heads, ...);
-    out_proj = nn.Linear(d_out, d_out).
-    forward(x): x (b, num_tokens, d_in) -> (b, num_tokens, d_out)
+    Submodules: heads = nn.ModuleList of num_heads Head(d_in, d_out // num_heads, ...),
+    each built with this module's context_length, dropout and qkv_bias (the heads apply
+    the dropout); out_proj = nn.Linear(d_out, d_out). No other parameters.
+    forward(x): x (b, num_tokens, d_in) -> (b, num_tokens, d_out); head h's output fills
+    features h*head_dim .. (h+1)*head_dim - 1 of out_proj's input.
     """
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
@@ -134,7 +146,9 @@ def combined_qkv_state_dict(mha_state_dict):
 
     W_qkv.weight is W_query.weight, W_key.weight and W_value.weight stacked along
     the output dimension (rows), in that order; likewise the biases if present.
-    out_proj is copied. Buffers (mask) are not mapped. Returns a new dict.
+    out_proj is copied. Buffers (mask) are not mapped. Returns a new dict of tensors
+    whose keys are exactly W_qkv.weight, out_proj.weight, out_proj.bias and, when the
+    given projections have biases, W_qkv.bias.
     """
     # Stack the three projections' rows (and biases); keep out_proj as it is.
     ### BEGIN SOLUTION
@@ -155,7 +169,10 @@ def per_head_state_dict(mha_state_dict, num_heads):
 
     Head h owns rows h*head_dim .. (h+1)*head_dim - 1 of each projection's weight
     (and bias): heads.{h}.W_query.weight = W_query.weight[h*head_dim:(h+1)*head_dim].
-    out_proj is copied. Buffers (mask) are not mapped. Returns a new dict.
+    out_proj is copied. Buffers (mask) are not mapped. Returns a new dict of tensors
+    whose keys are exactly heads.{h}.W_query.weight, heads.{h}.W_key.weight and
+    heads.{h}.W_value.weight for every head h (and their .bias when the given
+    projections have biases), out_proj.weight and out_proj.bias.
     """
     # Slice each projection's rows into num_heads equal blocks, one per head.
     ### BEGIN SOLUTION

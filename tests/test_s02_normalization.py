@@ -8,21 +8,24 @@ and all_pairs_weights its row-wise softmax: every row sums to 1.
 import numpy as np
 import pytest
 
-from diagnosis import assert_close, softmax
+from diagnosis import Attention, WeightsFunction, assert_close, softmax
 from suite_runtime.cases import normal
 
 pytestmark = pytest.mark.normalization
 STAGE = "s02_normalization"
-SOFTMAX_DIM0 = "softmax over dim 0 (each column sums to 1); each query's row must sum to 1, use dim=-1"
 
 
-def whole_sum(x):
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum()
+PLAIN = Attention(causal=False)  # a softmax over each row: no mask, no scale
 
 
-def sum_normalised(x, axis=-1):
-    return x / x.sum(axis=axis, keepdims=True)
+def normalised(stage, form, scores):
+    """What a failed check of a softmax (``form``: a function of the stage, scores -> weights) or of
+    all_pairs_weights (its scores given) is diagnosed with: the softmax's mistakes searched, by hand ones included,
+    and its weights probed on scores of the probe's own."""
+    run = getattr(stage, form)
+    if form == "all_pairs_weights":  # its argument is the inputs, not the scores: probe through the search only
+        return WeightsFunction(PLAIN, by_hand=True).evidence(scores)[:1]
+    return WeightsFunction(PLAIN, rerun=lambda s, width: run(s), by_hand=True).evidence(scores)
 
 
 @pytest.mark.public
@@ -37,7 +40,7 @@ def test_journey_weights_by_sum(stage, public_fx):
 def test_journey_softmax_weights(stage, public_fx, form):
     weights = getattr(stage, form)(public_fx.attn_scores_2)
     assert_close("attn_weights_2", weights, public_fx.weights_softmax,
-                 mistakes={"the scores divided by their sum, not softmax": public_fx.weights_by_sum})
+                 diagnosis=normalised(stage, form, public_fx.attn_scores_2))
 
 
 @pytest.mark.public
@@ -48,14 +51,8 @@ def test_journey_all_pairs_scores(stage, public_fx):
 @pytest.mark.public
 def test_journey_all_pairs_weights_rows_sum_to_one(stage, public_fx):
     weights = stage.all_pairs_weights(public_fx.inputs)
-    assert_close(
-        "attn_weights", weights, public_fx.attn_weights,
-        mistakes={
-            SOFTMAX_DIM0:
-                softmax(public_fx.attn_scores, axis=0),
-            "rows divided by their sum instead of softmax": sum_normalised(public_fx.attn_scores),
-        },
-    )
+    assert_close("attn_weights", weights, public_fx.attn_weights,
+                 diagnosis=normalised(stage, "all_pairs_weights", public_fx.attn_scores))
 
 
 def test_weights_by_sum_for_other_scores(stage, hidden_fx):
@@ -67,27 +64,19 @@ def test_weights_by_sum_for_other_scores(stage, hidden_fx):
 @pytest.mark.parametrize("form", ["softmax_by_hand", "softmax_torch"])
 def test_softmax_of_a_vector_and_of_each_row(stage, hidden_fx, form):
     run = getattr(stage, form)
-    assert_close("softmax(scores)", run(hidden_fx.scores), hidden_fx.weights_softmax)
-    assert_close(
-        "softmax(matrix)", run(hidden_fx.matrix), hidden_fx.matrix_softmax,
-        mistakes={
-            SOFTMAX_DIM0: softmax(hidden_fx.matrix, axis=0),
-            "one softmax over the whole matrix: the max/sum must be taken per row (keepdim=True)":
-                softmax(hidden_fx.matrix.reshape(-1)).reshape(hidden_fx.matrix.shape),
-            "the exponentials were divided by their sum over the whole tensor; sum each row "
-            "(dim=dim, keepdim=True)": whole_sum(hidden_fx.matrix),
-        },
-    )
+    assert_close("softmax(scores)", run(hidden_fx.scores), hidden_fx.weights_softmax,
+                 diagnosis=normalised(stage, form, hidden_fx.scores))
+    assert_close("softmax(matrix)", run(hidden_fx.matrix), hidden_fx.matrix_softmax,
+                 diagnosis=normalised(stage, form, hidden_fx.matrix))
 
 
 @pytest.mark.parametrize("form", ["softmax_by_hand", "softmax_torch"])
 def test_softmax_is_stable_for_huge_scores(stage, hidden_fx, form):
     weights = getattr(stage, form)(hidden_fx.large)
-    assert_close(
-        "softmax(large)", weights, hidden_fx.large_softmax,
-        hint="Scores around 1000 make exp() overflow to inf (inf / inf = nan). "
-             "Subtract each row's max before exp: softmax(x) = softmax(x - max(x)).",
-    )
+    assert_close("softmax(large)", weights, hidden_fx.large_softmax,
+                 diagnosis=normalised(stage, form, hidden_fx.large),
+                 hint="Scores around 1000 make exp() overflow to inf in float32 unless each row's max is subtracted "
+                      "first.")
 
 
 def test_softmax_by_hand_honours_dim(stage, hidden_fx):
@@ -98,10 +87,8 @@ def test_softmax_by_hand_honours_dim(stage, hidden_fx):
 
 def test_all_pairs_for_other_inputs(stage, hidden_fx):
     assert_close("attn_scores", stage.all_pairs_scores(hidden_fx.inputs), hidden_fx.attn_scores)
-    assert_close(
-        "attn_weights", stage.all_pairs_weights(hidden_fx.inputs), hidden_fx.attn_weights,
-        mistakes={SOFTMAX_DIM0: softmax(hidden_fx.attn_scores, axis=0)},
-    )
+    assert_close("attn_weights", stage.all_pairs_weights(hidden_fx.inputs), hidden_fx.attn_weights,
+                 diagnosis=normalised(stage, "all_pairs_weights", hidden_fx.attn_scores))
 
 
 def test_random_cases(stage, reference, rng):
@@ -111,6 +98,7 @@ def test_random_cases(stage, reference, rng):
     matrix = normal(rng, rng.integers(1, 6), rng.integers(2, 9), scale=float(rng.choice([1.0, 10.0, 300.0])))
     for form in ("softmax_by_hand", "softmax_torch"):
         assert_close(f"{form}(matrix {matrix.shape})", getattr(stage, form)(matrix), ref.softmax_torch(matrix),
-                     mistakes={SOFTMAX_DIM0: softmax(matrix, axis=0)})
+                     diagnosis=normalised(stage, form, matrix))
     inputs = normal(rng, rng.integers(2, 9), rng.integers(2, 6))
-    assert_close("all_pairs_weights(inputs)", stage.all_pairs_weights(inputs), ref.all_pairs_weights(inputs))
+    assert_close("all_pairs_weights(inputs)", stage.all_pairs_weights(inputs), ref.all_pairs_weights(inputs),
+                 diagnosis=normalised(stage, "all_pairs_weights", inputs @ inputs.T))

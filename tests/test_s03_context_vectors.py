@@ -6,7 +6,7 @@ vectors at once are attn_weights @ inputs, row i for token i.
 import numpy as np
 import pytest
 
-from diagnosis import assert_close, softmax
+from diagnosis import Listed, Said, argument_findings, assert_close, softmax
 from suite_runtime.cases import normal
 
 pytestmark = pytest.mark.context_vectors
@@ -22,13 +22,21 @@ def context_mistakes(weights, inputs):
     return mistakes
 
 
+def context(stage, function, weights, inputs, **more):
+    """What a failed check of a context function is diagnosed with: its typical mistakes (and ``more``), and whether
+    it uses both of its arguments."""
+    return [Listed({**more, **context_mistakes(weights, inputs)}),
+            Said(lambda values: argument_findings(getattr(stage, function), [weights, inputs],
+                                                  ["the weights", "the inputs"], what="your context vectors"))]
+
+
 @pytest.mark.public
 def test_journey_context_vector(stage, public_fx):
     assert_close(
         "context_vec_2", stage.context_vector(public_fx.attn_weights_2, public_fx.inputs), public_fx.context_vec_2,
-        mistakes={"the inputs were averaged without their weights": public_fx.inputs.mean(axis=0),
-                  "the inputs were summed without their weights": public_fx.inputs.sum(axis=0),
-                  **context_mistakes(public_fx.attn_weights_2, public_fx.inputs)},
+        diagnosis=context(stage, "context_vector", public_fx.attn_weights_2, public_fx.inputs,
+                          **{"the inputs were averaged without their weights": public_fx.inputs.mean(axis=0),
+                             "the inputs were summed without their weights": public_fx.inputs.sum(axis=0)}),
     )
 
 
@@ -37,21 +45,21 @@ def test_journey_all_context_vectors(stage, public_fx):
     assert_close(
         "all_context_vecs", stage.all_context_vectors(public_fx.attn_weights, public_fx.inputs),
         public_fx.all_context_vecs,
-        mistakes=context_mistakes(public_fx.attn_weights, public_fx.inputs),
+        diagnosis=context(stage, "all_context_vectors", public_fx.attn_weights, public_fx.inputs),
     )
 
 
 def test_context_vector_for_other_weights(stage, hidden_fx):
     weights, inputs = hidden_fx.attn_weights, hidden_fx.inputs
     assert_close("context_vec_3", stage.context_vector(weights[3], inputs), hidden_fx.context_vec_3,
-                 mistakes=context_mistakes(weights[3], inputs))
+                 diagnosis=context(stage, "context_vector", weights[3], inputs))
 
 
 def test_all_context_vectors_for_other_weights(stage, hidden_fx):
     weights, inputs = hidden_fx.attn_weights, hidden_fx.inputs
     assert_close(
         "all_context_vecs", stage.all_context_vectors(weights, inputs), hidden_fx.all_context_vecs,
-        mistakes=context_mistakes(weights, inputs),
+        diagnosis=context(stage, "all_context_vectors", weights, inputs),
     )
 
 
@@ -62,6 +70,7 @@ def test_random_cases(stage, reference, rng):
     weights = rng.dirichlet(np.ones(t), size=t).astype(np.float32)
     i = rng.integers(t)
     assert_close(f"context vector of token {i}", stage.context_vector(weights[i], inputs),
-                 ref.context_vector(weights[i], inputs), mistakes=context_mistakes(weights[i], inputs))
+                 ref.context_vector(weights[i], inputs), diagnosis=context(stage, "context_vector", weights[i], inputs))
     assert_close("all context vectors", stage.all_context_vectors(weights, inputs),
-                 ref.all_context_vectors(weights, inputs), mistakes=context_mistakes(weights, inputs))
+                 ref.all_context_vectors(weights, inputs),
+                 diagnosis=context(stage, "all_context_vectors", weights, inputs))

@@ -4,22 +4,19 @@ Spec: query = x_query @ W_query, keys = inputs @ W_key, values = inputs @ W_valu
 scores = keys . query; weights = softmax(scores / sqrt(d_k)) with d_k the key
 dimension; the context vector is weights @ values.
 """
-import numpy as np
 import pytest
 
-from diagnosis import assert_close, softmax
+from diagnosis import Attention, Said, WeightsFunction, argument_findings, assert_close, softmax
 from suite_runtime.cases import normal
 
 pytestmark = pytest.mark.trainable_projections
 STAGE = "s04_trainable_projections"
 
 
-def scaling_mistakes(scores, d_k):
-    return {
-        "the scores were not scaled: divide them by sqrt(d_k) before the softmax": softmax(scores),
-        "the scores were divided by d_k; divide by its square root, d_k ** 0.5": softmax(scores / d_k),
-        "the scores were multiplied by sqrt(d_k); divide by it": softmax(scores * np.sqrt(d_k)),
-    }
+def scaled(stage, scores, d_k):
+    """What a failed check of scaled_weights is diagnosed with: one query's weights, softmax(scores / sqrt(d_k)) over
+    every key, its scaling and softmax searched and probed (diagnosis.WeightsFunction)."""
+    return WeightsFunction(Attention(causal=False, head_name="d_k"), d_k, rerun=stage.scaled_weights).evidence(scores)
 
 
 def context_mistakes(weights, inputs, values):
@@ -30,26 +27,36 @@ def context_mistakes(weights, inputs, values):
     }
 
 
+def arguments(stage, function, args, names, what):
+    """Whether ``function`` of the stage uses each of its arguments (perturbed one at a time)."""
+    return [Said(lambda values: argument_findings(getattr(stage, function), args, names, what=what))]
+
+
 def check_projections(stage, fx, name):
-    assert_close(f"query ({name})", stage.project(fx.x_query, fx.W_query), fx.query)
-    assert_close(f"keys ({name})", stage.project(fx.inputs, fx.W_key), fx.keys)
-    assert_close(f"values ({name})", stage.project(fx.inputs, fx.W_value), fx.values)
+    for what, x, w, expected in (("query", fx.x_query, fx.W_query, fx.query), ("keys", fx.inputs, fx.W_key, fx.keys),
+                                 ("values", fx.inputs, fx.W_value, fx.values)):
+        assert_close(f"{what} ({name})", stage.project(x, w), expected,
+                     diagnosis=arguments(stage, "project", [x, w], ["x", "W"], f"your {what}"))
 
 
 def check_scores(stage, fx, name):
-    assert_close(f"attn_scores ({name})", stage.scores_for_query(fx.query, fx.keys), fx.attn_scores)
+    assert_close(f"attn_scores ({name})", stage.scores_for_query(fx.query, fx.keys), fx.attn_scores,
+                 diagnosis=arguments(stage, "scores_for_query", [fx.query, fx.keys], ["the query", "the keys"],
+                                     "your scores"))
 
 
 def check_weights(stage, fx, name):
     d_k = fx.keys.shape[-1]
     assert_close(f"attn_weights ({name})", stage.scaled_weights(fx.attn_scores, d_k), fx.attn_weights,
-                 mistakes=scaling_mistakes(fx.attn_scores, d_k))
+                 diagnosis=scaled(stage, fx.attn_scores, d_k))
 
 
 def check_context(stage, fx, name):
     assert_close(
         f"context_vec ({name})", stage.context_for_query(fx.attn_weights, fx.values), fx.context_vec,
         mistakes=context_mistakes(fx.attn_weights, fx.inputs, fx.values),
+        diagnosis=arguments(stage, "context_for_query", [fx.attn_weights, fx.values], ["the weights", "the values"],
+                            "your context vector"),
     )
 
 
@@ -80,6 +87,6 @@ def test_random_cases(stage, reference, rng):
     assert_close("attn_scores", stage.scores_for_query(query, keys), scores)
     weights = ref.scaled_weights(scores, int(d_out))
     assert_close("attn_weights", stage.scaled_weights(scores, int(d_out)), weights,
-                 mistakes=scaling_mistakes(scores, int(d_out)))
+                 diagnosis=scaled(stage, scores, int(d_out)))
     assert_close("context_vec", stage.context_for_query(weights, values), ref.context_for_query(weights, values),
                  mistakes=context_mistakes(weights, inputs, values))

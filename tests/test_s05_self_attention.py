@@ -5,10 +5,9 @@ nn.Linear layers of the same names (weight (d_out, d_in), bias only when
 qkv_bias=True). Both return softmax(Q K^T / sqrt(d_out)) V for x (num_tokens, d_in).
 transfer_weights_v2_to_v1 makes v1 compute exactly what v2 computes.
 """
-import numpy as np
 import pytest
 
-from diagnosis import assert_close, linear, softmax
+from diagnosis import Attention, AttentionModule, as_parameters, assert_close, sizes_only, without_out_proj
 from suite_runtime.cases import draw_weights, normal
 
 pytestmark = pytest.mark.self_attention
@@ -16,29 +15,20 @@ STAGE = "s05_self_attention"
 NAMES = ("W_query", "W_key", "W_value")
 
 
-def attention_mistakes(q, k, v):
-    """What typical mistakes make of self-attention with these queries, keys and values."""
-    d_k = k.shape[-1]
-    return {
-        "the scores were not scaled by 1 / sqrt(d_k)": softmax(q @ k.T) @ v,
-        "the scores were multiplied by sqrt(d_k); divide by it": softmax(q @ k.T * np.sqrt(d_k)) @ v,
-        "softmax over dim 0 instead of the last dim": softmax(q @ k.T / np.sqrt(d_k), axis=0) @ v,
-        "keys @ queries.T: the scores are transposed (row i must be query i)": softmax(k @ q.T / np.sqrt(d_k)) @ v,
-        "softmax was applied twice: the weights were already normalised": softmax(softmax(q @ k.T / np.sqrt(d_k))) @ v,
-    }
+# What both classes compute: one head (its width d_k = d_out), no mask, no output projection, one sequence at a time.
+SPEC = Attention(num_heads=1, causal=False, out_proj=False, head_name="d_k")
+LAYOUT = {"SelfAttention_v1": as_parameters, "SelfAttention_v2": without_out_proj}
 
 
-def v1_mistakes(x, w):
-    """w: SelfAttention_v1's (d_in, d_out) matrices."""
-    return attention_mistakes(x @ w["W_query"], x @ w["W_key"], x @ w["W_value"])
+def as_v2(weights):
+    """v1's (d_in, d_out) matrices as nn.Linear weights: the canonical layout the diagnosis works with."""
+    return {f"{n}.weight": w.T for n, w in weights.items()} if "W_query" in weights else weights
 
 
-def v2_mistakes(x, w):
-    """w: SelfAttention_v2's state_dict (nn.Linear weights, biases if any)."""
-    return attention_mistakes(*(linear(x, w, n) for n in NAMES))
-
-
-MISTAKES = {"SelfAttention_v1": v1_mistakes, "SelfAttention_v2": v2_mistakes}
+def diagnosis(stage, cls, init, x, weights):
+    """What a failed check of SelfAttention_v1 or _v2 is diagnosed with (diagnosis.AttentionModule)."""
+    return AttentionModule(stage, cls, init, SPEC, LAYOUT[cls], sized=sizes_only, batched=False).evidence(
+        x, as_v2(weights))
 
 
 def as_v1(v2_weights):
@@ -50,14 +40,16 @@ def as_v1(v2_weights):
 def test_v1_with_the_book_s_weights(stage, public_fx):
     w = public_fx.sub("v1/weights/")
     out = stage.forward("SelfAttention_v1", dict(d_in=3, d_out=2), public_fx.inputs, w)
-    assert_close("SelfAttention_v1(inputs)", out, public_fx["v1/output"], mistakes=v1_mistakes(public_fx.inputs, w))
+    assert_close("SelfAttention_v1(inputs)", out, public_fx["v1/output"],
+                 diagnosis=diagnosis(stage, "SelfAttention_v1", dict(d_in=3, d_out=2), public_fx.inputs, w))
 
 
 @pytest.mark.public
 def test_v2_with_the_book_s_weights(stage, public_fx):
     w = public_fx.sub("v2/weights/")
     out = stage.forward("SelfAttention_v2", dict(d_in=3, d_out=2), public_fx.inputs, w)
-    assert_close("SelfAttention_v2(inputs)", out, public_fx["v2/output"], mistakes=v2_mistakes(public_fx.inputs, w))
+    assert_close("SelfAttention_v2(inputs)", out, public_fx["v2/output"],
+                 diagnosis=diagnosis(stage, "SelfAttention_v2", dict(d_in=3, d_out=2), public_fx.inputs, w))
 
 
 @pytest.mark.public
@@ -107,13 +99,16 @@ def test_v2_layers_honour_qkv_bias(stage, qkv_bias):
 def test_v1_other_sizes(stage, hidden_fx):
     w = hidden_fx.sub("v1/weights/")
     out = stage.forward("SelfAttention_v1", dict(d_in=5, d_out=3), hidden_fx.inputs, w)
-    assert_close("SelfAttention_v1(x)", out, hidden_fx["v1/output"], mistakes=v1_mistakes(hidden_fx.inputs, w))
+    assert_close("SelfAttention_v1(x)", out, hidden_fx["v1/output"],
+                 diagnosis=diagnosis(stage, "SelfAttention_v1", dict(d_in=5, d_out=3), hidden_fx.inputs, w))
 
 
 def test_v2_other_sizes_with_bias(stage, hidden_fx):
     w = hidden_fx.sub("v2/weights/")
     out = stage.forward("SelfAttention_v2", dict(d_in=5, d_out=3, qkv_bias=True), hidden_fx.inputs, w)
-    assert_close("SelfAttention_v2(x)", out, hidden_fx["v2/output"], mistakes=v2_mistakes(hidden_fx.inputs, w))
+    assert_close("SelfAttention_v2(x)", out, hidden_fx["v2/output"],
+                 diagnosis=diagnosis(stage, "SelfAttention_v2", dict(d_in=5, d_out=3, qkv_bias=True),
+                                     hidden_fx.inputs, w))
 
 
 def test_transfer_other_sizes(stage, hidden_fx):
@@ -133,4 +128,4 @@ def test_random_cases(stage, reference, rng, cls):
     x = normal(rng, rng.integers(1, 10), d_in)
     weights = draw_weights(rng, ref, cls, init)
     assert_close(f"{cls}({init})(x)", stage.forward(cls, init, x, weights), ref.forward(cls, init, x, weights),
-                 mistakes=MISTAKES[cls](x, weights))
+                 diagnosis=diagnosis(stage, cls, init, x, weights))

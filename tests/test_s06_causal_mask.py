@@ -10,33 +10,29 @@ leading batch dimension.
 import numpy as np
 import pytest
 
-from diagnosis import assert_close, causal, softmax
+from diagnosis import About, Attention, Listed, WeightsFunction, assert_close, softmax
 from suite_runtime.cases import normal
 
 pytestmark = pytest.mark.causal_mask
 STAGE = "s06_causal_mask"
 
 
-def mask_mistakes(scores, d_k):
-    t = scores.shape[-1]
-    scaled = scores / np.sqrt(d_k)
-    lower = np.tril(np.ones((t, t), np.float32))
-    wrong_dim = "softmax over the wrong dimension (dim=1 of a batch is the query axis; use dim=-1)"
-    wrong_scale = {"the scores were not scaled by 1 / sqrt(d_k) before the softmax": scores,
-                   "the scores were multiplied by sqrt(d_k); divide by it": scores * np.sqrt(d_k)}
-    return {
-        "the mask hides the past instead of the future (tril and triu swapped)":
-            softmax(np.where(np.tril(np.ones((t, t), bool), -1), -np.inf, scaled)),
-        "masked with 0 instead of -inf: a 0 score still gets weight exp(0) > 0":
-            softmax(causal(scaled, fill=0.0)),
-        "masked after the softmax without renormalising: rows no longer sum to 1":
-            softmax(scaled) * lower,
-        wrong_dim: softmax(causal(scaled), axis=-2),
-        **{why: softmax(causal(s)) for why, s in wrong_scale.items()},
-        # Published code makes both in one line: each named, or the student fixes one and is told nothing more.
-        **{f"two mistakes at once: {wrong_dim}; and {why}": softmax(causal(s), axis=-2)
-           for why, s in wrong_scale.items()},
-    }
+# What both functions compute: causal attention weights (the efficient form from scores scaled by 1/sqrt(d_k), the
+# simple form from weights already normalised, i.e. from their logarithms at scale 1).
+CAUSAL = Attention(causal=True, head_name="d_k")
+
+
+def efficient(stage, scores, d_k):
+    """What a failed check of causal_weights_efficient is diagnosed with (diagnosis.WeightsFunction)."""
+    return WeightsFunction(CAUSAL, d_k, rerun=stage.causal_weights_efficient).evidence(scores)
+
+
+def simple(stage, weights):
+    """What a failed check of causal_weights_simple is diagnosed with: the searched and probed weights function of
+    the weights' logarithms, and the simple form's own mistakes."""
+    with np.errstate(divide="ignore"):
+        logs = np.log(np.asarray(weights, dtype=np.float64))
+    return [*WeightsFunction(CAUSAL).evidence(logs), Listed(simple_mistakes(weights))]
 
 
 def simple_mistakes(weights):
@@ -59,47 +55,43 @@ def simple_mistakes(weights):
 @pytest.mark.public
 def test_simple_mask_on_the_journey_weights(stage, public_fx):
     out = stage.causal_weights_simple(public_fx.attn_weights)
-    assert_close("masked_simple_norm", out, public_fx.masked_weights, mistakes=simple_mistakes(public_fx.attn_weights))
+    assert_close("masked_simple_norm", out, public_fx.masked_weights, diagnosis=simple(stage, public_fx.attn_weights))
 
 
 @pytest.mark.public
 def test_efficient_mask_on_the_journey_scores(stage, public_fx):
     out = stage.causal_weights_efficient(public_fx.attn_scores, int(public_fx.d_k))
     assert_close("attn_weights (efficient mask)", out, public_fx.masked_weights,
-                 mistakes=mask_mistakes(public_fx.attn_scores, int(public_fx.d_k)))
-
-
-@pytest.mark.public
-def test_simple_and_efficient_masks_agree(stage, public_fx):
-    simple = stage.causal_weights_simple(public_fx.attn_weights)
-    efficient = stage.causal_weights_efficient(public_fx.attn_scores, int(public_fx.d_k))
-    assert_close("simple vs efficient masked weights", simple, efficient)
+                 diagnosis=efficient(stage, public_fx.attn_scores, int(public_fx.d_k)))
 
 
 def test_efficient_mask_on_a_batch(stage, hidden_fx):
     d_k = int(hidden_fx.d_k)
     out = stage.causal_weights_efficient(hidden_fx.attn_scores, d_k)
     assert_close("masked weights (batch of 3)", out, hidden_fx.masked_weights,
-                 mistakes=mask_mistakes(hidden_fx.attn_scores, d_k))
+                 diagnosis=efficient(stage, hidden_fx.attn_scores, d_k))
 
 
 def test_simple_mask_on_a_batch(stage, hidden_fx):
     out = stage.causal_weights_simple(hidden_fx.attn_weights)
     assert_close("masked weights (batch of 3)", out, hidden_fx.masked_weights,
-                 mistakes=simple_mistakes(hidden_fx.attn_weights))
+                 diagnosis=simple(stage, hidden_fx.attn_weights))
 
 
 @pytest.mark.parametrize("form", ["simple", "efficient"])
 def test_future_is_exactly_zero_and_rows_sum_to_one(stage, hidden_fx, form):
     if form == "simple":
         out = stage.causal_weights_simple(hidden_fx.attn_weights)
+        evidence = [About(out, simple(stage, hidden_fx.attn_weights))]
     else:
         out = stage.causal_weights_efficient(hidden_fx.attn_scores, int(hidden_fx.d_k))
+        evidence = [About(out, efficient(stage, hidden_fx.attn_scores, int(hidden_fx.d_k)))]
     t = out.shape[-1]
     future = out[..., np.triu(np.ones((t, t), bool), 1)]
-    assert np.all(future == 0), (
-        f"weights above the diagonal must be exactly 0 (future tokens); got max {future.max():.4g}")
-    assert_close("row sums", out.sum(axis=-1), np.ones(out.shape[:-1], np.float32))
+    # exactly 0: a masked weight is exp(-inf) = 0, not merely small
+    assert_close("weights above the diagonal (future tokens)", future, np.zeros_like(future), rtol=0, atol=0,
+                 diagnosis=evidence)
+    assert_close("row sums", out.sum(axis=-1), np.ones(out.shape[:-1], np.float32), diagnosis=evidence)
 
 
 def test_changing_future_scores_changes_nothing(stage, hidden_fx):
@@ -107,8 +99,9 @@ def test_changing_future_scores_changes_nothing(stage, hidden_fx):
     t = scores.shape[-1]
     tampered = scores + 50.0 * np.triu(np.ones((t, t), np.float32), 1)
     d_k = int(hidden_fx.d_k)
-    assert_close("weights with altered future scores", stage.causal_weights_efficient(tampered, d_k),
-                 stage.causal_weights_efficient(scores, d_k),
+    assert_close("weights", stage.causal_weights_efficient(tampered, d_k), stage.causal_weights_efficient(scores, d_k),
+                 labels=("with the future scores as given", "with them raised by 50"),
+                 diagnosis=efficient(stage, tampered, d_k),
                  hint="Scores above the diagonal belong to future tokens and must not influence any weight.")
 
 
@@ -118,7 +111,9 @@ def test_random_cases(stage, reference, rng):
     scores = normal(rng, rng.integers(1, 4), t, t, scale=float(rng.choice([0.5, 3.0, 20.0])))
     expected = ref.causal_weights_efficient(scores, d_k)
     assert_close(f"efficient mask ({t} tokens, d_k={d_k})", stage.causal_weights_efficient(scores, d_k), expected,
-                 mistakes=mask_mistakes(scores, d_k))
-    weights = softmax(scores / np.sqrt(d_k))
-    assert_close(f"simple mask ({t} tokens)", stage.causal_weights_simple(weights), expected, rtol=1e-4, atol=1e-5,
-                 mistakes=simple_mistakes(weights))
+                 diagnosis=efficient(stage, scores, d_k))
+    # The simple form masks weights already normalised: drawn from moderate scores, so that no allowed weight of a
+    # row underflows to 0 in float32 (a row of such zeros is 0 / 0 for any correct implementation too).
+    weights = softmax(normal(rng, *scores.shape, scale=2.0))
+    assert_close(f"simple mask ({t} tokens)", stage.causal_weights_simple(weights), ref.causal_weights_simple(weights),
+                 rtol=1e-4, atol=1e-5, diagnosis=simple(stage, weights))

@@ -8,7 +8,7 @@ exactly 1 / (1 - p); in eval mode (or with p = 0) the input comes back unchanged
 import numpy as np
 import pytest
 
-from diagnosis import assert_close, check_dropout
+from diagnosis import Finding, Said, assert_close, check_dropout
 
 pytestmark = pytest.mark.dropout
 STAGE = "s07_dropout"
@@ -20,7 +20,24 @@ def test_eval_mode_returns_the_weights_unchanged(stage):
     weights = np.random.default_rng(0).dirichlet(np.ones(6), size=6).astype(np.float32)
     out = stage.attention_dropout(weights, 0.5, training=False)
     assert_close("attention_dropout(weights, 0.5, training=False)", out, weights,
-                 hint="nn.Dropout does nothing in eval mode: call .eval() or .train(False) on it.")
+                 diagnosis=[Said(lambda values: still_dropping(values, weights, 0.5))],
+                 hint="In eval mode (training=False) dropout must do nothing.")
+
+
+def still_dropping(out, weights, p):
+    """Findings when an eval-mode dropout's output is what a training-mode one gives: some weights zeroed, the
+    others scaled by 1 / (1 - p)."""
+    out = np.asarray(out)
+    if out.shape != weights.shape:
+        return []
+    dropped = np.isclose(out, 0) & (weights != 0)
+    kept = ~dropped & (weights != 0)
+    if not dropped.any() or not np.allclose(out[kept], weights[kept] / (1 - p), rtol=1e-4, atol=1e-6):
+        return []
+    return [Finding(f"with training=False, {dropped.sum() / (weights != 0).sum():.2f} of the weights were zeroed and "
+                    f"the others scaled by 1 / (1 - p) = {1 / (1 - p):g}: what training mode does.",
+                    ("the dropout stays active in eval mode: call .eval() or .train(False) on it when training is "
+                     "False (or pass training=training to F.dropout)",), "dropout", "probe")]
 
 
 @pytest.mark.public

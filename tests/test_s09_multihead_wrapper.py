@@ -7,12 +7,29 @@ along the last dimension: (b, num_tokens, num_heads * d_out).
 import numpy as np
 import pytest
 
-from diagnosis import assert_close, check_module_dropout, multihead
+from diagnosis import (
+    Attention,
+    AttentionModule,
+    assert_close,
+    check_module_dropout,
+    heads_as_one,
+    module_of_heads,
+    multihead,
+    sizes_per_head,
+)
 from suite_runtime.cases import exposing_case, module_case, qkv_shapes, random_weights, single_heads
 
 pytestmark = pytest.mark.multihead_wrapper
 STAGE = "s09_multihead_wrapper"
 CLS = "MultiHeadAttentionWrapper"
+
+
+def diagnosis(stage, init, x, weights, **options):
+    """What a failed check of the wrapper's output is diagnosed with (diagnosis.AttentionModule): causal attention in
+    init["num_heads"] heads of width init["d_out"] each, side by side, no output projection."""
+    spec = Attention(num_heads=init["num_heads"], out_proj=False)
+    return AttentionModule(stage, CLS, init, spec, module_of_heads, sized=sizes_per_head, options=options).evidence(
+        x, heads_as_one(weights, init["num_heads"]))
 
 
 def head_weights(seed, num_heads, d_in, d_out, qkv_bias):
@@ -25,7 +42,8 @@ def head_weights(seed, num_heads, d_in, d_out, qkv_bias):
 @pytest.mark.public
 def test_book_weights_two_heads(stage, public_fx):
     out = stage.forward(CLS, public_fx.init(), public_fx.x, public_fx.sub("weights/"))
-    assert_close("context_vecs", out, public_fx.output)
+    assert_close("context_vecs", out, public_fx.output,
+                 diagnosis=diagnosis(stage, public_fx.init(), public_fx.x, public_fx.sub("weights/")))
 
 
 @pytest.mark.public
@@ -37,9 +55,9 @@ def test_book_reproduction(stage, public_fx):
 
 
 def test_three_heads_with_bias(stage, hidden_fx, device):
-    out = stage.forward(CLS, hidden_fx.init("case0/"), hidden_fx["case0/x"], hidden_fx.sub("case0/weights/"),
-                        device=device)
-    assert_close("context_vecs", out, hidden_fx["case0/output"])
+    init, x, weights = hidden_fx.init("case0/"), hidden_fx["case0/x"], hidden_fx.sub("case0/weights/")
+    out = stage.forward(CLS, init, x, weights, device=device)
+    assert_close("context_vecs", out, hidden_fx["case0/output"], diagnosis=diagnosis(stage, init, x, weights))
 
 
 @pytest.mark.parametrize("num_heads", [1, 2, 4])
@@ -48,8 +66,8 @@ def test_output_is_the_heads_side_by_side(stage, num_heads):
     x = np.random.default_rng(num_heads).normal(size=(2, 6, 5)).astype(np.float32)
     out, heads = stage.heads_forward(CLS, init, x, head_weights(num_heads, num_heads, 5, 3, False))
     assert len(heads) == num_heads, f"expected {num_heads} heads in self.heads, found {len(heads)}"
-    assert_close("wrapper output", out, np.concatenate(heads, axis=-1),
-                 hint="Concatenate the heads' outputs along the last dimension (dim=-1).")
+    assert_close("wrapper output", out, np.concatenate(heads, axis=-1), labels=("your heads side by side", "yours"),
+                 hint="The output is the heads' outputs side by side, along the last dimension.")
 
 
 def test_heads_do_not_share_weights(stage):
@@ -70,13 +88,13 @@ def test_any_length_and_bias(stage, reference, device):
     x = np.random.default_rng(3).normal(size=(3, 5, 4)).astype(np.float32)
     w = head_weights(3, 2, 4, 2, True)
     assert_close("context_vecs (5 of 9 tokens, qkv_bias=True)", stage.forward(CLS, init, x, w, device=device),
-                 reference.stage(STAGE).forward(CLS, init, x, w))
+                 reference.stage(STAGE).forward(CLS, init, x, w), diagnosis=diagnosis(stage, init, x, w))
 
 
 def test_random_cases(stage, reference, rng, device):
     init, x, weights = module_case(rng, reference.stage(STAGE), CLS, heads=True)
     assert_close(f"wrapper({init}) on x {x.shape}", stage.forward(CLS, init, x, weights, device=device),
-                 reference.stage(STAGE).forward(CLS, init, x, weights))
+                 reference.stage(STAGE).forward(CLS, init, x, weights), diagnosis=diagnosis(stage, init, x, weights))
 
 
 def test_every_head_drops_in_training_mode_only(stage, device):

@@ -8,19 +8,18 @@ heads go through out_proj (nn.Linear(d_out, d_out) with bias).
 batched_head_scores(a) = a @ a.transpose(2, 3) for a (b, num_heads, num_tokens, head_dim),
 equal to per_head_scores_loop(a).
 """
-from functools import partial
-
 import numpy as np
 import pytest
 
 from diagnosis import (
     BFLOAT16,
+    Attention,
+    AttentionModule,
     assert_close,
     check_causal_mask,
     check_module_dropout,
     check_sizes_from_arguments,
     multihead,
-    multihead_mistakes,
     parameter_count,
 )
 from suite_runtime.cases import exposing_case, mha_shapes, module_case, normal, random_weights
@@ -28,6 +27,13 @@ from suite_runtime.cases import exposing_case, mha_shapes, module_case, normal, 
 pytestmark = pytest.mark.multihead_attention
 STAGE = "s10_multihead_attention"
 CLS = "MultiHeadAttention"
+
+
+def diagnosis(stage, init, x, weights, **options):
+    """What a failed check of MultiHeadAttention's output is diagnosed with (diagnosis.AttentionModule): causal
+    attention in init["num_heads"] heads with out_proj."""
+    spec = Attention(num_heads=init["num_heads"])
+    return AttentionModule(stage, CLS, init, spec, options=options).evidence(x, weights)
 
 
 def mha_case(seed, b, t, d_in, d_out, context_length, num_heads, qkv_bias):
@@ -42,7 +48,7 @@ def mha_case(seed, b, t, d_in, d_out, context_length, num_heads, qkv_bias):
 def test_book_weights_two_heads(stage, public_fx):
     out = stage.forward(CLS, public_fx.init(), public_fx.x, public_fx.sub("weights/"))
     assert_close("context_vecs", out, public_fx.output,
-                 mistakes=lambda: multihead_mistakes(public_fx.x, public_fx.sub("weights/"), 2))
+                 diagnosis=diagnosis(stage, public_fx.init(), public_fx.x, public_fx.sub("weights/")))
 
 
 @pytest.mark.public
@@ -58,10 +64,10 @@ def test_batched_head_scores_on_the_example(stage, public_fx):
     assert_close("a @ a.transpose(2, 3)", stage.batched_head_scores(public_fx.a), public_fx.a_scores)
 
 
-def test_batched_and_looped_head_scores_agree(stage, hidden_fx):
-    a = hidden_fx.a
-    assert_close("batched_head_scores(a)", stage.batched_head_scores(a), hidden_fx.a_scores)
-    assert_close("per_head_scores_loop(a)", stage.per_head_scores_loop(a), hidden_fx.a_scores)
+@pytest.mark.parametrize("form", ["batched_head_scores", "per_head_scores_loop"])
+def test_batched_and_looped_head_scores(stage, hidden_fx, form):
+    """Each form on its own: a mistake in one costs the other nothing."""
+    assert_close(f"{form}(a)", getattr(stage, form)(hidden_fx.a), hidden_fx.a_scores)
 
 
 @pytest.mark.parametrize("case", ["case0", "case1"])
@@ -70,7 +76,7 @@ def test_other_sizes(stage, hidden_fx, case, device):
     init = hidden_fx.init(f"{case}/")
     out = stage.forward(CLS, init, x, weights, device=device)
     assert_close("context_vecs", out, hidden_fx[f"{case}/output"],
-                 mistakes=lambda: multihead_mistakes(x, weights, init["num_heads"]))
+                 diagnosis=diagnosis(stage, init, x, weights, device=device))
 
 
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs GPT-2 small's attention size
@@ -110,7 +116,7 @@ def test_head_counts_and_lengths(stage, reference, num_heads, num_tokens):
                                 num_heads=num_heads, qkv_bias=False)
     expected = reference.stage(STAGE).forward(CLS, init, x, weights)
     assert_close(f"context_vecs ({num_heads} heads, {num_tokens} tokens)", stage.forward(CLS, init, x, weights),
-                 expected, mistakes=lambda: multihead_mistakes(x, weights, num_heads))
+                 expected, diagnosis=diagnosis(stage, init, x, weights))
 
 
 def test_dropout_acts_on_the_weights_in_training_mode_only(stage, device):
@@ -126,12 +132,13 @@ def test_sizes_come_from_the_constructor(stage):
 
 
 def test_output_of_a_token_ignores_later_tokens(stage):
-    init, x, weights = mha_case(8, b=1, t=7, d_in=6, d_out=6, context_length=7, num_heads=3, qkv_bias=True)
+    init, x, weights = mha_case(8, b=1, t=7, d_in=5, d_out=6, context_length=7, num_heads=3, qkv_bias=True)
     changed = x.copy()
     changed[:, 5:] -= 2.0
     before, after = stage.forward(CLS, init, x, weights), stage.forward(CLS, init, changed, weights)
     assert before.shape == (1, 7, 6), f"output shape {before.shape}, expected (b, num_tokens, d_out) = (1, 7, 6)"
-    assert_close("outputs of tokens 0-4 after changing tokens 5-6", after[:, :5], before[:, :5])
+    assert_close("outputs of tokens 0-4", after[:, :5], before[:, :5], labels=("tokens 5-6 as given", "changed"),
+                 diagnosis=diagnosis(stage, init, changed, weights))
     assert not np.allclose(after[:, 5:], before[:, 5:]), "changing tokens 5-6 must change their own outputs"
 
 
@@ -140,7 +147,7 @@ def test_random_cases(stage, reference, rng, device):
         init, x, weights = module_case(rng, reference.stage(STAGE), CLS, heads=True, head_dim=True)
         assert_close(f"MultiHeadAttention({init}) on x {x.shape}", stage.forward(CLS, init, x, weights, device=device),
                      reference.stage(STAGE).forward(CLS, init, x, weights),
-                     mistakes=partial(multihead_mistakes, x, weights, init["num_heads"]))
+                     diagnosis=diagnosis(stage, init, x, weights, device=device))
     a = normal(rng, rng.integers(1, 3), rng.integers(1, 5), rng.integers(1, 7), rng.integers(1, 6))
     assert_close(f"batched_head_scores(a {a.shape})", stage.batched_head_scores(a),
                  reference.stage(STAGE).batched_head_scores(a))

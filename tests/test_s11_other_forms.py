@@ -9,17 +9,21 @@ Head(d_in, head_dim, context_length, dropout, qkv_bias) takes every size from
 its arguments.
 """
 import itertools
-from functools import partial
 
 import numpy as np
 import pytest
 
 from diagnosis import (
+    Attention,
+    AttentionModule,
+    Finding,
+    Said,
     assert_close,
     check_module_dropout,
     check_sizes_from_arguments,
+    module_of_heads,
     multihead,
-    multihead_mistakes,
+    without_out_proj,
 )
 from suite_runtime.cases import exposing_case, mha_shapes, module_case, qkv_shapes, random_weights
 
@@ -29,6 +33,23 @@ FORMS = {
     "MultiHeadAttentionCombinedQKV": ("combined_qkv_state_dict", "combined/"),
     "MultiHeadAttentionPerHead": ("per_head_state_dict", "per_head/"),
 }
+
+
+def combined(weights, num_heads):
+    """MultiHeadAttention's weights in the combined form's layout: W_qkv stacks the three projections' rows."""
+    found = {f"W_qkv.{kind}": np.concatenate([weights[f"W_{role}.{kind}"] for role in ("query", "key", "value")])
+             for kind in ("weight", "bias") if f"W_query.{kind}" in weights}
+    return found | {k: v for k, v in weights.items() if k.startswith("out_proj.")}
+
+
+LAYOUTS = {"MultiHeadAttentionCombinedQKV": combined, "MultiHeadAttentionPerHead": module_of_heads}
+
+
+def diagnosis(stage, cls, init, x, mha_weights, **options):
+    """What a failed check of a form's output is diagnosed with: MultiHeadAttention's computation
+    (diagnosis.AttentionModule), its weights laid out as the form holds them."""
+    spec = Attention(num_heads=init["num_heads"])
+    return AttentionModule(stage, cls, init, spec, LAYOUTS[cls], options=options).evidence(x, mha_weights)
 
 
 def mapping(stage, cls, mha_weights, num_heads):
@@ -69,7 +90,7 @@ def check_forward(stage, fx, prefix, cls, device="cpu"):
     weights = fx.sub(prefix + FORMS[cls][1] + "weights/")
     out = stage.forward(cls, init, x, weights, device=device)
     assert_close(f"{cls} output", out, fx[prefix + "output"],
-                 mistakes=lambda: multihead_mistakes(x, fx.sub(prefix + "mha/weights/"), init["num_heads"]),
+                 diagnosis=diagnosis(stage, cls, init, x, fx.sub(prefix + "mha/weights/"), device=device),
                  hint="With the mapped weights this must equal MultiHeadAttention's output.")
 
 
@@ -103,7 +124,7 @@ def test_own_mapping_and_own_class_reproduce_multihead_attention(stage, hidden_f
     mha = hidden_fx.sub("case0/mha/weights/")
     weights = mapping(stage, cls, mha, init["num_heads"])
     assert_close(f"{cls} output with your mapped weights", stage.forward(cls, init, x, weights),
-                 hidden_fx["case0/output"], mistakes=lambda: multihead_mistakes(x, mha, init["num_heads"]))
+                 hidden_fx["case0/output"], diagnosis=diagnosis(stage, cls, init, x, mha))
 
 
 def test_head_takes_its_sizes_from_its_arguments(stage, reference):
@@ -111,9 +132,16 @@ def test_head_takes_its_sizes_from_its_arguments(stage, reference):
     init = dict(d_in=5, head_dim=3, context_length=7, dropout=0.0, qkv_bias=True)
     weights = random_weights(r, qkv_shapes(5, 3, bias=True))
     x = r.normal(size=(2, 4, 5)).astype(np.float32)
+    head = AttentionModule(stage, "Head", init, Attention(num_heads=1, out_proj=False), without_out_proj,
+                           sized=head_sizes)
     assert_close("Head(5, 3, 7, 0.0, True)(x)", stage.forward("Head", init, x, weights),
-                 reference.stage(STAGE).forward("Head", init, x, weights),
-                 hint="Use d_in, head_dim and context_length from the constructor, and cut the mask to num_tokens.")
+                 reference.stage(STAGE).forward("Head", init, x, weights), diagnosis=head.evidence(x, weights))
+
+
+def head_sizes(init, d_in, d_out, context_length):
+    """Head's constructor arguments for these sizes: its width is head_dim."""
+    return {**init, "d_in": d_in, "head_dim": d_out, "context_length": context_length, "dropout": 0.0,
+            "qkv_bias": False}
 
 
 def test_combined_qkv_mask_broadcasts_over_batch_and_heads(stage):
@@ -136,7 +164,7 @@ def test_random_cases(stage, reference, rng, cls, device):
     expected = mha.forward("MultiHeadAttention", init, x, weights)
     mapped = mapping(reference.stage(STAGE), cls, weights, init["num_heads"])
     assert_close(f"{cls}({init}) on x {x.shape}", stage.forward(cls, init, x, mapped, device=device), expected,
-                 mistakes=lambda: multihead_mistakes(x, weights, init["num_heads"]))
+                 diagnosis=diagnosis(stage, cls, init, x, weights, device=device))
     mine = mapping(stage, cls, weights, init["num_heads"])
     assert sorted(mine) == sorted(mapped), f"{FORMS[cls][0]} keys: expected {sorted(mapped)}, got {sorted(mine)}"
     for key in mapped:
@@ -152,8 +180,9 @@ def test_dropout_acts_on_the_weights_in_training_mode_only(stage, reference, cls
     check_module_dropout(stage, cls, init, x, mapped, 0.5, multihead(x, weights, init["num_heads"]), device)
 
 
-WIDTH = ("the same check passed with d_in == d_out: the output has width d_out even when the input's width d_in "
-         "differs: take it from the constructor (self.d_out), never from x's last size")
+WIDTH = Finding("the same check passed with d_in == d_out, and your output has x's width d_in here.",
+                ("the output has width d_out even when the input's width d_in differs: take it from the constructor "
+                 "(self.d_out), never from x's last size",), "shapes", "probe")
 
 
 @pytest.mark.parametrize("cls", FORMS)
@@ -164,9 +193,11 @@ def test_output_width_is_d_out_when_d_in_differs(stage, reference, cls, device):
         init = dict(d_in=d_in, d_out=8, context_length=6, dropout=0.0, num_heads=2, qkv_bias=True)
         x, weights = r.normal(size=(2, 6, d_in)).astype(np.float32), random_weights(r, mha_shapes(d_in, 8, True))
         mapped = mapping(reference.stage(STAGE), cls, weights, init["num_heads"])
-        assert_close(f"{cls}(d_in={d_in}, d_out=8) output", stage.forward(cls, init, x, mapped, device=device),
-                     mha.forward("MultiHeadAttention", init, x, weights),
-                     mistakes=partial(multihead_mistakes, x, weights, 2), hint=WIDTH if d_in != init["d_out"] else None)
+        out = stage.forward(cls, init, x, mapped, device=device)
+        width_from_x = d_in != init["d_out"] and np.shape(out)[-1:] == (d_in,)  # what a width read from x gives
+        assert_close(f"{cls}(d_in={d_in}, d_out=8) output", out, mha.forward("MultiHeadAttention", init, x, weights),
+                     diagnosis=[*diagnosis(stage, cls, init, x, weights, device=device),
+                                *([Said(lambda values: [WIDTH])] if width_from_x else [])])
 
 
 SIZES = {  # unlike the book's, so that a size read from a global shows; qkv_bias=False (biases: other checks)

@@ -135,7 +135,7 @@ def s08_causal_attention(ref, public, hidden):
     init = dict(d_in=3, d_out=2, context_length=6, dropout=0.0)
     book = seeded_weights("s08_causal_attention", "CausalAttention", BOOK_SEED_MODULES, **init)
     module_case(public, "", s, "CausalAttention", init, BATCH, book, "CausalAttention(3, 2, 6, 0.0) at seed 123")
-    for i, (b, t, d_in, d_out, ctx, bias) in enumerate([(3, 6, 5, 4, 8, False), (2, 4, 4, 3, 4, True)]):
+    for i, (b, t, d_in, d_out, ctx, bias) in enumerate([(3, 6, 5, 4, 8, False), (2, 4, 5, 3, 4, True)]):
         r = rng(800 + i)
         init = dict(d_in=d_in, d_out=d_out, context_length=ctx, dropout=0.0, qkv_bias=bias)
         module_case(hidden, f"case{i}/", s, "CausalAttention", init, r.normal(size=(b, t, d_in)),
@@ -153,12 +153,12 @@ def s09_multihead_wrapper(ref, public, hidden):
     for h in range(3):
         shapes.update(qkv_shapes(5, 2, True, prefix=f"heads.{h}."))
     weights = random_weights(r, shapes)
-    module_case(hidden, "case0/", s, "MultiHeadAttentionWrapper", init, r.normal(size=(2, 5, 5)), weights, "wrapper")
+    module_case(hidden, "case0/", s, "MultiHeadAttentionWrapper", init, r.normal(size=(2, 6, 5)), weights, "wrapper")
 
 
 MHA_HIDDEN = [  # b, num_tokens, d_in, d_out, context_length, num_heads, qkv_bias
     (2, 7, 6, 12, 10, 3, True),
-    (3, 6, 8, 8, 6, 4, False),
+    (3, 6, 7, 8, 6, 4, False),
 ]
 
 

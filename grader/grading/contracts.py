@@ -38,11 +38,13 @@ class Check(TypedDict):
 
 
 class Verdict(Check):
-    """A check on one submission: its outcome, the failure (or skip) message a student may read, and the sandbox
-    limit it ran into (set by the sandbox where it stopped the check, grader.sandbox.limits.Limit), if any."""
+    """A check on one submission: its outcome, the failure (or skip) message a student may read, the sandbox
+    limit it ran into (set by the sandbox where it stopped the check, grader.sandbox.limits.Limit), if any, and
+    the mistakes the suite's diagnosis found (the words of its findings, diagnosis.FindingRecord's text)."""
     outcome: Outcome
     message: str
     limit: Limit | None
+    mistakes: list[str]
 
 
 class WorkerAnswer(TypedDict):
@@ -64,7 +66,7 @@ class Result(WorkerAnswer):
 
 
 class TestRecord(TypedDict):
-    """A check in a record (grader.grading.records): its verdict and the mistakes its message names."""
+    """A check in a record (grader.grading.records): its verdict and the mistakes the suite's diagnosis found."""
     nodeid: str
     label: str
     outcome: Outcome

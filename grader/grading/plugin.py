@@ -64,7 +64,7 @@ class GradingPlugin:
     def verdicts(self) -> list[Verdict]:
         """Every check of the graded stages with its verdict; a check that did not run has failed. A check that
         hit no limit but during which the learner's output was cut is marked so (limit "output")."""
-        missing = {"outcome": "failed", "message": NOT_RUN, "limit": None}
+        missing = {"outcome": "failed", "message": NOT_RUN, "limit": None, "mistakes": []}
         found = []
         for check in self.checks:
             if self.grades(check["nodeid"]):
@@ -171,15 +171,24 @@ class GradingPlugin:
         return (AssertionError, SubmissionError, pytest.fail.Exception, pytest.skip.Exception, pytest.xfail.Exception)
 
     def pytest_runtest_logreport(self, report):
-        state = self.outcomes.setdefault(report.nodeid, {"outcome": "passed", "message": "", "limit": None})
+        state = self.outcomes.setdefault(report.nodeid, {"outcome": "passed", "message": "", "limit": None,
+                                                         "mistakes": []})
         if report.failed and state["outcome"] != "failed":
-            state.update(outcome="failed", message=_message(report), limit=getattr(report, "attnkit_limit", None))
+            state.update(outcome="failed", message=_message(report), limit=getattr(report, "attnkit_limit", None),
+                         mistakes=_mistakes(report))
         elif report.skipped and state["outcome"] == "passed":
             state.update(outcome="skipped", message=_message(report))
 
     def pytest_runtest_logfinish(self, nodeid, location):
         if self.sandbox is not None and self.sandbox.dropped_output > self._dropped:
             self.output_capped.append(nodeid)
+
+
+def _mistakes(report) -> list[str]:
+    """What the suite's diagnosis found for a failed check (its report's findings, diagnosis.FindingRecord), in
+    words; each is capped like a message (its words come from the kit, its numbers from the learner's code)."""
+    found = getattr(report, "attnkit_findings", None) or []
+    return [str(f.get("text", ""))[:RECORDED_CHARS] for f in found if isinstance(f, dict) and f.get("text")]
 
 
 def _message(report) -> str:
@@ -195,5 +204,6 @@ def _full_message(report) -> str:
         return str(longrepr[2]).removeprefix("Skipped: ")
     crash = getattr(longrepr, "reprcrash", None)
     if crash is not None and crash.message:
-        return re.sub(r"^(AssertionError|Failed|adapters\.SubmissionError|grader\.\w+\.\w+Error): ", "", crash.message)
+        return re.sub(r"^(AssertionError|Failed|(suite_runtime\.)?adapters\.SubmissionError|grader\.\w+\.\w+Error): ",
+                      "", crash.message)
     return str(longrepr).strip().splitlines()[-1] if str(longrepr).strip() else ""

@@ -19,7 +19,7 @@ One JSON file per student, ``<out>/<student>.json`` (``<out>`` is
         "tests": [{"nodeid": "tests/test_s08_....py::test_x[cpu]", "label": "x / cpu",
                    "outcome": "passed" | "failed" | "skipped",
                    "message": "...",             # the failure (or skip) message, as in feedback
-                   "mistakes": ["..."],          # the text after each "Likely mistake:" in message
+                   "mistakes": ["..."],          # what the suite's diagnosis found (its findings' words)
                    "limit": null | "time" | "budget" | "memory" | "crash" | "exit" | "output"}]}]}
 
 ``limit`` says which sandbox limit the test ran into, as the sandbox set it where it stopped the test
@@ -53,7 +53,7 @@ from ..kit import marker
 from ..submission import seed_of
 from ..untrusted import csv_cell, id_problem
 from .contracts import Record, Verdict
-from .scoring import mistakes, stage_score
+from .scoring import stage_score
 
 SCHEMA = 1
 GRADES_DIR = "attnkit-grades"  # in an nbgrader course: GRADES_DIR/<assignment>/<student>.json
@@ -80,7 +80,7 @@ def build(*, student, assignment, submission, fingerprint, tests: list[Verdict],
             "passed": sum(t["outcome"] == "passed" for t in counted), "counted": len(counted),
             "tests": [{
                 "nodeid": t["nodeid"], "label": t["label"], "outcome": t["outcome"], "message": t["message"],
-                "mistakes": mistakes(t["message"]) if t["outcome"] == "failed" else [],
+                "mistakes": list(t.get("mistakes") or []) if t["outcome"] == "failed" else [],
                 "limit": t["limit"] if t["outcome"] != "skipped" else None,
             } for t in mine],
         })

@@ -3,7 +3,7 @@
 A verdict is one test of the graded suite on one submission: ``{"nodeid", "stage", "marker",
 "label", "outcome": "passed" | "failed" | "skipped", "message", "limit"}`` (grader.grading.contracts.Verdict).
 A stage earns ``points x passed / counted``, where skipped checks (CUDA cases on a machine without CUDA) do not
-count. The mistakes the suite diagnosed are read from a message here (the text after each "Likely mistake:").
+count. The mistakes the suite diagnosed travel beside the message, as data (the verdict's ``mistakes``).
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ MESSAGE_LIMIT = 700  # characters of one failure message shown in feedback
 # 1280 pixels wide; 100 leave room for narrower windows), and so may a terminal.
 REPORT_WIDTH = 100
 DETAILED_FAILURES = 12  # failures per stage shown with their message
-MISTAKE = re.compile(r"Likely mistake:\s*(.*?)(?=\nLikely mistake:|\Z)", re.S)
+# The lines of a failure message that say what the evidence bears out (diagnosis.findings): kept when it is cut.
+FINDING_LINES = ("Evidence:", "Likely mistake:", "Possible mistakes:")
 
 
 def check_entry(nodeid: str) -> Check | None:
@@ -89,9 +90,9 @@ def stage_report(stage: str, points: float, tests: list[dict]) -> str:
             if shown < DETAILED_FAILURES:
                 shown += 1
                 message = t["message"].strip() or "the check failed (no message)"
-                if len(message) > MESSAGE_LIMIT:  # cut, but the mistakes it names are always shown
+                if len(message) > MESSAGE_LIMIT:  # cut, but what the diagnosis found is always shown
                     cut = message[:MESSAGE_LIMIT]
-                    named = [line for line in message.splitlines() if line.startswith("Likely mistake:")]
+                    named = [line for line in message.splitlines() if line.startswith(FINDING_LINES)]
                     message = "\n".join([cut + " [...]"] + [line for line in named if line not in cut])
                 lines.extend(line for m in message.splitlines() for line in _wrapped("        " + m))
         elif not needs_cuda(t["nodeid"]):
@@ -112,8 +113,3 @@ def _wrapped(line: str) -> list[str]:
     indent = " " * (len(line) - len(line.lstrip()) + 4)
     return textwrap.wrap(line, REPORT_WIDTH, subsequent_indent=indent, break_long_words=False,
                          break_on_hyphens=False, drop_whitespace=True) or [line]
-
-
-def mistakes(message: str) -> list[str]:
-    """The mistakes a failure message names (the text after each "Likely mistake:")."""
-    return [m.strip() for m in MISTAKE.findall(message or "") if m.strip()]

@@ -8,6 +8,7 @@ operation that raised it bears the reading out (``errors``).
 
 Test files import what they need from here: ``from diagnosis import assert_close, softmax``.
 """
+from .attention import Attention
 from .compare import (
     BFLOAT16,
     assert_close,
@@ -30,6 +31,9 @@ from .errors import (
     explain_error,
     readings_with,
 )
+from .explain import About, Listed, Probed, Said, Searched
+from .findings import Finding, FindingRecord, diagnosed
+from .probes import ExposedWeights, argument_findings, weight_findings
 from .references import (
     causal,
     linear,
@@ -42,11 +46,28 @@ from .references import (
     softmax,
     split_heads,
 )
+from .search import Switch
+from .subjects import (
+    AttentionModule,
+    WeightsFunction,
+    as_parameters,
+    heads_as_one,
+    module_of_heads,
+    same_names,
+    sizes,
+    sizes_only,
+    sizes_per_head,
+    without_out_proj,
+)
 
 __all__ = [
-    "BFLOAT16", "BOOK_LENGTH", "BROADCAST", "ERROR_READINGS", "STUB", "Call", "ErrorReading", "assert_close",
-    "assert_mask", "broadcast_sizes", "causal", "check_causal_mask", "check_dropout", "check_module_dropout",
-    "check_sizes_from_arguments", "diagnose", "error_text", "explain_error", "kept_fraction_tolerance", "linear",
-    "multihead", "multihead_mistakes", "np_angles", "np_rope", "parameter_count", "rate_mistakes", "readings_with",
-    "safe_softmax", "single_head_mistakes", "softmax", "split_heads",
+    "About", "argument_findings", "as_parameters", "assert_close", "assert_mask", "Attention", "AttentionModule",
+    "BFLOAT16", "BOOK_LENGTH", "BROADCAST", "broadcast_sizes", "Call", "causal", "check_causal_mask",
+    "check_dropout", "check_module_dropout", "check_sizes_from_arguments", "diagnose", "diagnosed",
+    "ERROR_READINGS", "error_text", "ErrorReading", "explain_error", "ExposedWeights", "Finding", "FindingRecord",
+    "heads_as_one", "kept_fraction_tolerance", "linear", "Listed", "module_of_heads", "multihead",
+    "multihead_mistakes", "np_angles", "np_rope", "parameter_count", "Probed", "rate_mistakes", "readings_with",
+    "safe_softmax", "Said", "same_names", "Searched", "single_head_mistakes", "sizes", "sizes_only",
+    "sizes_per_head", "softmax", "split_heads", "STUB", "Switch", "weight_findings", "WeightsFunction",
+    "without_out_proj",
 ]

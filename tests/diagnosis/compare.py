@@ -6,7 +6,12 @@ fails, asks the diagnosis it was given (``diagnosis.explain``) what the learner'
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+
+from .explain import Evidence, Listed, Said, explain
+from .findings import Finding, diagnosed
 
 # pytest leaves this module's frames out of a failure's traceback: it ends at the test's line, then the
 # message says what differs (`pytest --fulltrace` shows every frame).
@@ -21,74 +26,102 @@ def _fmt(a):
     return np.array2string(np.asarray(a), precision=4, suppress_small=True, separator=", ", max_line_width=100)
 
 
-def _matches(actual, candidate, rtol, atol):
-    candidate = np.asarray(candidate)
-    # NaN matches NaN: some mistakes give NaN in known places (a row of attention with nothing to attend to).
-    return candidate.shape == actual.shape and np.allclose(actual, candidate, rtol=rtol, atol=atol, equal_nan=True)
-
-
 def diagnose(actual, mistakes, rtol, atol):
-    """The descriptions of the mistakes whose result equals ``actual``."""
-    if callable(mistakes):
-        mistakes = mistakes()
-    return [why for why, candidate in (mistakes or {}).items() if _matches(actual, candidate, rtol, atol)]
+    """The descriptions of the listed mistakes whose values equal ``actual`` (no search, no probe)."""
+    found = Listed(mistakes).findings(np.asarray(actual), rtol, atol)
+    return [cause for finding in found for cause in finding.causes]
 
 
-def assert_close(name, actual, expected, *, rtol=1e-4, atol=1e-6, mistakes=None, probes=(), hint=None):
+def assert_close(name, actual, expected, *, rtol=1e-4, atol=1e-6, diagnosis: Sequence[Evidence] = (),
+                 mistakes=None, probes=(), hint=None, labels=("expected", "actual")):
     """Assert ``actual`` equals ``expected`` within tolerance, explaining any difference.
 
-    mistakes: {"what the learner probably did": the array that mistake produces}, or a function
-    returning that dict (called only when the check fails: some mistakes are costly to compute).
-    probes: functions of ``actual`` for mistakes no single array stands for, called only when the check
-    fails and no mistake's array matched; each tests the property its mistake predicts (it may run the
-    learner's code again on inputs of its own) and returns the mistake's description when the evidence
-    bears it out, else None.
+    diagnosis: the sources of evidence (``diagnosis.explain``) asked, only when the check fails, what the
+    learner's values bear out: searched changes of a reference computation, probes of the mechanisms the stage
+    uses, the stage's own listed mistakes.
+    mistakes: {"the mistake in words": the values it gives}, or a function returning that (a ``Listed``
+    source, for mistakes no switch stands for).
+    probes: functions of ``actual`` giving a mistake's words when the evidence they gather on the learner's code
+    bears it out, else None (the stage's own readings).
     hint: a sentence added to any failure (what the value means).
+    labels: what the two sides are called ("expected", "actual"; for two forms of the learner's own code compared
+    with each other, their names).
     """
     expected = np.asarray(expected)
     actual = np.asarray(actual)
+    first_label, second_label = labels
+    width = max(len(first_label), len(second_label)) + 1
     lines = []
+
+    def sides(a, b, indent):
+        return (f"{indent}{(first_label + ':').ljust(width)} {_fmt(a)}\n"
+                f"{indent}{(second_label + ':').ljust(width)} {_fmt(b)}")
+
     if actual.shape != expected.shape:
-        lines.append(f"{name} has shape {actual.shape}, expected {expected.shape}.")
-        if actual.shape == expected.shape[::-1] and actual.ndim >= 2:
-            lines.append("The shape is the expected one reversed: is a transpose missing or extra?")
+        lines.append(f"{name} has shape {actual.shape}, {first_label} {expected.shape}.")
+        diagnosis = [*diagnosis, Said(lambda values: shape_findings(values.shape, expected.shape))]
     elif not np.all(np.isfinite(actual)) and np.all(np.isfinite(expected)):
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(actual))[0])
-        lines.append(f"{name} contains {actual[bad]} at index {bad}; expected finite values.")
+        lines.append(f"{name} contains {actual[bad]} at index {bad}; {first_label}: finite values.")
         if expected.ndim <= 1:
-            lines.append(f"  expected: {_fmt(expected)}\n  actual:   {_fmt(actual)}")
+            lines.append(sides(expected, actual, "  "))
         else:  # the row with the first non-finite value: whole arrays would bury what follows
             row = bad[:-1]
-            lines.append(f"  row {name}[{', '.join(map(str, row))}]:\n"
-                         f"    expected: {_fmt(expected[row])}\n    actual:   {_fmt(actual[row])}")
+            lines.append(f"  row {name}[{', '.join(map(str, row))}]:\n" + sides(expected[row], actual[row], "    "))
     elif not np.allclose(actual, expected, rtol=rtol, atol=atol):
         off = ~np.isclose(actual, expected, rtol=rtol, atol=atol)
         first = tuple(int(i) for i in np.argwhere(off)[0])
         diff = np.abs(actual - expected)
         lines.append(
-            f"{name} differs from the expected values in {int(off.sum())} of {off.size} entries "
+            f"{name} differs from the {first_label} values in {int(off.sum())} of {off.size} entries "
             f"(largest difference {diff.max():.4g}; tolerance rtol={rtol:g}, atol={atol:g})."
         )
         if expected.ndim <= 1:
-            lines.append(f"  expected: {_fmt(expected)}\n  actual:   {_fmt(actual)}")
+            lines.append(sides(expected, actual, "  "))
         else:
             row = first[:-1]
-            lines.append(
-                f"  first mismatching row {name}[{', '.join(map(str, row))}]:\n"
-                f"    expected: {_fmt(expected[row])}\n    actual:   {_fmt(actual[row])}"
-            )
+            lines.append(f"  first mismatching row {name}[{', '.join(map(str, row))}]:\n"
+                         + sides(expected[row], actual[row], "    "))
     else:
         return
-    named = diagnose(actual, mistakes, rtol, atol)
-    for probe in () if named else probes:
-        why = probe(actual)
-        if why:
-            named.append(why)
-    for why in named:
-        lines.append(f"Likely mistake: {why}")
+    sources = list(diagnosis)
+    if mistakes is not None:
+        sources.append(Listed(mistakes))
+    if probes:
+        sources.append(Said(lambda values: [Finding("", (why,), "", "probe", weight=15)
+                                            for why in (probe(values) for probe in probes) if why]))
+    findings = explain(actual, sources, rtol, atol)
+    lines += [line for finding in findings for line in finding.lines()]
     if hint:
         lines.append(hint)
-    raise AssertionError("\n".join(lines))
+    raise diagnosed("\n".join(lines), findings)
+
+
+def shape_findings(actual: tuple, expected: tuple) -> list[Finding]:
+    """What a wrong shape shows, when it holds the expected number of values: axes swapped, or an axis that grew by
+    the factor another shrank by (parts joined along the wrong axis)."""
+    if actual == expected or int(np.prod(actual)) != int(np.prod(expected)) or len(actual) != len(expected):
+        return []
+    if sorted(actual) == sorted(expected) and len(actual) >= 2:
+        swapped = [i for i, (a, e) in enumerate(zip(actual, expected)) if a != e]
+        if len(swapped) == 2:
+            i, j = swapped
+            return [Finding(f"your shape is the expected one with axes {i} and {j} swapped.",
+                            (f"a transpose is missing or extra (of axes {i} and {j})",), "shapes", "probe",
+                            weight=1)]
+    grew = [i for i, (a, e) in enumerate(zip(actual, expected)) if a > e and a % e == 0]
+    shrank = [i for i, (a, e) in enumerate(zip(actual, expected)) if a < e and e % a == 0]
+    if len(grew) == 1 and len(shrank) == 1:
+        i, j = grew[0], shrank[0]
+        factor = actual[i] // expected[i]
+        if expected[j] // actual[j] == factor:
+            last = "the last axis" if j == len(expected) - 1 else f"axis {j}"
+            return [Finding(f"your values fill axis {i} {factor} times over ({actual[i]} = {factor} x {expected[i]}) "
+                            f"and {last} {factor} times less ({actual[j]} = {expected[j]} / {factor}).",
+                            (f"{factor} parts were joined along axis {i} instead of {last} (torch.cat(..., "
+                             f"dim={j if j < len(expected) - 1 else -1}))",),
+                            "shapes", "probe", weight=1)]
+    return []
 
 
 def assert_mask(name, actual, expected, *, mistakes=None):

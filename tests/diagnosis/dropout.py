@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .compare import assert_close
+from .findings import Finding, diagnosed
 
 __tracebackhide__ = True
 
@@ -26,22 +27,28 @@ def check_dropout(trained, plain, p, name, *, atol=1e-6):
                    "dropout may only zero some weights and scale the others, never give weight to a masked key.")
         # Dropout on the scores, before the softmax, puts weight on masked scores it zeroed, and every row of
         # weights still sums to what it sums to without dropout (dropout after the softmax changes the sums).
+        found = []
         if np.allclose(trained.sum(axis=-1), plain.sum(axis=-1), rtol=1e-4, atol=1e-5):
-            message += ("\nLikely mistake: dropout acted on the scores before the softmax (each row of the output "
-                        "still sums to what it sums to without dropout): apply it to the attention weights, after "
-                        "the softmax")
-        raise AssertionError(message)
+            found.append(Finding("each row of the output still sums to what it sums to without dropout, and masked "
+                                 "weights became nonzero.",
+                                 ("dropout acted on the scores before the softmax: apply it to the attention weights, "
+                                  "after the softmax",), "dropout", "probe"))
+        raise diagnosed("\n".join([message, *(line for f in found for line in f.lines())]), found)
     kept = live & (np.abs(trained) > atol)
     fraction, tolerance = kept.sum() / live.sum(), kept_fraction_tolerance(p, live.sum())
-    assert fraction < 1, (
-        f"{name}: training mode with dropout p={p} dropped nothing: apply the dropout (a module's "
-        "self.dropout) to the attention weights; nn.Dropout acts in training mode only"
-    )
+    if fraction >= 1:
+        found = [Finding(f"in training mode with dropout p={p}, every value was kept unchanged: nothing was dropped.",
+                         ("the dropout is never applied to the attention weights (a module's self.dropout, created but "
+                          "not called), or it runs in eval mode: apply it to the weights; nn.Dropout acts in training "
+                          "mode only",), "dropout", "probe")]
+        raise diagnosed(f"{name}: training mode with dropout p={p} dropped nothing.\n"
+                        + "\n".join(line for f in found for line in f.lines()), found)
     if abs(fraction - (1 - p)) >= tolerance:
-        raise AssertionError(
+        found = rate_mistakes(trained, plain, kept, p)
+        raise diagnosed(
             f"{name}: {fraction:.3f} of the values were kept, expected {1 - p:.2f} +- {tolerance:.3f} for p={p:.3g} "
             "(dropout keeps each value with probability 1 - p)."
-            + "".join(f"\nLikely mistake: {why}" for why in rate_mistakes(trained, plain, kept, p)))
+            + "".join(f"\n{line}" for f in found for line in f.lines()), found)
     ratio = trained[kept] / plain[kept]
     assert_close(f"{name}: kept values / values without dropout", ratio,
                  np.full(ratio.shape, 1 / (1 - p), np.float32), rtol=1e-4, atol=1e-5,
@@ -50,7 +57,7 @@ def check_dropout(trained, plain, p, name, *, atol=1e-6):
                                np.full(ratio.shape, 1 - p, np.float32)})
 
 
-def rate_mistakes(trained, plain, kept, p):
+def rate_mistakes(trained, plain, kept, p) -> list[Finding]:
     """The mistakes that a kept fraction away from 1 - p bears out: each predicts both the fraction kept and
     the factor the kept values were scaled by, and is named only when both are what it predicts."""
     live = plain != 0
@@ -60,14 +67,16 @@ def rate_mistakes(trained, plain, kept, p):
     twice = (1 - p) ** 2  # two independent draws must both keep a value, and each scales it by 1 / (1 - p)
     if (abs(fraction - twice) < kept_fraction_tolerance(1 - twice, n)
             and np.allclose(ratio, 1 / twice, rtol=1e-4, atol=1e-5)):
-        found.append(
-            f"dropout was applied twice: {fraction:.3f} of the values were kept, about (1 - p)^2 = {twice:.3g}, each "
-            f"scaled by 1 / (1 - p)^2 = {1 / twice:.3g}. The chapter's attention drops its weights once, after the "
-            "softmax: remove the second dropout (nanoGPT's resid_dropout after the output projection, for one; in "
-            "the book's GPT model the transformer block applies that dropout around the attention module)")
+        found.append(Finding(
+            f"{fraction:.3f} of the values were kept, about (1 - p)^2 = {twice:.3g}, each scaled by 1 / (1 - p)^2 = "
+            f"{1 / twice:.3g}: what two dropouts in a row give.",
+            ("dropout was applied twice. The chapter's attention drops its weights once, after the softmax: remove "
+             "the second dropout (nanoGPT's resid_dropout after the output projection, for one; in the book's GPT "
+             "model the transformer block applies that dropout around the attention module)",), "dropout", "probe"))
     if p != 0.5 and abs(fraction - p) < kept_fraction_tolerance(p, n):
-        found.append(f"p was used as the probability of keeping a value ({fraction:.3f} kept, about p = {p:.3g}): p is "
-                     "the probability of DROPPING an element (keep where torch.rand_like(x) >= p)")
+        found.append(Finding(f"{fraction:.3f} of the values were kept, about p = {p:.3g} rather than 1 - p.",
+                             ("p was used as the probability of keeping a value: p is the probability of DROPPING an "
+                              "element (keep where torch.rand_like(x) >= p)",), "dropout", "probe"))
     return found
 
 

@@ -93,13 +93,14 @@ class ErrorReading:
 
     pattern: str
     meaning: str | Callable
+    needs_call: bool = True  # a function meaning that reads the message alone (its own evidence) says False
 
     def read(self, text, call):
-        match = re.search(self.pattern, text)
+        match = re.search(self.pattern, text, re.S)
         if match is None:
             return None
         if callable(self.meaning):
-            return self.meaning(match, call) if call is not None else None
+            return self.meaning(match, call) if call is not None or not self.needs_call else None
         return match.expand(self.meaning)
 
 
@@ -109,6 +110,22 @@ BROADCAST = r"The size of tensor a \((\d+)\) must match the size of tensor b \((
 def broadcast_sizes(match):
     """The two sizes that could not be broadcast, and the dimension (of the result) where they met."""
     return {int(match[1]), int(match[2])}, int(match[3])
+
+
+def size_from_the_batch_axis(match, call):
+    """Two sizes that could not be broadcast and that are the batch axis and a token axis of one input the check
+    gave: a size was read from the batch axis (shape[0] of a batch) where the number of tokens was meant."""
+    sizes, _ = broadcast_sizes(match)
+    if call is None or call.op != "call" or len(sizes) != 2:
+        return None
+    for value in [*call.kwargs.get("args", ()), *(call.kwargs.get("kwargs") or {}).values()]:
+        shape = np.shape(value)
+        if len(shape) >= 3 and shape[0] in sizes and shape[-1] in sizes and shape[0] != shape[-1]:
+            return (f"a tensor sized {shape[0]}, the batch size of an input of shape {tuple(shape)} (its axis 0), met "
+                    f"one sized {shape[-1]}, its number of tokens: a size was read from shape[0], which is the number "
+                    "of tokens only for a single table; read it from the last axes (shape[-1]), the same for one table "
+                    "and for a batch")
+    return None
 
 
 def mask_not_cut(match, call):
@@ -188,6 +205,23 @@ def parameter_sizes(match, call):
             "or the book's example")
 
 
+def parameters_not_registered(match, call):
+    """The module's parameters, as the test found them, against the documented ones: none at all, or only some
+    (the others kept where nn.Module does not look)."""
+    expected = re.findall(r"'([\w.]+)'", match[1])
+    yours = re.findall(r"'([\w.]+)'", match[2])
+    if expected and not yours:
+        return ("your module registers no parameters at all: layers kept in a plain Python list, dict or tuple, and "
+                "tensors that are not nn.Parameter, are invisible to nn.Module (parameters(), state_dict(), .to()): "
+                "use nn.ModuleList / nn.ModuleDict and nn.Linear or nn.Parameter")
+    missing = sorted(set(expected) - set(yours))
+    if missing and set(yours) < set(expected):
+        prefixes = sorted({name.split(".")[0] for name in missing})
+        return (f"your module registers only some of its parameters ({', '.join(prefixes)} missing): layers kept in "
+                "a plain Python list, dict or tuple are invisible to nn.Module; use nn.ModuleList / nn.ModuleDict")
+    return None
+
+
 def attribute_never_set(match, call):
     """An attribute of the module under test read before anything was assigned to it."""
     if match[1] != call.cls:
@@ -195,7 +229,37 @@ def attribute_never_set(match, call):
     return f"self.{match[2]} is used but never set: assign it in __init__"
 
 
+DTYPE_NAMES = {"float": "float32", "Float": "float32", "double": "float64", "Double": "float64", "Half": "float16",
+               "half": "float16", "BFloat16": "bfloat16", "c10::BFloat16": "bfloat16", "c10::Half": "float16",
+               "long": "int64", "Long": "int64", "Int": "int32", "int": "int32", "Bool": "bool", "bool": "bool"}
+DTYPES = r"(c10::BFloat16|c10::Half|BFloat16|Half|half|Float|float|Double|double|Long|long|Int|int|Bool|bool)"
+
+
+def dtypes_met(match, call):
+    """Two tensors of different dtypes met in an operation: when the check ran the learner's code in one of them
+    (its parameters and inputs), the other was made inside the code with a fixed dtype."""
+    found = [DTYPE_NAMES[g] for g in match.groups() if g in DTYPE_NAMES]
+    if len(set(found)) < 2:
+        return None
+    ran = (call.kwargs.get("dtype") or "float32") if call.op in ("forward", "session") else None
+    if ran not in found:
+        return None
+    other = next(d for d in found if d != ran)
+    return (f"tensors of two dtypes met ({' and '.join(dict.fromkeys(found))}): this check ran your code with its "
+            f"parameters and inputs in {ran}, so a {other} tensor was made inside it with a fixed dtype "
+            "(torch.tensor/ones/zeros/full/empty without dtype=, or .float()): make new tensors with dtype=x.dtype "
+            "and device=x.device, or keep constant ones as buffers (module.to(dtype) converts those)")
+
+
 ERROR_READINGS = [
+    ErrorReading(BROADCAST, size_from_the_batch_axis),
+    ErrorReading(r"parameter names differ from the documented ones\.\s*expected \(given by the test\): \[(.*?)\]\s*"
+                 r"yours: \[(.*?)\]", parameters_not_registered, needs_call=False),
+    ErrorReading(rf"expected m1 and m2 to have the same dtype, but got: {DTYPES} != {DTYPES}", dtypes_met),
+    ErrorReading(rf"[Ee]xpected scalar type {DTYPES} but found {DTYPES}", dtypes_met),
+    ErrorReading(rf"query\.dtype: {DTYPES},? key\.dtype: {DTYPES}", dtypes_met),
+    ErrorReading(rf"result type {DTYPES} can't be cast to the desired output type {DTYPES}", dtypes_met),
+    ErrorReading(rf"Input type \({DTYPES}\) and (?:bias|weight) type \({DTYPES}\) should be the same", dtypes_met),
     ErrorReading(BROADCAST, mask_not_cut),
     ErrorReading(r"view size is not compatible with input tensor's size and stride",
                  "view() on a tensor that is not contiguous in memory (what transpose() returns): call .contiguous() "

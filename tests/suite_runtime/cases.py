@@ -69,20 +69,26 @@ def draw_weights(rng, reference_stage, cls, init):
 
 
 def module_case(rng, reference_stage, cls, *, heads=False, head_dim=False, batch=(1, 4), tokens=(1, 9)):
-    """Random constructor arguments (d_in != d_out, num_tokens <= context_length), input and weights."""
-    b = int(rng.integers(*batch, endpoint=True))
-    num_tokens = int(rng.integers(*tokens, endpoint=True))
-    context_length = num_tokens + int(rng.integers(0, 4))
-    d_in = int(rng.integers(2, 9))
-    init = dict(d_in=d_in, context_length=context_length, dropout=0.0, qkv_bias=bool(rng.integers(2)))
-    if heads:
-        init["num_heads"] = int(rng.integers(1, 5))
-        per_head = int(rng.integers(1, 4))
-        init["d_out"] = init["num_heads"] * per_head if head_dim else per_head
-    else:
-        init["d_out"] = int(rng.integers(1, 7))
-    if init["d_out"] == d_in:  # keep d_in != d_out so that a swapped shape cannot pass
-        init["d_in"] = d_in = d_in + 1
+    """Random constructor arguments, input and weights whose sizes are pairwise distinct (the number of tokens,
+    d_in, d_out, and with heads num_heads and each head's width), so that a swapped dimension cannot pass;
+    num_tokens <= context_length."""
+    while True:
+        b = int(rng.integers(*batch, endpoint=True))
+        num_tokens = int(rng.integers(*tokens, endpoint=True))
+        d_in = int(rng.integers(2, 9))
+        init = dict(d_in=d_in, context_length=num_tokens + int(rng.integers(0, 4)), dropout=0.0,
+                    qkv_bias=bool(rng.integers(2)))
+        if heads:
+            init["num_heads"] = int(rng.integers(2 if head_dim else 1, 5))
+            per_head = int(rng.integers(1, 4))
+            init["d_out"] = init["num_heads"] * per_head if head_dim else per_head
+            # (without head_dim, d_out is each head's width: the wrapper's)
+            sizes = [num_tokens, d_in, init["num_heads"], per_head] + ([init["d_out"]] if head_dim else [])
+        else:
+            init["d_out"] = int(rng.integers(1, 7))
+            sizes = [num_tokens, d_in, init["d_out"]]
+        if len(set(sizes)) == len(sizes):
+            break
     x = normal(rng, b, num_tokens, d_in)
     return init, x, draw_weights(rng, reference_stage, cls, init)
 

@@ -1,0 +1,366 @@
+"""Attention in NumPy (float64), written once with its switches: the expected values of the stages that compute
+attention, and the searched mistakes of every stage where a mechanism appears.
+
+``Attention`` describes what a stage's module computes (its heads, key/value groups, mask, window, rotary
+positions, output projection); ``forward`` computes it from a state_dict with the documented names (W_query,
+W_key, W_value, out_proj), and ``attention_weights`` the weights of given scores. Each reads its ``choices``: a
+choice not made keeps its right value, so ``forward(spec, x, weights)`` is the reference and ``forward(spec, x,
+weights, {"scale": "d_out"})`` what a module that scales by sqrt(d_out) gives. ``switches(spec, ...)`` lists the
+choices a learner makes in that computation, each wrong value with its words: the diagnoser searches them
+(``diagnosis.search``) in every stage whose computation has them.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .search import Switch
+
+Choices = Mapping[str, Any]
+NONE: Mapping[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class Attention:
+    """What an attention module computes. ``head_name``: what the stage calls the width of one head's keys in
+    its words (``d_k`` in chapter 3's single-head stages, ``head_dim`` elsewhere)."""
+
+    num_heads: int = 1
+    num_kv_groups: int | None = None  # key/value heads (grouped-query attention); None: num_heads
+    causal: bool = True
+    window: int | None = None  # a sliding window: key j takes part for query i when 0 <= i - j < window
+    rope_theta: float | None = None  # rotary positions on queries and keys (Llama's halves layout)
+    out_proj: bool = True
+    head_name: str = "head_dim"
+
+    @property
+    def groups(self) -> int:
+        return self.num_kv_groups or self.num_heads
+
+    def with_heads(self, num_heads: int) -> Attention:
+        return replace(self, num_heads=num_heads, num_kv_groups=None if self.num_kv_groups is None else
+                       min(self.num_kv_groups, num_heads))
+
+
+# ---------------------------------------------------------------- the pieces
+
+def softmax(x, axis=-1):
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(invalid="ignore"):  # a row of -inf everywhere gives NaN, as torch.softmax does
+        e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+        return e / e.sum(axis=axis, keepdims=True)
+
+
+def linear(x, weights, name, bias=True):
+    out = np.asarray(x, dtype=np.float64) @ np.asarray(weights[f"{name}.weight"], dtype=np.float64).T
+    b = weights.get(f"{name}.bias") if bias else None
+    return out if b is None else out + b
+
+
+def rope(x, positions, theta, choice=None):
+    """x (..., T, head_dim) rotated at ``positions`` (T,), Llama's halves layout; ``choice`` a rotary mistake."""
+    d = x.shape[-1]
+    inv = float(theta) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    if choice == "frequency":
+        inv = float(theta) ** (-np.arange(0, d // 2, dtype=np.float64) / d)
+    freqs = np.asarray(positions, dtype=np.float64)[:, None] * inv
+    halves = np.concatenate([freqs, freqs], axis=-1)
+    interleaved = np.repeat(freqs, 2, axis=-1)
+    angles = interleaved if choice in ("interleaved", "angles_interleaved") else halves
+    if choice == "sign":
+        angles = -angles
+    if choice in ("interleaved", "pairs_interleaved"):
+        rotated = np.stack([-x[..., 1::2], x[..., ::2]], axis=-1).reshape(x.shape)
+    else:
+        rotated = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], axis=-1)
+    return x * np.cos(angles) + rotated * np.sin(angles)
+
+
+def _unstable(x, axis=-1):
+    """softmax without subtracting the max first, in float32 as torch computes it: exp overflows to inf for scores
+    above about 88, and inf / inf is NaN."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(np.asarray(x, dtype=np.float32))
+        return (e / e.sum(axis=axis, keepdims=True)).astype(np.float64)
+
+
+def _whole_sum(x, axis=-1):
+    """exp(x - max per row) divided by the sum over the whole tensor."""
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+        return e / e.sum()
+
+
+def _flat(x, axis=-1):
+    """One softmax over every entry of the tensor."""
+    return softmax(np.asarray(x).reshape(-1)).reshape(np.shape(x))
+
+
+def _sum_normalised(x, axis=-1):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(x, dtype=np.float64) / np.sum(x, axis=axis, keepdims=True)
+
+
+def _global_max(x, axis=-1):
+    """exp(x - the max of the whole tensor), in float32 as torch computes it, divided by each row's sum."""
+    with np.errstate(under="ignore", invalid="ignore"):
+        e = np.exp((np.asarray(x, dtype=np.float64) - np.max(x)).astype(np.float32)).astype(np.float64)
+        return e / e.sum(axis=axis, keepdims=True)
+
+
+BY_HAND = {"unstable": _unstable, "whole_sum": _whole_sum, "flat": _flat, "sum": _sum_normalised,
+           "global_max": _global_max}
+
+
+def allowed_keys(spec: Attention, query_positions, key_positions, choices: Choices = NONE):
+    """Boolean (n_queries, n_keys): which keys each query may attend to, by the tokens' positions."""
+    i = np.asarray(query_positions)[:, None]
+    j = np.asarray(key_positions)[None, :]
+    causal = choices.get("causal")
+    if causal == "top_left":  # a cached step's queries counted from 0, as if they came first
+        i = i - i.min()
+    allowed = np.ones((i.shape[0], j.shape[1]), bool)
+    if spec.causal:
+        allowed = {None: j <= i, "top_left": j <= i, "none": allowed, "diagonal": j < i, "next": j <= i + 1,
+                   "past": j >= i, "inverted": j > i, "inverted_nan": j > i}[causal]
+    if spec.window is not None:
+        w = spec.window
+        band = {None: i - j < w, "plus_one": i - j <= w, "minus_one": i - j < w - 1, "two_sided": abs(i - j) < w,
+                "none": np.ones_like(allowed)}[choices.get("window")]
+        allowed = allowed & band
+    return allowed
+
+
+def scale_of(spec: Attention, head_dim: int, d_in: int, d_out: int, choices: Choices = NONE) -> float:
+    """What the scores are multiplied by before the softmax."""
+    return {None: 1 / np.sqrt(head_dim), "none": 1.0, "times": np.sqrt(head_dim), "no_sqrt": 1 / head_dim,
+            "d_out": 1 / np.sqrt(d_out), "d_in": 1 / np.sqrt(d_in), "twice": 1 / head_dim,
+            "num_heads": 1 / np.sqrt(spec.num_heads)}[choices.get("scale")]
+
+
+def attention_weights(scores, allowed, scale: float, choices: Choices = NONE, empty_rows="nan"):
+    """softmax(scores * scale) over the keys each query may attend to. ``empty_rows``: what a query with no key
+    gets ("nan" as torch.softmax of a row of -inf gives, or "zero" as F.scaled_dot_product_attention gives)."""
+    s = np.asarray(scores, dtype=np.float64) * scale
+    if choices.get("scores") == "transposed":
+        s = np.swapaxes(s, -1, -2)
+    axis = -2 if choices.get("softmax") == "queries" else -1
+    normalise = BY_HAND.get(str(choices.get("by_hand")), softmax)
+    fill = choices.get("fill")
+    if fill == "zero":
+        w = normalise(np.where(allowed, s, 0.0), axis)
+    elif fill == "after":
+        w = normalise(s, axis) * allowed
+    else:
+        w = normalise(np.where(allowed, s, -np.inf), axis)
+        if empty_rows == "zero":
+            w = np.where(np.any(allowed, axis=-1, keepdims=True), w, 0.0)
+    if choices.get("softmax") == "twice":
+        w = softmax(w, axis)
+    return w
+
+
+def split(a, num_heads, choices: Choices = NONE):
+    """(b, T, width) -> (b, num_heads, T, width // num_heads)."""
+    b, t, d = a.shape
+    if choices.get("split") == "view_only":
+        return a.reshape(b, num_heads, t, d // num_heads)
+    return a.reshape(b, t, num_heads, d // num_heads).transpose(0, 2, 1, 3)
+
+
+def merge(a, choices: Choices = NONE):
+    """(b, heads, T, head_dim) -> (b, T, heads * head_dim)."""
+    b, h, t, hd = a.shape
+    if choices.get("merge") == "no_transpose":
+        return a.reshape(b, t, h * hd)
+    return a.transpose(0, 2, 1, 3).reshape(b, t, h * hd)
+
+
+def forward(spec: Attention, x, weights, choices: Choices = NONE, *, context=None, positions=None):
+    """The module's output for ``x`` (b, T, d_in) (keys and values from ``context`` when given), the tokens at
+    rotary ``positions`` (default 0..T-1), as ``choices`` make it."""
+    x = np.asarray(x, dtype=np.float64)
+    source = x if context is None else np.asarray(context, dtype=np.float64)
+    num_heads = choices.get("num_heads") or spec.num_heads
+    groups = spec.groups if choices.get("num_heads") is None else min(spec.groups, num_heads)
+    bias = choices.get("bias") != "ignored"
+    q = linear(x, weights, "W_query", bias)
+    k = linear(source, weights, "W_key", bias)
+    v = {"inputs": lambda: source, "keys": lambda: linear(source, weights, "W_key", bias),
+         "queries": lambda: linear(source, weights, "W_query", bias)}.get(
+        str(choices.get("values")), lambda: linear(source, weights, "W_value", bias))()
+    d_in, d_out = x.shape[-1], q.shape[-1]
+    head_dim = d_out // num_heads
+    if d_out % num_heads or k.shape[-1] % groups or k.shape[-1] // groups != head_dim:
+        raise ValueError("sizes that do not split into these heads")
+    q, k, v = split(q, num_heads, choices), split(k, groups, choices), split(v, groups, choices)
+    t, n = x.shape[1], source.shape[1]
+    query_positions = np.arange(t) if positions is None else np.asarray(positions)
+    key_positions = np.arange(n) if positions is None or context is not None else np.asarray(positions)
+    if spec.rope_theta is not None and choices.get("rope") != "none":
+        choice = choices.get("rope")
+        if choice == "restart":
+            query_positions = key_positions = np.arange(t)
+        q = rope(q, query_positions, spec.rope_theta, choice)
+        k = rope(k, key_positions, spec.rope_theta, choice)
+        if choice == "values":
+            v = rope(v, key_positions, spec.rope_theta)
+    if groups != num_heads:
+        size = num_heads // groups
+        expand = (lambda a: np.tile(a, (1, size, 1, 1))) if choices.get("kv_repeat") == "tile" else \
+            (lambda a: np.repeat(a, size, axis=1))
+        k, v = expand(k), expand(v)
+    allowed = allowed_keys(spec, query_positions, key_positions, choices) if context is None else \
+        np.ones((t, n), bool)
+    # (an inverted boolean mask given to F.scaled_dot_product_attention: a row left with no key gives 0, or NaN)
+    w = attention_weights(q @ np.swapaxes(k, -1, -2), allowed, scale_of(spec, head_dim, d_in, d_out, choices),
+                          choices, empty_rows="zero" if choices.get("causal") == "inverted" else "nan")
+    out = merge(w @ v, choices)
+    if spec.out_proj and choices.get("out_proj") != "missing":
+        out = linear(out, weights, "out_proj")
+    return out
+
+
+# ---------------------------------------------------------------- the switches
+
+def scaling_switch(spec: Attention, head_dim: int, d_in: int, d_out: int) -> Switch:
+    """Scaling the scores: the wrong divisors a learner can pick, those the sizes of the case can tell apart."""
+    k = spec.head_name
+    wrong = {"none": f"the scores were not scaled by 1 / sqrt({k})",
+             "times": f"the scores were multiplied by sqrt({k}); divide by it",
+             "no_sqrt": f"the scores were divided by {k}; divide by sqrt({k})"}
+    if d_out != head_dim:
+        wrong["d_out"] = (f"the scores were scaled by sqrt(d_out), the model width; each head's dot products have "
+                          f"{k} terms, so divide by sqrt({k})")
+    if spec.num_heads > 1 and spec.num_heads not in (head_dim, d_out):
+        wrong["num_heads"] = (f"the scores were scaled by sqrt(num_heads), the number of heads; each head's dot "
+                              f"products have {k} terms, so divide by sqrt({k})")
+    if d_in not in (head_dim, d_out):
+        wrong["d_in"] = (f"the scores were scaled by sqrt(d_in), the input width; the dot products have {k} terms, "
+                         f"so divide by sqrt({k})")
+    return Switch("scale", "scaling", wrong)
+
+
+SCORES = Switch("scores", "scores", {
+    "transposed": "keys @ queries^T: the scores are transposed (row i must hold query i's scores, "
+                  "queries @ keys.transpose(...))"})
+SOFTMAX = Switch("softmax", "softmax", {
+    "queries": "softmax over the wrong dimension, the query axis (dim=-2: dim 0 of one table of scores, dim 1 of a "
+               "batch); each query's weights over the keys must sum to 1, so use dim=-1",
+    "twice": "softmax was applied twice: the weights were already normalised, and a second softmax flattens them "
+             "and gives the masked future weight exp(0) > 0"})
+# The ways a softmax written by hand goes wrong (the stages that write one; a module's uses torch.softmax).
+SOFTMAX_BY_HAND = Switch("by_hand", "softmax", {
+    "unstable": "the max was not subtracted before exp: exp overflows to inf for large scores (inf / inf is NaN); "
+                "subtract each row's max first, softmax(x) = softmax(x - max(x))",
+    "whole_sum": "the exponentials were divided by their sum over the whole tensor; sum each row (dim=dim, "
+                 "keepdim=True)",
+    "global_max": "the max subtracted before exp was the whole tensor's, not each row's: a row far below it underflows "
+                  "to 0 / 0 = NaN; subtract each row's max, x.max(dim=dim, keepdim=True)",
+    "flat": "one softmax over the whole tensor: the max and the sum must be taken per row (keepdim=True)",
+    "sum": "the scores were divided by their sum, not passed through softmax (exp, then divide by the sum of the "
+           "exponentials)"})
+CAUSAL = Switch("causal", "masking", {
+    "none": "the causal mask is missing: tokens see the future",
+    "diagonal": "the mask hides each token's own position too (torch.triu(..., diagonal=0), or j < i): a token "
+                "attends to itself and the tokens before it; mask the strict upper triangle, "
+                "torch.triu(..., diagonal=1)",
+    "next": "the mask starts one diagonal too high (torch.triu(..., diagonal=2), or j <= i + 1): each token also "
+            "sees the next one; mask the strict upper triangle, torch.triu(..., diagonal=1)",
+    "past": "the mask hides the past instead of the future (tril and triu swapped)"})
+SDPA_MASK = ("the boolean mask is inverted: F.scaled_dot_product_attention takes attn_mask True where a token takes "
+             "part, so pass the allowed positions, ~mask (the causal buffer marks the future)")
+INVERTED = {"inverted": SDPA_MASK,
+            "inverted_nan": SDPA_MASK + " (here a row left with nothing to attend to gives NaN)"}
+CACHED_ROWS = {"top_left": "the new queries of a cached step were masked as if they came first (rows 0.. of the "
+                           "mask, or is_causal with more keys than queries, which aligns them top-left): they are the "
+                           "last num_new of num_keys positions"}
+FILL = Switch("fill", "masking", {
+    "zero": "masked with 0 instead of -inf: a masked score of 0 still gets weight exp(0) > 0",
+    "after": "masked after the softmax without renormalising: rows no longer sum to 1"})
+WINDOW = Switch("window", "masking", {
+    "plus_one": "the window is off by one: i - j <= window lets window + 1 tokens take part; the query's own token "
+                "counts, so key j takes part when j <= i and i - j < window",
+    "minus_one": "the window is off by one: the query's own token counts as one of the window's, so key j takes "
+                 "part when j <= i and i - j < window (yours holds window - 1 tokens)",
+    "two_sided": "the band is not causal: keys after the query (j > i) take part; add j <= i",
+    "none": "the window was not applied: every earlier token takes part (plain causal attention)"})
+PROJECTIONS = {
+    "values": Switch("values", "projections", {
+        "inputs": "the values were the inputs: mix the projected values W_value(x), not x",
+        "keys": "the values were projected with W_key: values = W_value(x)",
+        "queries": "the values were projected with W_query: values = W_value(x)"}),
+    "bias": Switch("bias", "projections", {
+        "ignored": "qkv_bias was ignored: pass bias=qkv_bias to W_query, W_key and W_value"}),
+    "out_proj": Switch("out_proj", "projections", {
+        "missing": "out_proj was not applied to the concatenated heads"}),
+}
+HEADS = {
+    "split": Switch("split", "heads", {
+        "view_only": "the heads were split with view alone: view to (b, num_tokens, num_heads, head_dim), then "
+                     "transpose(1, 2)"}),
+    "merge": Switch("merge", "heads", {
+        "no_transpose": "the heads were merged without moving the head axis back: transpose(1, 2) to (b, "
+                        "num_tokens, num_heads, head_dim), then view (or reshape) to (b, num_tokens, d_out)"}),
+}
+KV_REPEAT = Switch("kv_repeat", "grouped-query attention", {
+    "tile": "the key/value heads were expanded with `repeat`, which tiles them (query head h got kv head "
+            "h % num_kv_groups); use repeat_interleave(group_size, dim=1): query head h uses kv head "
+            "h // group_size, consecutive query heads share one"})
+ROPE = Switch("rope", "rotary positions", {
+    "none": "RoPE was not applied: rotate the queries and the keys with apply_rope before the scores",
+    "values": "RoPE was applied to the values: rotate only the queries and the keys (a score q.k depends on their "
+              "positions); the values carry content, not position",
+    "interleaved": "interleaved pairs (x[2i], x[2i+1]) were rotated where Llama's halves layout is meant: pair "
+                   "feature i with feature i + head_dim/2, x * cos + rotate_half(x) * sin",
+    "pairs_interleaved": "interleaved pairs (x[2i], x[2i+1]) were rotated with the halves layout's angles: the two "
+                         "layouts are mixed; pair feature i with feature i + head_dim/2 (rotate_half)",
+    "angles_interleaved": "cos and sin are in the interleaved layout (each angle repeated twice) but the pairs are the "
+                          "halves (rotate_half): the two layouts are mixed; duplicate the angles with "
+                          "cat([freqs, freqs])",
+    "sign": "the rotation goes the wrong way: rotate_half(x) is cat([-x2, x1]) (x2 the second half), not "
+            "cat([x2, -x1])",
+    "frequency": "the frequencies use i / head_dim: inv_freq = theta_base ** (-arange(0, head_dim, 2) / head_dim), "
+                 "one frequency per pair"})
+
+
+def head_count_switch(spec: Attention, d_out: int, kv_width: int) -> Switch:
+    """Other head counts a module could have read from somewhere else than its constructor's arguments."""
+    wrong = {}
+    for other in range(1, d_out + 1):
+        if d_out % other == 0 and other != spec.num_heads and (spec.num_kv_groups is None or kv_width % (
+                d_out // other) == 0):
+            wrong[other] = (f"the output is that of {other} heads, not num_heads={spec.num_heads}: take every size "
+                            "from the constructor's arguments (num_heads, d_out), never from a global or the book's "
+                            "example")
+    return Switch("num_heads", "heads", wrong)
+
+
+def switches(spec: Attention, d_in: int, d_out: int, kv_width: int | None = None, *, cached: bool = False,
+             values_from_inputs: bool | None = None) -> list[Switch]:
+    """Every choice of ``spec``'s computation that the sizes of a case can show, with its wrong values."""
+    head_dim = d_out // spec.num_heads
+    kv_width = d_out if kv_width is None else kv_width
+    found = [scaling_switch(spec, head_dim, d_in, d_out), SCORES, SOFTMAX, FILL, *PROJECTIONS.values()]
+    if spec.causal:
+        found.append(CAUSAL.plus(INVERTED).plus(CACHED_ROWS if cached else {}))
+    if spec.window is not None:
+        found.append(WINDOW)
+    if not spec.out_proj:
+        found.remove(PROJECTIONS["out_proj"])
+    values = PROJECTIONS["values"]
+    if values_from_inputs is False or (values_from_inputs is None and d_in != kv_width):
+        values = values.without("inputs")
+    if kv_width != d_out:
+        values = values.without("queries")
+    found[found.index(PROJECTIONS["values"])] = values
+    if spec.num_heads > 1:
+        found += [*HEADS.values(), head_count_switch(spec, d_out, kv_width)]
+    if spec.groups not in (1, spec.num_heads) or (spec.num_kv_groups and spec.num_kv_groups < spec.num_heads > 2):
+        found.append(KV_REPEAT)
+    if spec.rope_theta is not None:
+        found.append(ROPE if cached else ROPE)
+    return found

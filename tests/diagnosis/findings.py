@@ -1,0 +1,81 @@
+"""What a diagnosis says, as data: the contract between the diagnosis engine and whoever shows or counts it.
+
+A ``Finding`` is one conclusion drawn from evidence about the learner's code: what the learner's own numbers show
+(``shows``: an observation anyone can check, measured on their code), and what produces that (``causes``). One
+cause is stated as the likely mistake; several are given as possibilities, none as fact (the check's inputs could
+not tell them apart). A finding never names a fix that the evidence it came from did not bear out.
+
+Standard library only: the grader reads findings from a check's report (``FindingRecord``) without importing
+the rest of the engine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, TypedDict
+
+# Where a finding comes from: a searched change of the reference computation whose output equals the learner's
+# ("mutation"), a behavioural probe run on the learner's code ("probe"), an exception's message read against the
+# operation that raised it ("error"), a comparison with what a stage's listed mistake gives ("listed").
+Source = Literal["mutation", "probe", "error", "listed"]
+
+EVIDENCE = "Evidence:"
+LIKELY = "Likely mistake:"
+POSSIBLE = "Possible mistakes:"
+
+
+@dataclass(frozen=True)
+class Finding:
+    shows: str  # what the numbers show, measured on the learner's code ("" when the evidence is the match itself)
+    causes: tuple[str, ...] = ()  # what produces that: one likely mistake, or several possible ones
+    mechanism: str = ""  # the mechanism it concerns ("causal masking", "scaling", ...)
+    source: Source = "probe"
+    weight: int = field(default=0, compare=False)  # order among a check's findings: lower first
+
+    def lines(self) -> list[str]:
+        """The finding as a failure message shows it: the evidence, then the likely or possible mistakes."""
+        found = [f"{EVIDENCE} {self.shows}"] if self.shows else []
+        if len(self.causes) == 1:
+            found.append(f"{LIKELY} {self.causes[0]}")
+        elif self.causes:
+            found.append(f"{POSSIBLE} " + "; OR ".join(f"({i}) {c}" for i, c in enumerate(self.causes, 1)))
+        return found
+
+    @property
+    def text(self) -> str:
+        """One line: what a record lists among a check's mistakes, and a class report counts."""
+        if len(self.causes) == 1:
+            return self.causes[0]
+        return self.shows if self.shows else "; or ".join(self.causes)
+
+    def record(self) -> FindingRecord:
+        return {"text": self.text, "shows": self.shows, "causes": list(self.causes), "mechanism": self.mechanism,
+                "source": self.source}
+
+
+class FindingRecord(TypedDict):
+    """A finding as it travels in a check's report and lies in a grading record."""
+    text: str
+    shows: str
+    causes: list[str]
+    mechanism: str
+    source: Source
+
+
+def merged(findings: list[Finding]) -> list[Finding]:
+    """``findings`` without repeats (the same evidence and causes said twice), in their order of weight."""
+    seen, kept = set(), []
+    for finding in sorted(findings, key=lambda f: f.weight):
+        key = (finding.shows, finding.causes)
+        if key not in seen:
+            seen.add(key)
+            kept.append(finding)
+    return kept
+
+
+def diagnosed(message: str, findings: list[Finding]) -> AssertionError:
+    """A failed check with what the evidence bears out: an AssertionError (as any failed check is) whose message
+    shows them and whose ``findings`` carries them as data (the suite's report hook copies them into the test's
+    report, where a grader reads them)."""
+    error = AssertionError(message)
+    error.findings = list(findings)  # type: ignore[attr-defined]
+    return error

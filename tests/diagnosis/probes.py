@@ -1,0 +1,404 @@
+"""Behavioural probes: properties of the learner's own code, measured by running it again on inputs of the
+diagnoser's choosing, each stated in a sentence a student can act on whatever their code looks like.
+
+Probes belong to mechanisms, not stages, so that every stage that uses a mechanism gets them:
+
+- ``weight_findings`` reads a learner's attention weights (exposed: the module run on one-hot tokens whose values
+  are those one-hot vectors, or a function given the identity as values) against what they must be: which keys
+  each query sees (the future, its own token, a window's true width, keys that must be hidden), rows that sum to
+  1 along the right axis, NaN rows, and the temperature the scores were divided by, fitted from the weights.
+- ``dependency_findings`` perturbs one token at a time and sees which outputs move: outputs that depend on later
+  tokens, on tokens outside a window, or that ignore tokens they must see.
+- ``batch_findings``: a batch row that changes another batch row's output.
+- ``heads_findings``: permuting the heads' weights must permute nothing in the output (heads are independent).
+- ``dtype_findings``: a float64 computation that comes back in float32 (a tensor made with the default dtype).
+
+Each returns findings (``diagnosis.findings``), empty when the evidence says nothing: no hint beats a wrong one.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .findings import Finding
+
+TINY = 1e-12  # a weight at or below this is none (float32 keeps weights down to 1e-38; masked ones are exactly 0)
+
+
+def _tokens(indices) -> str:
+    indices = [int(i) for i in indices]
+    if len(indices) == 1:
+        return f"token {indices[0]}"
+    return "tokens " + ", ".join(map(str, indices[:-1])) + f" and {indices[-1]}"
+
+
+# ---------------------------------------------------------------- attention weights
+
+@dataclass(frozen=True)
+class ExposedWeights:
+    """A learner's attention weights next to what they must be.
+
+    observed: (..., n_queries, n_keys) the learner's weights; scores: the raw scores q.k the weights come from
+    (float64, same shape); allowed: (n_queries, n_keys) which keys each query must see; scale: what the scores
+    are multiplied by before the softmax; divisors: {name: value} the divisors a learner could have used
+    (``sqrt(head_dim)``, ``sqrt(d_out)`` ...), for naming the one the weights show; query/key positions: the
+    tokens' positions (a cached step's queries come after the cached keys); window: the window's width, if any;
+    scale_words: {divisor name: the mistake it stands for} (``attention.scaling_switch``'s words); empty_rows:
+    what a query with no key must get ("nan" or "zero")."""
+
+    observed: np.ndarray
+    scores: np.ndarray
+    allowed: np.ndarray
+    scale: float
+    divisors: Mapping[str, float] = field(default_factory=dict)
+    scale_words: Mapping[str, str] = field(default_factory=dict)
+    query_positions: np.ndarray | None = None
+    key_positions: np.ndarray | None = None
+    window: int | None = None
+    what: str = "your attention weights"
+    empty_rows: str = "nan"
+
+
+def weight_findings(w: ExposedWeights) -> list[Finding]:
+    observed = np.asarray(w.observed, dtype=np.float64)
+    if observed.shape != np.shape(w.scores) or observed.ndim < 2:
+        return []
+    finite = np.all(np.isfinite(observed), axis=-1)
+    negative = np.nan_to_num(observed) < -1e-6
+    if np.any(negative) or np.any(np.nan_to_num(observed) > 1 + 1e-4):
+        return []  # not attention weights at all: what exposed them is broken, so they say nothing
+    allowed = np.broadcast_to(np.asarray(w.allowed, bool), observed.shape)
+    nq, nk = observed.shape[-2:]
+    qpos = np.arange(nq) + (nk - nq) if w.query_positions is None else np.asarray(w.query_positions)
+    kpos = np.arange(nk) if w.key_positions is None else np.asarray(w.key_positions)
+    found = _nan_rows(w, observed, finite, allowed, qpos, kpos)
+    rows = finite & np.any(allowed, axis=-1)  # rows that can be read
+    if not np.any(rows):
+        return found
+    said = {cause for f in found for cause in f.causes}
+    found += [f for f in _support(w, observed, rows, allowed, qpos, kpos)
+              if not (f.mechanism == "masking" and any("own position" in c for c in said))]
+    found += _sums(w, observed, rows, allowed)
+    found += _temperature(w, observed, rows, allowed)
+    return found
+
+
+def _nan_rows(w, observed, finite, allowed, qpos, kpos):
+    bad = ~finite & np.any(allowed, axis=-1)
+    if not np.any(bad):
+        return []
+    index = tuple(int(i) for i in np.argwhere(bad)[0])
+    shows = f"{w.what} of query {qpos[index[-1]]} are NaN, although it must see {_tokens(kpos[allowed[index]])}."
+    cause = ("a softmax gives NaN where every score of its row is -inf (every key masked: 0 / 0), or where a score "
+             "is inf or NaN (an overflow, or a NaN made earlier)")
+    own = allowed & (qpos[:, None] == kpos[None, :]) & finite[..., None]  # readable rows' own tokens
+    if np.any(own) and np.all(observed[own] <= TINY):
+        cause = ("the mask hides each token's own position too (torch.triu(..., diagonal=0), or j < i): the first "
+                 "query is left with no key at all, so its softmax gives NaN, and every other query ignores its own "
+                 "token; mask the strict upper triangle, torch.triu(..., diagonal=1)")
+    return [Finding(shows, (cause,), "masking", "probe", weight=5)]
+
+
+def _support(w, observed, rows, allowed, qpos, kpos):
+    seen = (observed > TINY) & rows[..., None]
+    extra = seen & ~allowed
+    missing = ~seen & allowed & rows[..., None]
+    found = []
+    later = extra & (kpos[None, :] > qpos[:, None])
+    if np.any(later):
+        index = tuple(int(i) for i in np.argwhere(later)[0])
+        i, j = index[-2], index[-1]
+        found.append(Finding(
+            f"query {qpos[i]} puts weight {observed[index]:.3g} on key {kpos[j]}, a later token: the output depends "
+            "on future tokens.",
+            ("the causal mask lets a query see keys after it: it is missing, hides the wrong side, or starts too high "
+             "(only keys j <= i may take part: mask the strict upper triangle, torch.triu(..., diagonal=1))",),
+            "masking", "probe", weight=1))
+    own = allowed & rows[..., None] & (kpos[None, :] == qpos[:, None])  # each readable row's own key
+    diagonal = missing & own
+    # A weight can underflow to 0 when scores are extreme: a key is said to be hidden only when every row hides it
+    # the same way (its own token in every row).
+    if np.any(own) and np.array_equal(diagonal, own) and not np.any(later):
+        index = tuple(int(i) for i in np.argwhere(diagonal)[0])
+        found.append(Finding(
+            f"query {qpos[index[-2]]} puts no weight on its own token (key {qpos[index[-2]]}): each token must "
+            "attend to itself and the tokens before it.",
+            ("the mask hides each token's own position too (torch.triu(..., diagonal=0), or j < i); mask the strict "
+             "upper triangle, torch.triu(..., diagonal=1)",),
+            "masking", "probe", weight=2))
+    back = (qpos[:, None] - kpos[None, :])
+    if w.window is not None:
+        reach = np.where(seen & (back >= 0), back + 1, 0).max(axis=-1)  # tokens each query sees, itself included
+        full = rows & (qpos >= w.window)  # queries with at least window tokens up to them
+        if np.any(full):
+            measured = sorted({int(r) for r in reach[full]})
+            if measured != [w.window]:
+                found.append(Finding(
+                    f"the queries that have at least window={w.window} tokens up to them see the last "
+                    f"{' or '.join(map(str, measured))} tokens (themselves included), not window={w.window}.",
+                    ("the window is off by one: key j takes part for query i when 0 <= i - j < window"
+                     if measured in ([w.window + 1], [w.window - 1]) else
+                     "the window's width is not the window argument: key j takes part when 0 <= i - j < window",),
+                    "masking", "probe", weight=3))
+    elif _every_row_misses(missing & (back > 0), allowed & rows[..., None] & (back > 0)) and not np.any(diagonal):
+        index = tuple(int(i) for i in np.argwhere(missing & (back > 0))[0])
+        found.append(Finding(
+            f"query {qpos[index[-2]]} puts no weight on key {kpos[index[-1]]}, an earlier token it must see.",
+            ("the mask hides keys that must take part: check which side of the diagonal it covers and its offset",),
+            "masking", "probe", weight=3))
+    earlier_extra = extra & (back >= 0)
+    if np.any(earlier_extra) and w.window is None:
+        index = tuple(int(i) for i in np.argwhere(earlier_extra)[0])
+        found.append(Finding(
+            f"query {qpos[index[-2]]} puts weight {observed[index]:.3g} on key {kpos[index[-1]]}, which the mask "
+            "must hide.",
+            ("a key that must not take part was left unmasked",), "masking", "probe", weight=3))
+    return found
+
+
+def _every_row_misses(missing, could):
+    """Whether every row that has keys of this kind (``could``) misses at least one of them."""
+    has = np.any(could, axis=-1)
+    return bool(np.any(has)) and bool(np.all(np.any(missing, axis=-1)[has]))
+
+
+def _sums(w, observed, rows, allowed):
+    if w.empty_rows == "sinks":
+        return []
+    sums = observed.sum(axis=-1)
+    off = rows & (np.abs(sums - 1) > 1e-3)
+    if not np.any(off):
+        return []
+    index = tuple(int(i) for i in np.argwhere(off)[0])
+    finite = np.where(np.isfinite(observed), observed, 0)
+    nq, nk = observed.shape[-2:]
+    if nq == nk and np.allclose(finite.sum(axis=-2), 1, atol=1e-3):
+        return [Finding(f"{w.what} sum to 1 down each column (over the queries), not along each row: row "
+                        f"{index[-1]} sums to {sums[index]:.4g}.",
+                        ("softmax over the wrong dimension, the query axis (dim=-2: dim 0 of one table of scores, dim "
+                         "1 of a batch); each query's weights over the keys must sum to 1, so use dim=-1",), "softmax",
+                        "probe", weight=4)]
+    for axis in range(observed.ndim - 2):  # a batch's (or heads') axis
+        if observed.shape[axis] > 1 and np.allclose(finite.sum(axis=axis), 1, atol=1e-3):
+            return [Finding(f"{w.what} sum to 1 across axis {axis} (over the {observed.shape[axis]} tables of a "
+                            f"batch), not along each row: row {index[-1]} sums to {sums[index]:.4g}.",
+                            (f"the softmax (or its sum) ran over dim {axis}, a batch axis: take it over the keys, "
+                             "dim=-1",), "softmax", "probe", weight=4)]
+    return [Finding(f"{w.what} of a query do not sum to 1: row {index[-1]} sums to {sums[index]:.4g}.",
+                    ("the weights were changed after the softmax without being renormalised (masked after the "
+                     "softmax, say), or they are not a softmax over the keys",), "softmax", "probe", weight=6)]
+
+
+def _fit(scores, observed, use):
+    """The factor f and the residual of log w = f * scores + a constant per row, over the entries ``use``."""
+    xs, ys = [], []
+    for index in np.argwhere(np.any(use, axis=-1)):
+        index = tuple(index)
+        keep = use[index]
+        if keep.sum() < 2:
+            continue
+        x, y = scores[index][keep], np.log(observed[index][keep])
+        xs.append(x - x.mean())
+        ys.append(y - y.mean())
+    if not xs:
+        return None
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    if np.sum(x * x) < 1e-12:
+        return None
+    factor = float(np.sum(x * y) / np.sum(x * x))
+    residual = np.sqrt(np.mean((y - factor * x) ** 2))
+    good = residual <= 1e-3 * max(1.0, np.sqrt(np.mean(y ** 2))) and factor > 0
+    return factor if good else None
+
+
+def _temperature(w, observed, rows, allowed):
+    """The factor the learner's weights show the scores were multiplied by: for each readable row, log w is that
+    factor times the scores plus a constant, over the keys the row gives weight to."""
+    scores = np.asarray(w.scores, dtype=np.float64)
+    use = rows[..., None] & allowed & (observed > 1e-30)
+    if _fit(scores, observed, use) is None and scores.shape[-1] == scores.shape[-2]:
+        transposed = _fit(np.swapaxes(scores, -1, -2), observed, use)
+        if transposed is not None and abs(transposed / w.scale - 1) < 1e-3:
+            return [Finding(f"{w.what} are the softmax of the transposed scores: row i holds every query's score "
+                            "against key i, not query i's scores against every key.",
+                            ("keys @ queries^T: the scores are transposed (row i must hold query i's scores, "
+                             "queries @ keys.transpose(...))",), "scores", "probe", weight=4)]
+    factor = _fit(scores, observed, use)
+    if factor is None:
+        return []  # not a softmax of these scores at one temperature: another probe or the search says why
+    if abs(factor / w.scale - 1) < 1e-3:
+        return []  # the right temperature
+    divisor = 1 / factor
+    names = [name for name, value in w.divisors.items() if abs(value / divisor - 1) < 2e-3]
+    expected = next((name for name, value in w.divisors.items() if abs(value * w.scale - 1) < 1e-9), None)
+    shows = (f"{w.what} are softmax(scores / {divisor:.4g}) over the keys each query sees"
+             + (f", and {divisor:.4g} = {' = '.join(names)}" if names else "")
+             + f"; the scores must be divided by {expected or f'{1 / w.scale:.4g}'}"
+             + (f" = {1 / w.scale:.4g}" if expected else "") + ".")
+    causes = tuple(w.scale_words[name] for name in names if name in w.scale_words)
+    if not causes:
+        causes = ("the scores were scaled by something else than the stage's scale",)
+    return [Finding(shows, causes, "scaling", "probe", weight=4)]
+
+
+# ---------------------------------------------------------------- outputs that depend on inputs
+
+Run = Callable[[np.ndarray], np.ndarray]
+
+
+def _moved(a, b, rtol=1e-4, atol=1e-5):
+    """Per row (axis -2 after the leading ones): whether ``b`` differs from ``a``."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    diff = ~np.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+    return diff.reshape(diff.shape[0], diff.shape[1], -1).any(axis=-1)  # (b, tokens)
+
+
+def dependency_findings(run: Run, x, may_see: np.ndarray, *, what="your output", token_axis=1) -> list[Finding]:
+    """Perturb each token of ``x`` (b, T, ...) in turn and see which tokens' outputs move. ``may_see``: (T, T)
+    bool, which tokens each token's output may depend on (a token always depends on itself)."""
+    x = np.asarray(x)
+    t = x.shape[token_axis]
+    try:
+        base = np.asarray(run(x))
+    except Exception:
+        return []
+    if base.ndim < 2 or base.shape[:2] != x.shape[:2]:
+        return []
+    depends = np.zeros((t, t), bool)
+    rng = np.random.default_rng(1234)
+    for j in range(t):
+        changed = x.copy()
+        changed[:, j] = changed[:, j] + rng.normal(size=changed[:, j].shape).astype(x.dtype)
+        try:
+            moved = _moved(base, run(changed))
+        except Exception:
+            return []
+        depends[:, j] = moved.any(axis=0)
+    found = []
+    may = np.asarray(may_see, bool) | np.eye(t, dtype=bool)
+    future = depends & ~may & np.triu(np.ones((t, t), bool), 1)
+    if np.any(future):
+        i, j = (int(v) for v in np.argwhere(future)[0])
+        found.append(Finding(
+            f"the output of token {i} changes when token {j} changes, a later token: {what} depends on future "
+            "tokens.",
+            ("the causal mask lets a query see keys after it: it is missing, hides the wrong side, or starts too high "
+             "(only keys j <= i may take part: mask the strict upper triangle, torch.triu(..., diagonal=1))",
+             "tokens are mixed after the attention: a view or reshape that interleaves the token axis with another "
+             "(merging the heads without transpose(1, 2) first, say)"),
+            "masking", "probe", weight=1))
+    other = depends & ~may & ~np.triu(np.ones((t, t), bool), 1)
+    if np.any(other):
+        i, j = (int(v) for v in np.argwhere(other)[0])
+        found.append(Finding(f"the output of token {i} changes when token {j} changes, a token it must not see.",
+                             ("a key that must be masked for this query takes part",), "masking", "probe", weight=2))
+    ignored = ~depends & may & ~np.eye(t, dtype=bool)
+    if np.any(ignored):
+        i, j = (int(v) for v in np.argwhere(ignored)[0])
+        found.append(Finding(f"the output of token {i} does not change when token {j} changes, though token {i} "
+                             f"must see token {j}.",
+                             ("a key that must take part was masked (or its weight is lost)",
+                              "tokens are mixed after the attention: a view or reshape that interleaves the token axis "
+                              "with another"), "masking", "probe", weight=3))
+    return found
+
+
+def batch_findings(run: Run, x, *, what="your output") -> list[Finding]:
+    """Change batch row 0 only: no other row's output may move."""
+    x = np.asarray(x)
+    if x.shape[0] < 2:
+        return []
+    changed = x.copy()
+    changed[0] = changed[0] + np.random.default_rng(4321).normal(size=changed[0].shape).astype(x.dtype)
+    try:
+        before, after = np.asarray(run(x)), np.asarray(run(changed))
+    except Exception:
+        return []
+    if before.shape != after.shape or before.shape[0] != x.shape[0]:
+        return []
+    moved = _moved(before, after).any(axis=-1)
+    if not moved[1:].any():
+        return []
+    row = 1 + int(np.argmax(moved[1:]))
+    return [Finding(f"{what} for batch row {row} changed when only batch row 0's inputs changed: the rows of a batch "
+                    "are mixed.",
+                    ("an operation runs across the batch axis: a softmax or sum over dim=0 (or over every entry), or "
+                     "a view/reshape that mixes the batch axis with another; keep b as the first axis throughout",),
+                    "batching", "probe", weight=1)]
+
+
+SPLIT_HEADS = ("swapping two heads' weights (their rows of W_query, W_key and W_value, and their columns of out_proj) "
+               "changed {what}: the heads are not computed each from its own features.",
+               "the split into heads takes a head's features from several heads (a view straight to (b, num_heads, "
+               "num_tokens, head_dim) without transpose), or the heads are merged back in another order than they "
+               "were split (a view without transpose(1, 2) first)")
+HEAD_MODULES = ("swapping the weights of heads 0 and 1 did not just swap their blocks of {what}: the output is not "
+                "the heads' outputs side by side, in the order of self.heads.",
+                "the heads' outputs were joined in another order or along another axis: torch.cat([head(x) for head "
+                "in self.heads], dim=-1)")
+
+
+def heads_findings(run_permuted: Callable[[], tuple[np.ndarray, np.ndarray]], *, what="your output",
+                   words: tuple[str, str] = SPLIT_HEADS) -> list[Finding]:
+    """``run_permuted()``: the output with the heads' weights as given, and what independent heads give with two
+    heads swapped (the same output, or its blocks swapped back): they must be equal. ``words``: what the evidence
+    and its cause are called for this kind of module."""
+    try:
+        before, after = run_permuted()
+    except Exception:
+        return []
+    before, after = np.asarray(before), np.asarray(after)
+    if before.shape != after.shape or np.allclose(before, after, rtol=1e-4, atol=1e-5, equal_nan=True):
+        return []
+    return [Finding(words[0].format(what=what), (words[1],), "heads", "probe", weight=2)]
+
+
+def dtype_findings(run64: Callable[[], np.ndarray], *, what="your output") -> list[Finding]:
+    """Run in float64: a result in float32 means some tensor was made with the default dtype on the way."""
+    try:
+        out = run64()
+    except Exception as exc:
+        text = str(exc)
+        if "dtype" in text or "Double" in text or "Float" in text:
+            first = text.splitlines()[0][:160]
+            return [Finding(f"given float64 inputs and parameters, the computation raised: {first}",
+                            ("a tensor made inside the computation has a fixed dtype (the default float32): create "
+                             "new tensors with dtype=x.dtype and device=x.device, or derive them from x",),
+                            "dtypes", "probe", weight=8)]
+        return []
+    out = np.asarray(out)
+    if out.dtype.kind == "f" and out.dtype != np.float64:
+        return [Finding(f"given float64 inputs and parameters, {what} came back as {out.dtype}: the computation "
+                        "changed dtype on the way.",
+                        ("a tensor made inside the computation has a fixed dtype (the default float32) and the "
+                         "result followed it: create new tensors with dtype=x.dtype, or derive them from x",),
+                        "dtypes", "probe", weight=8)]
+    return []
+
+
+def argument_findings(call: Callable[..., np.ndarray], args: list, names: list[str], *,
+                      what="your output") -> list[Finding]:
+    """Perturb each argument of ``call`` in turn (the arrays among ``args``, named by ``names``): an argument the
+    output does not change with is not used."""
+    try:
+        base = np.asarray(call(*args))
+    except Exception:
+        return []
+    rng = np.random.default_rng(2718)
+    found = []
+    for index, (value, name) in enumerate(zip(args, names)):
+        if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+            continue
+        changed = list(args)
+        changed[index] = (value + rng.normal(0.5, 1.0, size=value.shape)).astype(value.dtype)
+        try:
+            after = np.asarray(call(*changed))
+        except Exception:
+            continue
+        if after.shape == base.shape and np.allclose(after, base, rtol=1e-6, atol=1e-8, equal_nan=True):
+            found.append(Finding(f"{what} stayed the same when {name} changed.",
+                                 (f"{name} is not used: something else (a global, a fixed value such as inputs[1], "
+                                  "another argument) stands in its place",), "arguments", "probe", weight=1))
+    return found
