@@ -6,7 +6,7 @@ a Dask cluster (``grader.grading.on_dask``). Either way a job ({"student", "sour
 
 with ``error`` None, or saying why the submission could not be graded (it then gets no record and
 is tried again by the next run). A failed worker is replaced and the job tried again in the fresh one first
-(``worker.ATTEMPTS`` in all): a failure of the grader's own is never a grade.
+(``ATTEMPTS`` in all, grader/sandbox/limits.py): a failure of the grader's own is never a grade.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from ..sandbox.limits import Limits
+from ..sandbox.limits import ATTEMPTS, Limits
 from .contracts import ClassJob, Result
-from .worker import ATTEMPTS, WorkerError, WorkerProcess, WorkerRefused
+from .worker import WorkerError, WorkerProcess, WorkerRefused
 
 
 class Workers:

@@ -137,6 +137,8 @@ class GradingPlugin:
         failed check by check."""
         report = yield
         broke = self._grader_failure(item, call) if call.excinfo is not None and not self.infrastructure else None
+        if not broke and not self.infrastructure and self.backend is not None and self.backend.infrastructure:
+            broke = f"SandboxUnavailable: {self.backend.infrastructure}"  # (raised where the suite caught it)
         if broke:
             self.infrastructure = broke
             item.session.shouldstop = "the grader failed"

@@ -43,13 +43,15 @@ from .. import submission as S
 from ..kit import KIT, suite_files
 from ..sandbox import scratch
 from ..sandbox.confinement import ConfinementRefused, SandboxUnavailable
-from ..sandbox.limits import ONE_THREAD, READY_SECONDS, Limits
+from ..sandbox.limits import ATTEMPTS, ONE_THREAD, READY_SECONDS, Limits
+from ..sandbox.procfs import TreeDelays
 from ..sandbox.template import Sandbox
 from .contracts import Job, WorkerAnswer
 from .plugin import GradingPlugin
 
 ANSWER_BYTES = 256 << 20  # a worker's answer for one submission is far smaller
 CLOSE_SECONDS = 10  # a worker asked to stop ends its session (its sandbox's template too) within this
+CHECK_SECONDS = 1.0  # how often the waiting of a worker that has not answered yet is read
 # pytest plugins a grading run goes without. The learner's code runs in the sandbox, so nothing it
 # does reaches this process's warnings, logs, threads or unraisable exceptions; nobody reads this
 # session's terminal (the verdicts travel as data); the sandbox limits the learner's time, and the
@@ -226,7 +228,7 @@ class WorkerProcess:
             stdout=subprocess.PIPE, stderr=self.log, cwd=tempfile.gettempdir(), env=env,
         )
         self._buffer = bytearray()
-        answer = self._answer(time.monotonic() + READY_SECONDS)
+        answer = self._answer(READY_SECONDS)
         if "error" in answer:
             raise self._failed(answer["error"], WorkerRefused if answer.get("refused") else WorkerError)
         # Said before the worker ran any learner code: what confines this worker's submissions from now on.
@@ -252,26 +254,30 @@ class WorkerProcess:
             self.proc.stdin.flush()
         except OSError:
             raise self._failed("the grading worker stopped reading") from None
-        answer = self._answer(time.monotonic() + self.limits.run_wall)
+        answer = self._answer(self.limits.run_wall)
         if "error" in answer:
             raise self._failed(answer["error"], WorkerRefused if answer.get("refused") else WorkerError)
         # The confinement a record states is what this worker said before it ran any learner code, never a
         # word of an answer given after (where nothing confines, learner code could have written that).
         return {**answer, "confinement": self.confinement}
 
-    def _answer(self, deadline) -> dict:
+    def _answer(self, seconds) -> dict:
         """The worker's next answer: one JSON line (read in linear time; the messages in it are capped
-        where they come from, so a line beyond ANSWER_BYTES means a broken worker)."""
+        where they come from, so a line beyond ANSWER_BYTES means a broken worker). A worker that has not
+        answered after ``seconds`` of waiting is stopped: wall-clock time less the time its processes (the
+        worker, its sandbox's template and boxes) waited for a processor, so that a busy machine only makes
+        grading slower, never stops it (a worker that hangs waits without waiting for a processor)."""
         fd = self.proc.stdout.fileno()
+        started, delayed = time.monotonic(), TreeDelays(self.proc.pid)
         searched = 0
         while (end := self._buffer.find(b"\n", searched)) < 0:
             searched = len(self._buffer)
             if searched > ANSWER_BYTES:
                 raise self._failed(f"the grading worker's answer exceeds {ANSWER_BYTES >> 20} MiB")
-            remaining = deadline - time.monotonic()
+            remaining = seconds - (time.monotonic() - started - delayed())  # (read often: processes come and go)
             if remaining <= 0:
                 raise self._failed("the grading worker did not answer in time")
-            ready, _, _ = select.select([fd], [], [], remaining)
+            ready, _, _ = select.select([fd], [], [], min(remaining, CHECK_SECONDS))
             if ready:
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
@@ -316,9 +322,6 @@ class WorkerProcess:
         if self.log is not None:
             self.log.close()
             self.log = None
-
-
-ATTEMPTS = 2  # a submission the grader failed on is graded again by a fresh worker (a fresh sandbox) this often in all
 
 
 def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None = None, *, allow_plain=False,
