@@ -228,7 +228,8 @@ class Gradescope(Corpus):
         from grader.outputs.gradescope import ROOT_ENV
 
         points = {}
-        for upload in sorted((copy / "uploads").iterdir()):
+        # the reference first, in a fresh container, as the bystander that once got 0 was graded (issue 33)
+        for upload in sorted((copy / "uploads").iterdir(), key=lambda path: (path.name != "reference", path.name)):
             root = copy / "runs" / upload.name / "autograder"
             unzip(copy / "autograder.zip", root / "source")
             shutil.copytree(upload, root / "submission")
