@@ -1,5 +1,5 @@
 """The graded suite's command-line options: which implementation to test, the seed of the
-randomized cases, and where the CUDA cases run.
+randomized cases, where the CUDA cases run, and each check's time limit (tests/suite_plugin/time_limits.py).
 
 They live in this root conftest so that pytest knows them before it reads the arguments:
 ``pytest --impl PATH`` must not take PATH for a test path. The fixtures and the rest
@@ -29,6 +29,10 @@ def pytest_addoption(parser):
              "run: their code path at a small size, seconds) or cpu-full-size (their CUDA sizes, minutes)",
     )
     parser.addini("impl", default=".", help="default for --impl, relative to this folder")
+    help_limit = ("seconds of CPU time one check of a stage may use (and 5 times that of waiting, not counting the "
+                  "time the machine kept it waiting for a processor); none by default")
+    parser.addoption("--check-time-limit", type=float, default=None, metavar="SECONDS", help=help_limit)
+    parser.addini("check_time_limit", default="", help=help_limit)
 
 
 def pytest_configure(config):

@@ -32,9 +32,9 @@ SOLUTIONS = KIT / "solutions"  # the reference implementation
 EXERCISES = KIT / "exercises"  # the stubs learners start from (attnkit stubs writes them)
 FIXTURES = KIT / "fixtures"  # stored arrays: public/ ships to students, hidden/ never does
 SUITE = KIT / "tests"  # the graded suite: stage tests and their support modules
-# What a student installs to work on a release: its modules, tests and notebook import torch, numpy and pytest;
-# pytest-timeout keeps each check's time limit (grader.course.build writes them into the release's requirements.txt).
-STUDENT_PACKAGES = ("torch", "numpy", "pytest", "pytest-timeout")
+# What a student installs to work on a release: its modules, tests and notebook import torch, numpy and pytest
+# (the suite's own plugin keeps each check's time limit; grader.course.build writes them into requirements.txt).
+STUDENT_PACKAGES = ("torch", "numpy", "pytest")
 # A reference solution marks the learner's parts with nbgrader's delimiters (attnkit stubs makes each a TODO).
 SOLUTION_BEGIN, SOLUTION_END = "### BEGIN SOLUTION", "### END SOLUTION"
 

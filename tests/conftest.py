@@ -22,10 +22,11 @@ from suite_plugin.inputs import hidden_fx, public_fx, rng
 from suite_plugin.reports import pytest_runtest_makereport, pytest_runtest_teardown
 from suite_plugin.selection import pytest_ignore_collect
 from suite_plugin.summary import pytest_terminal_summary
-from suite_plugin.time_limits import pytest_runtest_setup
+from suite_plugin.time_limits import pytest_runtest_call, pytest_runtest_setup
 
 __all__ = [
     "device", "hidden_fx", "impl", "public_fx", "pytest_addhooks", "pytest_collection_modifyitems", "pytest_configure",
-    "pytest_ignore_collect", "pytest_itemcollected", "pytest_runtest_makereport", "pytest_runtest_setup",
-    "pytest_runtest_teardown", "pytest_terminal_summary", "reference", "rng", "stage", "target",
+    "pytest_ignore_collect", "pytest_itemcollected", "pytest_runtest_call", "pytest_runtest_makereport",
+    "pytest_runtest_setup", "pytest_runtest_teardown", "pytest_terminal_summary", "reference", "rng", "stage",
+    "target",
 ]

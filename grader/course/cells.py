@@ -13,6 +13,10 @@ submission) once, through a grading worker (``grader.grading.worker``): the same
 verdicts and failure messages (never test code) and returns its score, which nbgrader takes as
 partial credit. Nothing here writes to stderr: nbgrader zeroes a grade cell with stderr output,
 so a correct submission that emits a warning would lose its points.
+
+When the grader fails (its worker or sandbox, twice: ``grade_folder`` tries a fresh one), every stage's cell raises
+``GradingFailed`` instead of returning a score, and the course's autograde step (grader.course.preprocessors) turns
+that into a failure of nbgrader's autograde for this submission: no grade, the reason on the terminal.
 """
 from __future__ import annotations
 
@@ -30,6 +34,10 @@ from ..kit import stages
 from ..sandbox.limits import TEST_TIMEOUT, Limits
 
 RECORD_FILE = "attnkit-grading.json"  # the submission's record, beside it, for the instructor (never read back)
+
+
+class GradingFailed(RuntimeError):
+    """The grader could not grade this submission (its own failure, never the student's work): no score."""
 
 
 class Grading:
@@ -57,7 +65,7 @@ class Grading:
     def stage(self, marker: str, points: float) -> float:
         """Print this stage's verdicts and return its score (the autograder cell's partial credit)."""
         if self.error is not None:
-            raise self.error
+            raise GradingFailed(str(self.error))
         with _no_stderr():
             tests = [t for t in self.graded["tests"] if t["marker"] == marker]
             if not tests:

@@ -2,9 +2,10 @@
 
 The course build copies this file into every release beside the notebook, whose setup cell imports it from
 there and calls ``setup`` with the course's time limit. ``demo`` runs a stage's demo in the kernel with the
-student's modules as they are now, for at most the time limit (a SIGALRM timer: an endless loop ends in a
-message, not a hung kernel); ``check`` runs the stage's public tests in a subprocess, where pytest.ini sets the
-same limit per check, with a backstop on the whole run (``CHECKS_TIME_LIMIT``).
+student's modules as they are now, for at most the time limit in CPU time, and WAIT_FACTOR times that of waiting
+(wall-clock time less the time the kernel waited for a processor: a busy machine does not stop a demo), so that an
+endless loop ends in a message, not a hung kernel; ``check`` runs the stage's public tests in a subprocess, where
+pytest.ini sets the same limit per check, with a backstop on the whole run (``CHECKS_TIME_LIMIT`` of waiting).
 
 When nbgrader executes a notebook to grade it (it sets NBGRADER_EXECUTION), the setup cell does not import this
 file at all (nothing of a submission's folder is imported into the grading kernel), and demo and check do
@@ -20,12 +21,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 
 GRADING = bool(os.environ.get("NBGRADER_EXECUTION"))
-TIME_LIMIT = 10.0  # seconds: a demo, or one check, still running then is stopped (the course's: ``setup``)
+TIME_LIMIT = 10.0  # CPU seconds: a demo, or one check, still running then is stopped (the course's: ``setup``)
+WAIT_FACTOR = 5  # a demo may wait this many times TIME_LIMIT (sleeping, input(), a lock), as a check may
 # A backstop for check(), in case a check's own limit cannot fire: pytest's start, the stage's checks
-# and one that runs out of time fit well within this.
+# and one that runs out of time fit well within this much waiting.
 CHECKS_TIME_LIMIT = 60 + 3 * TIME_LIMIT
 STAGE_MODULE = re.compile(r"[a-z]\d\d_\w+")  # a stage module's name (the setup cell gives the kit's)
 
@@ -53,8 +56,60 @@ class TimeLimitReached(BaseException):
     does not catch it."""
 
 
-def _stop(signum, frame):
-    raise TimeLimitReached
+def run_delay(pid="self") -> float:
+    """Seconds the threads of process ``pid`` have waited for a processor (Linux's schedstat; 0 elsewhere)."""
+    total = 0.0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                total += int(stat.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    return total
+
+
+class DemoClock:
+    """TIME_LIMIT seconds of the kernel's CPU time (ITIMER_PROF, SIGPROF) and WAIT_FACTOR times that of waiting
+    (ITIMER_REAL, SIGALRM: wall-clock time less the time the kernel waited for a processor, checked when the alarm
+    rings) while the block runs; at either, TimeLimitReached where the code is, and again every second should the
+    code catch it. Without interval timers (Windows), or off the main thread (signals reach only that one), no limit."""
+
+    def __init__(self):
+        self.timed = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+        self.stopped = None  # "cpu" or "waiting"
+        self.previous = {}
+
+    def __enter__(self):
+        if self.timed:
+            self.previous = {number: signal.signal(number, self._expired)
+                             for number in (signal.SIGPROF, signal.SIGALRM)}
+            self.started, self.delayed = time.monotonic(), run_delay()
+            signal.setitimer(signal.ITIMER_PROF, TIME_LIMIT, 1)
+            signal.setitimer(signal.ITIMER_REAL, WAIT_FACTOR * TIME_LIMIT)
+        return self
+
+    def __exit__(self, *exc):
+        if self.timed:
+            signal.setitimer(signal.ITIMER_PROF, 0)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            for number, handler in self.previous.items():
+                signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+
+    def _expired(self, signum, frame):
+        if signum == signal.SIGALRM and self.stopped is None:
+            left = WAIT_FACTOR * TIME_LIMIT - (time.monotonic() - self.started - (run_delay() - self.delayed))
+            if left > 0:  # the machine kept the kernel waiting for a processor: not the demo's time
+                signal.setitimer(signal.ITIMER_REAL, max(left, 0.01))
+                return
+            signal.setitimer(signal.ITIMER_REAL, 1)
+        self.stopped = self.stopped or ("cpu" if signum == signal.SIGPROF else "waiting")
+        raise TimeLimitReached
+
+    def said(self) -> str:
+        if self.stopped == "waiting":
+            return (f"after waiting {WAIT_FACTOR * TIME_LIMIT:g} s ({WAIT_FACTOR} x the time limit: time.sleep, "
+                    "input()?)")
+        return f"after {TIME_LIMIT:g} s of CPU time (the time limit)"
 
 
 def _line_reached(exc):
@@ -68,56 +123,61 @@ def _line_reached(exc):
 
 def demo(stage):
     """Run a stage's demo (a decorator: `@demo(STAGE_MODULE_NAME)`) with your modules as they are
-    now, for at most TIME_LIMIT seconds. A TODO not yet written, or a demo that runs out of time, is
+    now, for at most TIME_LIMIT seconds of CPU time. A TODO not yet written, or a demo that runs out of time, is
     reported, not raised."""
     def run(show):
         if GRADING:
             return
         # torch before the clock starts: its first import takes seconds, and an import cut short
         # leaves it broken until the kernel restarts.
-        import torch  # noqa: F401
+        import torch
         # Your modules afresh, inside the time limit (an edited module runs again on import).
         for name in [n for n in sys.modules if STAGE_MODULE.fullmatch(n)]:
             del sys.modules[name]
         importlib.invalidate_caches()
-        # Without SIGALRM (Windows), or off the main thread (signals reach only that one), no limit.
-        timed = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGALRM, _stop) if timed else None
+        threads = torch.get_num_threads()
+        clock = DemoClock()
         try:
-            try:
-                if timed:  # and again every second, should the code under test catch the first stop
-                    signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT, 1)
+            torch.set_num_threads(1)  # (CPU time is what the limit counts: idle threads of a pool spin)
+            with clock:
                 show()
-            finally:
-                if timed:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
         except NotImplementedError as exc:
             print(f"Not written yet: {exc}")
         except TimeLimitReached as exc:
-            print(f"Stage {stage}: the demo was stopped after {TIME_LIMIT:g} s (the time limit): look for a loop "
+            print(f"Stage {stage}: the demo was stopped {clock.said()}: look for a loop "
                   f"that never ends in {stage}.py or a module it imports (a `while` whose condition never "
                   f"becomes false, a loop at the top of the module), or for very slow code.{_line_reached(exc)}")
         finally:
-            if timed:
-                signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+            torch.set_num_threads(threads)
     return run
 
 
 def check(stage_marker):
     """Run the public tests of one stage against your modules (same as `pytest -m STAGE`). Each check
-    has TIME_LIMIT seconds (pytest.ini); all of them together CHECKS_TIME_LIMIT."""
+    has TIME_LIMIT seconds of CPU time (pytest.ini); all of them together CHECKS_TIME_LIMIT seconds of waiting."""
     if GRADING:
         return
     command = [sys.executable, "-m", "pytest", "-q", "--no-header", "--color=no", "-p", "no:cacheprovider",
                "-m", stage_marker]
-    try:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=CHECKS_TIME_LIMIT,
-                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    except subprocess.TimeoutExpired as exc:
-        output = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
-        if output.strip():
-            print(output[-3000:])
-        print(f"Stage {stage_marker}: the checks were stopped after {CHECKS_TIME_LIMIT:g} s (the time limit for "
-              "one stage's checks): look for a loop that never ends, or very slow code, in that stage's module.")
-        return
-    print((run.stdout + run.stderr)[-6000:])
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1")) as run:
+        output = []
+        reader = threading.Thread(target=lambda: output.append(run.stdout.read()), daemon=True)
+        reader.start()
+        started, delayed = time.monotonic(), 0.0
+        while run.poll() is None:  # (its threads' waits for a processor are the machine's load, not the run's)
+            delayed = max(delayed, run_delay(run.pid))
+            if time.monotonic() - started - delayed >= CHECKS_TIME_LIMIT:
+                run.kill()
+                run.wait()
+                reader.join(5)
+                said = "".join(output)
+                if said.strip():
+                    print(said[-3000:])
+                print(f"Stage {stage_marker}: the checks were stopped after {CHECKS_TIME_LIMIT:g} s (the time limit "
+                      "for one stage's checks): look for a loop that never ends, or very slow code, in that stage's "
+                      "module.")
+                return
+            time.sleep(0.1)
+        reader.join()
+    print("".join(output)[-6000:])

@@ -77,8 +77,55 @@ def without_hidden_tests(source: str, parent) -> str:
 class SafePathExecute(Execute):
     """nbgrader's Execute with PYTHONSAFEPATH=1 for the kernel: the submission folder (the kernel's
     working directory) is not put on sys.path, so a student's ``grader/`` or ``json.py`` cannot
-    replace what the kernel imports."""
+    replace what the kernel imports.
+
+    A grader failure is never a grade: no learner code runs in the kernel (grader.course.cells grades in a sandbox),
+    and the course's cells are the course's own (``KeepCourseCells``), so an autograder cell that raised (the grader
+    failed twice, the kernel could not import it) or a kernel that died says nothing of the student's work. nbgrader
+    would score such a cell 0 and go on; here the submission's autograde fails instead: nbgrader reports the reason,
+    removes the autograded copy, grades the other submissions and exits non-zero. A submission that had no grade
+    before keeps none (the rows nbgrader made for it this run are removed); one graded before keeps its grades."""
 
     def preprocess(self, nb, resources, *args, **kwargs):
-        with setenv(PYTHONSAFEPATH="1"):
-            return super().preprocess(nb, resources, *args, **kwargs)
+        try:
+            with setenv(PYTHONSAFEPATH="1"):
+                nb, resources = super().preprocess(nb, resources, *args, **kwargs)
+            failed = grader_failures(nb)
+            if failed:
+                info = resources["nbgrader"]
+                raise GraderFailure(
+                    f"attention-kit could not grade {info['student']}'s {info['assignment']}: the grader failed, not "
+                    f"the student's work, so no grade was recorded. {failed[0]}\nFix the cause and run nbgrader "
+                    "autograde again for this student (see the kit's README, \"When the grader fails\").")
+        except Exception:
+            forget_ungraded(resources["nbgrader"])
+            raise
+        return nb, resources
+
+
+class GraderFailure(RuntimeError):
+    """An autograde that graded nothing because the grader failed (nbgrader reports it and exits non-zero)."""
+
+
+def grader_failures(nb) -> list[str]:
+    """What each autograder cell of the executed notebook ``nb`` raised (its error's name and message)."""
+    found = []
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader") or {}
+        if cell.cell_type == "code" and meta.get("grade"):
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "error":
+                    found.append(f"{meta.get('grade_id')}: {output.get('ename')}: {output.get('evalue')}")
+    return found
+
+
+def forget_ungraded(info: dict):
+    """Remove the submission nbgrader recorded for this autograde (student ``info["student"]``) when none of its
+    grades has a score: it was made by this run, which graded nothing. A submission with grades keeps them."""
+    with Gradebook(info["db_url"]) as gb:
+        try:
+            submission = gb.find_submission(info["assignment"], info["student"])
+        except MissingEntry:
+            return
+        if all(g.auto_score is None and g.manual_score is None for nb in submission.notebooks for g in nb.grades):
+            gb.remove_submission(info["assignment"], info["student"])

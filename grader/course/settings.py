@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import kit
 from ..errors import CourseError
-from ..sandbox.limits import READY_SECONDS, TEST_TIMEOUT, Limits
+from ..sandbox.limits import ATTEMPTS, LOAD_FACTOR, READY_SECONDS, TEST_TIMEOUT, Limits
 
 MARKER_FILE = "attnkit-course.json"
 
@@ -52,9 +52,11 @@ class Course:
     @property
     def execute_timeout(self) -> int:
         """Seconds nbgrader gives a notebook cell: the first autograder cell starts a grading worker and grades
-        the whole submission."""
+        the whole submission (a fresh one again if the first fails). Wall-clock time, a backstop only: the
+        grading worker's own limits count waiting, less the time the machine kept it waiting for a processor,
+        so this allows LOAD_FACTOR times those."""
         limits = Limits(check_seconds=self.test_timeout, budget_seconds=self.time_budget)
-        return int(READY_SECONDS + limits.run_wall + 60)
+        return int(LOAD_FACTOR * ATTEMPTS * (READY_SECONDS + limits.run_wall) + 60)
 
     @property
     def exclude_overwriting(self) -> dict[str, list[str]]:

@@ -5,7 +5,8 @@ a Dask cluster (``grader.grading.on_dask``). Either way a job ({"student", "sour
     {"student", "tests", "output_capped", "confinement", "seconds", "error", "refused"}  (contracts.Result)
 
 with ``error`` None, or saying why the submission could not be graded (it then gets no record and
-is tried again by the next run). A failed worker is replaced and the job tried once more first.
+is tried again by the next run). A failed worker is replaced and the job tried again in the fresh one first
+(``ATTEMPTS`` in all, grader/sandbox/limits.py): a failure of the grader's own is never a grade.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from ..sandbox.limits import Limits
+from ..sandbox.limits import ATTEMPTS, Limits
 from .contracts import ClassJob, Result
 from .worker import WorkerError, WorkerProcess, WorkerRefused
 
@@ -33,7 +34,7 @@ class Workers:
         handle = self.free.get()
         try:
             error = "the run was interrupted"
-            for _ in range(2):
+            for attempt in range(1, ATTEMPTS + 1):
                 if self.stopped.is_set():
                     break
                 try:
@@ -47,8 +48,8 @@ class Workers:
                     error = str(exc)
                     break
                 except (WorkerError, KeyError) as exc:  # KeyError: an answer without its parts
-                    handle.close()
-                    error = f"{type(exc).__name__}: {exc}"
+                    handle.close()  # the next attempt starts a fresh worker, with a fresh sandbox
+                    error = f"{type(exc).__name__} (attempt {attempt} of {ATTEMPTS}, each in a fresh worker): {exc}"
             return {"student": job["student"], "tests": [], "output_capped": [], "confinement": None,
                     "seconds": 0.0, "error": error, "refused": self.refused is not None}
         finally:

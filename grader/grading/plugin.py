@@ -21,6 +21,7 @@ from ..kit import SOLUTIONS
 from ..sandbox.backend import IsolatedBackend, reference_imports
 from ..sandbox.limits import Limit, Limits
 from ..sandbox.template import Sandbox
+from . import faults
 from .contracts import Check, Verdict
 from .scoring import check_entry
 
@@ -39,6 +40,7 @@ class GradingPlugin:
         self.ceilings: dict[str, int] = {}  # stage -> the MEMORY_HEADROOM its test module declares
         self.checks: list[Check] = []  # every collected check of a stage, in order
         self.collection_errors: list[str] = []
+        self.fault = faults.from_environment()  # a failure of the grader's own to make, for the kit's tests
         self.begin()
 
     def begin(self, stages=None):
@@ -49,8 +51,10 @@ class GradingPlugin:
         self.outcomes: dict[str, dict] = {}  # nodeid -> {"outcome", "message", "limit"} of the checks run so far
         self.timed_out: set[str] = set()  # stages with a check that ran into its time limit
         self.output_capped: list[str] = []  # checks during which the learner's output was cut
-        self.infrastructure: str | None = None  # why the sandbox could not grade, if it could not
+        self.infrastructure: str | None = None  # why the grader could not grade (its own failure), if it could not
         self._dropped = 0
+        if self.fault is not None:
+            self.fault.begin()
 
     def grades(self, nodeid: str) -> bool:
         """Whether the test ``nodeid`` is a check of a stage the current submission is graded on."""
@@ -74,6 +78,8 @@ class GradingPlugin:
     @property
     def confinement(self) -> dict | None:
         """How the learner's code is kept apart (``grader.sandbox.confinement.Confinement.record()``)."""
+        if self.fault is not None:
+            self.fault.at_start()
         return self.sandbox.start().record() if self.sandbox is not None else None
 
     # -- the suite's hook
@@ -118,18 +124,24 @@ class GradingPlugin:
         (starting a box is not the learner's time)."""
         if self.backend is not None and "impl" in item.fixturenames:
             self.backend.start_check()
+            if self.fault is not None:
+                self.fault.at_check(item)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
         """The limit the check ran into: the one the sandbox set on the error the check failed with (an error
         the test caught and diagnosed itself is the test's failure, not the limit's). A check the suite failed
-        before its call because an earlier check of its stage hit the time limit hit it too. A sandbox that
-        cannot start is no failure of the learner's: record it and stop, so that the submission is not graded
-        at all rather than failed check by check."""
+        before its call because an earlier check of its stage hit the time limit hit it too. A failure of the
+        grader's own (a sandbox that cannot serve, a reference or fixture that fails: ``_grader_failure``) is no
+        failure of the learner's: record it and stop, so that the submission is not graded at all rather than
+        failed check by check."""
         report = yield
-        if call.excinfo is not None and call.excinfo.typename == "SandboxUnavailable" and not self.infrastructure:
-            self.infrastructure = str(call.excinfo.value)
-            item.session.shouldstop = "the sandbox failed"
+        broke = self._grader_failure(item, call) if call.excinfo is not None and not self.infrastructure else None
+        if not broke and not self.infrastructure and self.backend is not None and self.backend.infrastructure:
+            broke = f"SandboxUnavailable: {self.backend.infrastructure}"  # (raised where the suite caught it)
+        if broke:
+            self.infrastructure = broke
+            item.session.shouldstop = "the grader failed"
         limit: Limit | None = getattr(call.excinfo.value, "limit", None) if call.excinfo is not None else None
         if report.failed and limit is None and call.when == "setup" and stage_of(item.nodeid) in self.timed_out:
             limit = "time"
@@ -137,6 +149,28 @@ class GradingPlugin:
             self.timed_out.add(stage_of(item.nodeid))
         report.attnkit_limit = limit
         return report
+
+    def _grader_failure(self, item, call) -> str | None:
+        """Why the check ``item`` says nothing about the learner's work, or None when it does. Learner code runs
+        only in boxes, so a check fails for the learner's doing in three ways only: a comparison of the suite's
+        (AssertionError), a stop the suite or the sandbox decided (pytest's fail, skip), or an error the sandbox
+        reports from the box (the suite's SubmissionError). Anything else was raised by the trusted side: the
+        sandbox could not serve (SandboxUnavailable), the reference or a fixture failed, the suite has a bug."""
+        excinfo = call.excinfo
+        if self.sandbox is None or excinfo.errisinstance(self._learners_failures):
+            return None
+        where = excinfo.traceback[-1] if excinfo.traceback else None
+        said = f"{excinfo.typename}: {str(excinfo.value)[:2000]}"
+        if excinfo.typename == "SandboxUnavailable":
+            return said
+        return (f"the check {item.nodeid} itself failed ({call.when}), not the learner's code: {said}"
+                + (f" (at {where.path}:{where.lineno + 1})" if where is not None else ""))
+
+    @property
+    def _learners_failures(self) -> tuple:
+        from suite_runtime.adapters import SubmissionError  # (imports torch: this plugin's user has it already)
+
+        return (AssertionError, SubmissionError, pytest.fail.Exception, pytest.skip.Exception, pytest.xfail.Exception)
 
     def pytest_runtest_logreport(self, report):
         state = self.outcomes.setdefault(report.nodeid, {"outcome": "passed", "message": "", "limit": None,

@@ -43,13 +43,15 @@ from .. import submission as S
 from ..kit import KIT, suite_files
 from ..sandbox import scratch
 from ..sandbox.confinement import ConfinementRefused, SandboxUnavailable
-from ..sandbox.limits import ONE_THREAD, READY_SECONDS, Limits
+from ..sandbox.limits import ATTEMPTS, ONE_THREAD, READY_SECONDS, Limits
+from ..sandbox.procfs import TreeDelays
 from ..sandbox.template import Sandbox
 from .contracts import Job, WorkerAnswer
 from .plugin import GradingPlugin
 
 ANSWER_BYTES = 256 << 20  # a worker's answer for one submission is far smaller
 CLOSE_SECONDS = 10  # a worker asked to stop ends its session (its sandbox's template too) within this
+CHECK_SECONDS = 1.0  # how often the waiting of a worker that has not answered yet is read
 # pytest plugins a grading run goes without. The learner's code runs in the sandbox, so nothing it
 # does reaches this process's warnings, logs, threads or unraisable exceptions; nobody reads this
 # session's terminal (the verdicts travel as data); the sandbox limits the learner's time, and the
@@ -78,6 +80,7 @@ def pytest_args(staging: Path) -> list[str]:
         # conftest.py from the submission into this trusted process).
         f"--impl={staging}", "--seed=0", "-m", "not book", "--assert=plain",
         "-o", "addopts=",  # the ini's options are for a person at a terminal
+        "-o", "check_time_limit=0",  # (the student's clock: the sandbox times the learner's code, in its boxes)
         *[arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")],
     ]
 
@@ -129,7 +132,7 @@ class JobLoop:
             # backend closes (its boxes are killed); the sandbox stays for the next one.
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=following)
             if grading.infrastructure:
-                return {"error": f"the sandbox failed, so the submission was not graded: {grading.infrastructure}"}
+                return {"error": f"the grader failed, so the submission was not graded: {grading.infrastructure}"}
         if grading.implementations != 1:
             return {"error": f"pytest {pytest.__version__} set up the implementation {grading.implementations} "
                              "times for one submission instead of once: grading stopped rather than give "
@@ -225,7 +228,7 @@ class WorkerProcess:
             stdout=subprocess.PIPE, stderr=self.log, cwd=tempfile.gettempdir(), env=env,
         )
         self._buffer = bytearray()
-        answer = self._answer(time.monotonic() + READY_SECONDS)
+        answer = self._answer(READY_SECONDS)
         if "error" in answer:
             raise self._failed(answer["error"], WorkerRefused if answer.get("refused") else WorkerError)
         # Said before the worker ran any learner code: what confines this worker's submissions from now on.
@@ -251,26 +254,30 @@ class WorkerProcess:
             self.proc.stdin.flush()
         except OSError:
             raise self._failed("the grading worker stopped reading") from None
-        answer = self._answer(time.monotonic() + self.limits.run_wall)
+        answer = self._answer(self.limits.run_wall)
         if "error" in answer:
             raise self._failed(answer["error"], WorkerRefused if answer.get("refused") else WorkerError)
         # The confinement a record states is what this worker said before it ran any learner code, never a
         # word of an answer given after (where nothing confines, learner code could have written that).
         return {**answer, "confinement": self.confinement}
 
-    def _answer(self, deadline) -> dict:
+    def _answer(self, seconds) -> dict:
         """The worker's next answer: one JSON line (read in linear time; the messages in it are capped
-        where they come from, so a line beyond ANSWER_BYTES means a broken worker)."""
+        where they come from, so a line beyond ANSWER_BYTES means a broken worker). A worker that has not
+        answered after ``seconds`` of waiting is stopped: wall-clock time less the time its processes (the
+        worker, its sandbox's template and boxes) waited for a processor, so that a busy machine only makes
+        grading slower, never stops it (a worker that hangs waits without waiting for a processor)."""
         fd = self.proc.stdout.fileno()
+        started, delayed = time.monotonic(), TreeDelays(self.proc.pid)
         searched = 0
         while (end := self._buffer.find(b"\n", searched)) < 0:
             searched = len(self._buffer)
             if searched > ANSWER_BYTES:
                 raise self._failed(f"the grading worker's answer exceeds {ANSWER_BYTES >> 20} MiB")
-            remaining = deadline - time.monotonic()
+            remaining = seconds - (time.monotonic() - started - delayed())  # (read often: processes come and go)
             if remaining <= 0:
                 raise self._failed("the grading worker did not answer in time")
-            ready, _, _ = select.select([fd], [], [], remaining)
+            ready, _, _ = select.select([fd], [], [], min(remaining, CHECK_SECONDS))
             if ready:
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
@@ -321,15 +328,25 @@ def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None =
                  private=()) -> dict:
     """The verdicts of the submission in nbgrader's autograded copy ``folder`` on ``graded_stages`` (None:
     every stage), graded by a worker of its own: {"fingerprint", "seed", "tests", "output_capped",
-    "confinement", "seconds"}. ``allow_plain``, ``private``: see WorkerProcess."""
+    "confinement", "seconds"}. ``allow_plain``, ``private``: see WorkerProcess. A failure of the grader's own (the
+    worker's, its sandbox's: WorkerError) is tried again in a fresh worker; if that fails too, WorkerError says why
+    (never a grade). WorkerRefused (no confinement holds here) is not tried again."""
     sources = S.autograded_sources(folder, graded_stages or ())
     fingerprint = S.fingerprint(sources)
     job = {"sources": sources, "seed": S.seed_of(fingerprint), "stages": graded_stages}
-    worker = WorkerProcess(limits, allow_plain=allow_plain, private=private)
-    try:
-        return {"fingerprint": fingerprint, "seed": job["seed"], **worker.grade(job)}
-    finally:
-        worker.close()
+    failures = []
+    for _ in range(ATTEMPTS):
+        worker = WorkerProcess(limits, allow_plain=allow_plain, private=private)
+        try:
+            return {"fingerprint": fingerprint, "seed": job["seed"], **worker.grade(job)}
+        except WorkerRefused:
+            raise
+        except WorkerError as exc:
+            failures.append(str(exc))
+        finally:
+            worker.close()
+    raise WorkerError(f"the grader failed {len(failures)} times on this submission (each time in a fresh worker and "
+                      f"sandbox), so it was not graded; the last time: {failures[-1]}")
 
 
 if __name__ == "__main__":

@@ -40,8 +40,10 @@ every check passed: unscored, so that the entries never count a point twice whet
 the tests or takes the top-level score; ``after_published`` too, since the report names the hidden
 checks. The top-level output, shown to the student at once, lists the stage totals in columns; every
 output is plain text (``TEXT_OUTPUT``: Gradescope's default format would collapse the columns, and read
-whatever a learner's message holds as markup). A submission that cannot be graded still gets a
-results.json: score 0 and why.
+whatever a learner's message holds as markup). An upload without the assignment's modules gets score 0 and what to
+upload. A submission the grader fails on (twice: ``grade_folder`` tries a fresh worker and sandbox) gets no
+results.json, and run_autograder exits non-zero: Gradescope then shows an autograder failure to the student and the
+staff, with the reason in the autograder's log, never a score.
 """
 from __future__ import annotations
 
@@ -254,11 +256,6 @@ def sandbox_entry(confinement: dict) -> dict:
             "output": f"{warning}Confinement: {mode}; it lacks: {lacking} (see the kit's README, Trusting the grades)."}
 
 
-def failure(why: str) -> dict:
-    return {"score": 0, "output": f"This submission could not be graded: {why}\nPlease tell your instructor.",
-            "visibility": "visible", "tests": [], **TEXT_OUTPUT}
-
-
 def to_fix(why: str) -> dict:
     """The results of an upload the student can put right: score 0, and what to upload."""
     return {"score": 0, "output": f"Nothing was graded: {why}", "visibility": "visible", "tests": [], **TEXT_OUTPUT}
@@ -354,9 +351,15 @@ def _what_to_upload(submission: Path, wanted: list[str], places: dict) -> str:
     return "; ".join(said[:-1]) + ". " + said[-1]
 
 
+class GraderFailed(RuntimeError):
+    """The autograder could not grade this submission, for reasons of its own (a broken image, its worker or sandbox
+    failing twice): no results.json, so that Gradescope shows an autograder failure, never a score."""
+
+
 def run(root, settings_file) -> dict:
-    """Grade ``root``/submission/ with the settings in ``settings_file`` and write ``root``/results/results.json
-    (also when grading fails: score 0 and why). Returns what it wrote."""
+    """Grade ``root``/submission/ with the settings in ``settings_file`` and write ``root``/results/results.json;
+    returns what it wrote. An upload without the modules gets score 0 and what to upload (the student's to put right).
+    Any other failure is the grader's: GraderFailed, and no results.json."""
     root = Path(root)
     try:
         settings = json.loads(Path(settings_file).read_text())
@@ -371,11 +374,15 @@ def run(root, settings_file) -> dict:
             found = results(graded, points)  # (the worker, and every box of it, is gone)
         except UploadError as exc:
             found = to_fix(str(exc))
-    except Exception as exc:  # a worker error, a broken image: Gradescope must still get a verdict
-        traceback.print_exc()
-        found = failure(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    except Exception as exc:  # a worker or sandbox that failed twice, a broken image
+        raise GraderFailed(f"{type(exc).__name__}: {exc}") from exc
     write_atomic(root / "results" / "results.json", json.dumps(found, indent=1) + "\n")
     return found
+
+
+FAILED = ("The autograder failed on this submission, for reasons of its own (not the student's work): it wrote no "
+          "results.json, so Gradescope reports an autograder failure instead of a score. Fix the cause (the error "
+          "above) and regrade the submission.")
 
 
 def main(argv=None):
@@ -386,8 +393,13 @@ def main(argv=None):
     p.add_argument("--root", default=os.environ.get(ROOT_ENV, "/autograder"))
     p.add_argument("--settings", help=f"default: ROOT/source/{SETTINGS}")
     args = parser.parse_args(argv)
-    found = run(args.root, args.settings or Path(args.root) / "source" / SETTINGS)
-    print(printable(found["output"], newlines=True))  # the autograder's log, which instructors read
+    try:
+        found = run(args.root, args.settings or Path(args.root) / "source" / SETTINGS)
+    except GraderFailed:
+        traceback.print_exc(file=sys.stdout)  # the autograder's log, which instructors read
+        print(FAILED)
+        return 1
+    print(printable(found["output"], newlines=True))
     return 0
 
 

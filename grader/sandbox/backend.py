@@ -83,6 +83,7 @@ class IsolatedBackend:
         # Whose release the student has (what needs no hiding): the assignment of the submission's modules.
         self._assignment = next((assignment_of(Path(name).stem) for name in self.sources), None)
         self._lock = threading.Lock()
+        self.infrastructure: SandboxUnavailable | None = None  # the sandbox's first failure under an operation
 
     @property
     def mode(self):
@@ -158,6 +159,15 @@ class IsolatedBackend:
     # -- the interface
 
     def run(self, op, module, **kwargs):
+        try:
+            return self._run(op, module, **kwargs)
+        except SandboxUnavailable as exc:
+            # Kept, so that the grader sees the sandbox's failure even where the suite catches the error (a check
+            # that expects the learner's code to raise, a diagnosis that tries what the code does).
+            self.infrastructure = self.infrastructure or exc
+            raise
+
+    def _run(self, op, module, **kwargs):
         if op not in self.adapters.OPS:
             raise KeyError(op)
         if not is_stage_module(module):
@@ -198,10 +208,8 @@ class IsolatedBackend:
                 limit = "budget" if exc.what == "budget" else "time"  # (a check's CPU time or waiting: its time limit)
                 raise self._error(self._time_message(module, exc.what), limit) from None
             except BoxGone:
-                tail = box.capture.last_lines("stderr") if box else ""
                 self._end_box()
-                said = f"{module}: the sandbox process died unexpectedly"
-                raise self._error(said + (f"; its last output:\n{tail}" if tail else ""), "crash") from None
+                raise box_gone(module) from None
             except ProtocolError as exc:
                 self._end_box()
                 raise self._error(f"{module}: the answer could not be read: {exc}",
@@ -405,6 +413,15 @@ class IsolatedBackend:
         self.sandbox.kill(box)
         self._cpu_before += cpu or 0.0
         self.stats["cpu_seconds"] = round(self._cpu_before, 3)
+
+
+def box_gone(module) -> SandboxUnavailable:
+    """The error for a box whose channel closed under an operation: its first process is gone (a worker that dies is
+    reported by it, "ended"), and with it the box; or the template, which every box dies with. Neither is the learner's
+    code, which runs in the box's workers only: the grader's failure, so that the submission is graded again in a fresh
+    box rather than scored (grader.grading.plugin)."""
+    return SandboxUnavailable(f"the box grading {module} went away under an operation (its first process, or the "
+                              "sandbox's template, died)")
 
 
 def reference_imports(folder) -> dict[str, dict[str, str]]:

@@ -5,6 +5,8 @@ import os
 import select
 import threading
 
+from .procfs import ThreadDelay
+
 
 class Capture:
     """Drains a process's stdout and stderr so that it never blocks on a full pipe.
@@ -21,6 +23,15 @@ class Capture:
         self.reset()
         self.thread = threading.Thread(target=self._drain, args=(streams,), daemon=True, name="sandbox-output")
         self.thread.start()
+        self._delay = None  # the draining thread's run-queue delay (procfs.ThreadDelay), opened when first read
+
+    def run_delay(self) -> float:
+        """Seconds the draining thread has waited for a processor (Linux; 0 where unknown). A box that prints
+        more than its pipes hold waits for this thread: while the machine keeps the thread waiting, the box's
+        wait is the machine's load, not the learner's time (``channel.Waiting``)."""
+        if self._delay is None:
+            self._delay = ThreadDelay(self.thread.native_id)
+        return self._delay()
 
     def reset(self):
         with self.lock:

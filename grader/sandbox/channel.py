@@ -28,17 +28,24 @@ def first_message(box, deadline) -> dict:
 
 class Waiting:
     """The time an operation on ``box`` has waited so far: wall-clock seconds since it began, less the time
-    the box's processes were ready to run but waited for a processor, and less the time the thread that
-    waits on the box (this one: a Waiting is read by the thread that made it) waited for one. On a loaded
-    machine a working box, and the grader that reads its answer, wait for a processor; that is the machine's
-    load, not the learner's time."""
+    the box's processes were ready to run but waited for a processor, and less the time the grader's threads
+    the box waits on waited for one: the thread that reads its answers (this one: a Waiting is read by the
+    thread that made it) and the one that drains its output (a box that prints more than its pipes hold waits
+    for it). On a loaded machine a working box, and the grader that reads its answer and its output, wait for a
+    processor; that is the machine's load, not the learner's time."""
 
     def __init__(self, box):
-        self.box, self.started, self.stalled, self.delayed = box, time.monotonic(), box.stalled(), own_run_delay()
+        self.box, self.started, self.stalled = box, time.monotonic(), box.stalled()
+        self.delayed = self._grader_delay()
+
+    def _grader_delay(self) -> float:
+        return own_run_delay() + self.box.capture.run_delay()
 
     def __call__(self) -> float:
-        return (time.monotonic() - self.started - (self.box.stalled() - self.stalled)
-                - (own_run_delay() - self.delayed))
+        # (The delays overlap when the box and the grader wait for a processor at once: what is left may then be
+        # less than the box really waited, never more. Not below nothing.)
+        return max(0.0, time.monotonic() - self.started - (self.box.stalled() - self.stalled)
+                   - (self._grader_delay() - self.delayed))
 
 
 class AnswerTooLarge(ProtocolError):

@@ -35,7 +35,9 @@ LOAD_FACTOR = 4  # an operation is stopped after this many times its waiting lim
 # the load (a backstop: a box whose processes always seem to wait for a processor)
 BUDGET_CHECKS = 12  # the default budget of a submission: this many checks at their limit
 START_SECONDS = 180.0  # a template must be ready within this (importing torch on a loaded machine)
-READY_SECONDS = 300  # a grading worker must be ready (torch, pytest, collection, its sandbox) within this
+ATTEMPTS = 2  # a submission the grader failed on (its own failure) is graded this often in all, each time by a fresh
+# grading worker and sandbox, before it is left without a grade (grader.grading.dispatch, grader.grading.worker)
+READY_SECONDS = 300  # a grading worker must be ready (torch, pytest, collection, its sandbox) within this much waiting
 
 # Learner code computes with one thread. Its time limits are CPU seconds, and a thread pool's
 # workers spin while they wait: with torch's default of a thread per core, the same suite cost a
@@ -80,7 +82,8 @@ class Limits:
 
     @property
     def run_wall(self) -> float:
-        """Wall-clock limit of grading one whole submission, a backstop: the learner's time is bounded
+        """Limit of waiting for a grading worker to grade one whole submission (grader.grading.worker: wall-clock
+        time less the time its processes waited for a processor), a backstop: the learner's time is bounded
         by the budget; add a restart of the sandbox and the trusted side's own work."""
         return self.budget_wall + START_SECONDS + 120
 

@@ -26,18 +26,21 @@ from pathlib import Path
 
 from ..kit import ASSIGNMENTS_FOLDER, FIXTURES, KIT, SOLUTIONS, SUITE
 
-# The kit's own files a learner must not reach: the reference, the hidden tests and fixtures, the grader.
-KIT_FOLDERS = tuple(path.relative_to(KIT) for path in (SOLUTIONS, SUITE, FIXTURES, ASSIGNMENTS_FOLDER, KIT / "grader",
-                                                      KIT / "kit_tests"))
+# The kit's own files a learner must not reach, by their names in a kit's folder: the reference, the hidden tests and
+# fixtures, the grader. (Names, not paths relative to this kit: the suite's runtime, which names the assignments'
+# folder, may come from another copy of the kit than the grader, e.g. a checkout that is the working folder.)
+KIT_FOLDERS = tuple(Path(path.name) for path in (SOLUTIONS, SUITE, FIXTURES, ASSIGNMENTS_FOLDER, KIT / "grader",
+                                                 KIT / "kit_tests"))
 SYSTEM = ("/", "/usr", "/usr/local", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/dev", "/proc",
           "/sys", "/tmp", "/var", "/run", "/home", "/root", "/opt", "/srv", "/mnt", "/media")  # never made private
 
 
 def kit_private() -> list[Path]:
     """The kit's files a learner must not reach, in every copy of the kit this Python installation knows: the
-    one running, and the one an editable install of it points to (Gradescope's copy of the kit runs from
-    /autograder/source/kit while an instructor's checkout may sit elsewhere on the same machine)."""
-    roots = {KIT}
+    one running (its grader's and its suite's), and the one an editable install of it points to (Gradescope's copy
+    of the kit runs from /autograder/source/kit while an instructor's checkout may sit elsewhere on the same
+    machine)."""
+    roots = {KIT, ASSIGNMENTS_FOLDER.parent}  # (the same kit, unless the suite's runtime came from another copy)
     for distribution in importlib.metadata.distributions(name="attention-kit"):  # (each place on sys.path that has one)
         try:
             url = json.loads(distribution.read_text("direct_url.json") or "{}").get("url", "")

@@ -66,6 +66,21 @@ def run_delays(init) -> dict[int, float]:
     return delays
 
 
+class TreeDelays:
+    """Seconds the threads of process ``pid`` and of every process under it have waited on a run queue since this
+    object was made, dead ones included (each thread's last count is kept): the machine's load on that tree of
+    processes. (Threads waiting at the same time add up: over what they waited together, never under.)"""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.start = run_delays(pid)
+        self.seen = dict(self.start)
+
+    def __call__(self) -> float:
+        self.seen.update(run_delays(self.pid))
+        return sum(self.seen.values()) - sum(self.start.values())
+
+
 class _Schedstat:
     """A thread's /proc/thread-self/schedstat, opened once (read again with pread: the kernel makes the text afresh
     at offset 0). Each thread's is held by ``_own`` alone, so it is closed when its thread ends."""
@@ -95,6 +110,33 @@ def own_run_delay() -> float:
         return int(stat.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+class ThreadDelay:
+    """Seconds one thread of this process has waited on a run queue (Linux schedstat; 0 where unknown), read through
+    one descriptor, kept while this object lives (another thread's stat, read often: ``channel.Waiting``). Once the
+    thread has ended, the last value read."""
+
+    fd = None  # (until opened)
+
+    def __init__(self, tid):
+        self.last = 0.0
+        try:
+            self.fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            pass
+
+    def __call__(self) -> float:
+        if self.fd is not None:
+            try:
+                self.last = int(os.pread(self.fd, 128, 0).split()[1]) / 1e9
+            except (OSError, ValueError, IndexError):
+                pass
+        return self.last
+
+    def __del__(self):
+        if self.fd is not None:
+            os.close(self.fd)
 
 
 def ns_pids(pid) -> list[int]:

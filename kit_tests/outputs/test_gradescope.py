@@ -21,7 +21,7 @@ from gradescope_results import checks, unzip, validate
 from grader.course.samples import by_student
 from grader.grading.scoring import stage_score
 from grader.grading.worker import grade_folder
-from grader.kit import SOLUTIONS, marker, plan_points, stage_info, stages
+from grader.kit import KIT, SOLUTIONS, marker, plan_points, stage_info, stages
 from grader.outputs.gradescope import GRADING_NEEDS, ROOT_ENV, check_worth
 from grader.sandbox.limits import Limits
 
@@ -48,9 +48,11 @@ def container(tmp_path_factory):
     return make
 
 
-def run_autograder(root: Path, sample=None, python: Path | None = None, **env) -> dict:
-    """Put ``sample``'s modules (None: nothing) in root/submission/, run the autograder with ``python``'s
-    folder first on PATH (default: this interpreter's) and ``env`` in its environment, read its results."""
+def autograder_run(root: Path, sample=None, python: Path | None = None, cwd: Path | None = None,
+                   **env) -> subprocess.CompletedProcess:
+    """Put ``sample``'s modules (None: nothing) in root/submission/, run the autograder in ``cwd`` (default: root, as
+    Gradescope does) with ``python``'s folder first on PATH (default: this interpreter's) and ``env`` in its
+    environment."""
     for name in ("submission", "results"):
         shutil.rmtree(root / name, ignore_errors=True)
         (root / name).mkdir()
@@ -60,10 +62,22 @@ def run_autograder(root: Path, sample=None, python: Path | None = None, **env) -
     assert os.access(script, os.X_OK), "run_autograder must be executable in the zip"
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **env, ROOT_ENV: str(root),
            "PATH": f"{Path(python or sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    done = subprocess.run([str(script)], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    return subprocess.run([str(script)], env=env, cwd=cwd or root, capture_output=True, text=True, timeout=600)
+
+
+def run_autograder(root: Path, sample=None, python: Path | None = None, cwd: Path | None = None, **env) -> dict:
+    """``autograder_run``, which must succeed: its results."""
+    done = autograder_run(root, sample, python, cwd, **env)
     path = root / "results" / "results.json"
-    assert path.is_file(), f"no results.json; stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0 and path.is_file(), f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     return json.loads(path.read_text())
+
+
+def failed_run(root: Path, sample=None, python: Path | None = None, **env) -> str:
+    """``autograder_run``, which must fail as the grader's failure: no results.json, a non-zero exit. Its log."""
+    done = autograder_run(root, sample, python, **env)
+    assert done.returncode != 0 and not (root / "results" / "results.json").exists(), done.stdout[-3000:]
+    return done.stdout + done.stderr
 
 
 def image(root: Path) -> dict:
@@ -81,7 +95,9 @@ def autograded(container):
     def grade(assignment, student):
         if (assignment, student) not in done:
             root = container(assignment)
-            done[assignment, student] = run_autograder(root, by_student(student, assignment), **image(root))
+            # Started in a kit checkout (an instructor trying the zip beside their kit): the autograder still
+            # imports its own kit, never the working folder's.
+            done[assignment, student] = run_autograder(root, by_student(student, assignment), cwd=KIT, **image(root))
         return done[assignment, student]
     return grade
 
@@ -230,27 +246,26 @@ def test_an_upload_without_the_modules_is_told_what_to_upload(container):
                                             "two__deep__s01_attention_scores.py": "two folders down"})
 
 
-def test_an_ungradable_submission_still_gets_results(container):
-    """A broken image (here: its settings) is the instructor's to mend: score 0, and the student is told so."""
+def test_a_broken_autograder_reports_a_failure_never_a_score(container):
+    """A broken image (here: its settings) is the instructor's to mend: no results.json, so that Gradescope shows an
+    autograder failure to the student and the staff instead of a score; the reason is in the autograder's log."""
     root = container("attention")
     settings = root / "source" / "attnkit-gradescope.json"
     kept = settings.read_text()
     try:
         settings.write_text("{ cut short")
-        found = run_autograder(root, by_student("reference"))
+        said = failed_run(root, by_student("reference"))
     finally:
         settings.write_text(kept)
-    assert found["score"] == 0 and found["tests"] == []
-    assert "could not be graded" in found["output"] and "tell your instructor" in found["output"]
+    assert "JSONDecodeError" in said and "not the student's work" in said, said[-3000:]
 
 
-def test_a_broken_image_still_gets_results(container, tmp_path):
+def test_a_broken_image_reports_a_failure_never_a_score(container, tmp_path):
     broken = tmp_path / "python3"  # e.g. setup.sh failed: the interpreter does not even start
     broken.write_text("#!/bin/sh\nexit 3\n")
     broken.chmod(0o755)
-    found = run_autograder(container("attention"), by_student("reference"), python=broken)
-    assert found["score"] == 0 and found["tests"] == []
-    assert "failed before grading (exit status 3)" in found["output"]
+    said = failed_run(container("attention"), by_student("reference"), python=broken)
+    assert "the autograder failed (exit status 3)" in said, said
 
 
 def test_learner_code_cannot_see_the_autograder(container):
