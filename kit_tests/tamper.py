@@ -153,6 +153,34 @@ def armed(base, **payloads: str) -> dict[str, str]:
     return {stage: attacked(base(stage), name) for stage, name in payloads.items()}
 
 
+DEPENDENCY = "s08_causal_attention"  # the stage another builds on (stage 9's wrapper imports its CausalAttention)
+DEPENDENCY_ANCHORS = ("attn_scores", "attn_weights", "mask_bool")  # words of its solution regions, none of stage 9's
+
+
+def dependency_clues() -> dict:
+    """What tamper_payloads/read_dependency.py needs to recognise the reference of stage 8 without holding it: the
+    SHA-256 of each line of its solution regions (whitespace squeezed out) that the submission it is part of
+    (``reading_dependency``: the stubs, and stage 9's solution) does not hold, the anchors, the kit's folder."""
+    import hashlib
+
+    from grader.sandbox.redaction import solution_regions
+
+    texts = [*(stub(stage) for stage in stages("attention")), solution("s09_multihead_wrapper")]
+    known = {"".join(line.split()) for text in texts for line in text.splitlines()}  # (what the submission holds)
+    lines = {"".join(line.split()) for region in solution_regions(solution(DEPENDENCY)) for line in region.splitlines()}
+    return {"needles": sorted(hashlib.sha256(line.encode()).hexdigest() for line in lines - known if len(line) >= 20),
+            "anchors": list(DEPENDENCY_ANCHORS), "kit": str(KIT)}
+
+
+def reading_dependency() -> dict[str, str]:
+    """A submission's modules: the stubs, and the reference s09 with tamper_payloads/read_dependency.py, which looks
+    for stage 8's reference by every route. (The other references hold many of stage 8's lines: a submission that
+    held them could not tell a leak from its own code.)"""
+    return {**{stage: stub(stage) for stage in stages("attention")},
+            "s09_multihead_wrapper": attacked(solution("s09_multihead_wrapper"), "read_dependency",
+                                              context=dependency_clues())}
+
+
 def stealing_wrapper() -> str:
     """The reference s09, which plants its own source and the reference s08 that grading runs it beside
     (as the source of s08) in every channel of the "plant" entry (PLANTED, steal_reference.py)."""

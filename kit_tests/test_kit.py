@@ -138,9 +138,9 @@ def test_the_suite_s_layers_import_downwards_only():
     """Runtime < diagnosis < plugin < tests: the runtime knows nothing of how failures are explained, the
     diagnosis engine nothing of pytest's wiring, and no package of the suite imports a test file."""
     modules = suite_modules()
+    suite = {*SUITE_LAYERS.values(), "conftest"} | {n for n in modules if n.startswith("test_")}
     upwards = [f"{name} imports {m}" for name, path in modules.items() for m in sorted(imported(path))
-               if m.split(".")[0] in {*SUITE_LAYERS.values(), "conftest"} | {n for n in modules if n.startswith("test_")}
-               and suite_layer(m) > suite_layer(name)]
+               if m.split(".")[0] in suite and suite_layer(m) > suite_layer(name)]
     assert not upwards, "a layer of the suite imports one above it:\n" + "\n".join(upwards)
 
 
@@ -179,9 +179,17 @@ LAYERS = {
     "course": ("grader.course",),  # the nbgrader side: a course, its release, notebook, gradebook, feedback, demo
     "command line": ("grader.cli", "grader"),
 }
-# The confined side of the sandbox runs where the kit is not: it imports the standard library and these only.
-CHILD_SIDE = {"grader.sandbox.child": {"grader.sandbox.wire", "grader.sandbox.procfs"}, "grader.sandbox.wire": set(),
-              "grader.sandbox.procfs": set()}
+# The confined side of the sandbox runs where the kit is not, one module per process role: each imports the standard
+# library and these of its siblings only (grader.sandbox.template copies them: RUNTIME_MODULES).
+_SANDBOX = "grader.sandbox."
+CHILD_SIDE = {_SANDBOX + name: {_SANDBOX + sibling for sibling in siblings} for name, siblings in {
+    "child": ("box_process", "procfs", "syscalls", "wire"),  # the template
+    "box_process": ("reference_process", "worker_process", "seccomp", "syscalls", "wire"),  # a box's first process
+    "worker_process": ("reference_proxy", "seccomp", "syscalls", "wire"),  # the process that runs learner code
+    "reference_proxy": ("wire",),  # in a worker: the stages it builds on, run elsewhere
+    "reference_process": ("reference_proxy", "seccomp", "wire"),  # where they run
+    "seccomp": ("syscalls",), "syscalls": (), "wire": (), "procfs": (),
+}.items()}
 
 
 def layer_of(module: str) -> int:
@@ -208,9 +216,14 @@ def test_the_grader_s_layers_import_downwards_only_and_one_way_within():
 
 
 def test_the_sandbox_s_confined_side_needs_only_the_standard_library_and_itself():
-    """child.py runs in the box's runtime folder with wire.py and procfs.py beside it (the template imports NumPy,
-    torch and the suite's adapter later, inside its functions): at the top, these files import the standard
-    library and each other only, as siblings in the runtime folder or within grader.sandbox."""
+    """child.py runs in the box's runtime folder with its siblings beside it (the template imports NumPy, torch and
+    the suite's adapter later, inside its functions): at the top, these files import the standard library and
+    each other only, as siblings in the runtime folder or within grader.sandbox; and the template copies each of
+    them into that folder."""
+    from grader.sandbox.template import CHILD_SCRIPT, RUNTIME_MODULES
+
+    copied = {f"{_SANDBOX}{path.stem}" for path in [CHILD_SCRIPT, *RUNTIME_MODULES]}
+    assert copied == set(CHILD_SIDE)
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
     for name, allowed in CHILD_SIDE.items():
         path = KIT / (name.replace(".", "/") + ".py")
@@ -223,6 +236,8 @@ def test_the_sandbox_s_confined_side_needs_only_the_standard_library_and_itself(
                 continue
             if isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level and node.module is None:  # from . import sibling
+                found.update(f"grader.sandbox.{alias.name}" for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
                 found.add(node.module if not node.level else f"grader.sandbox.{node.module}")
             pending += list(ast.iter_child_nodes(node))

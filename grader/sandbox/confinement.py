@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..errors import AttnkitError
 from .cgroups import BoxGroup
-from .child import AUDIT_ARCH
+from .syscalls import AUDIT_ARCH
 
 GUARANTEES = {  # what keeps one submission from reaching another, by the name a Confinement lists
     "files": "the kit's solutions, hidden tests and fixtures, the grader, the gradebook and other submissions out of "
