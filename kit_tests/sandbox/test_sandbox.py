@@ -403,6 +403,58 @@ def test_learner_code_runs_no_program_and_starts_no_process(hostile):
         assert processes_of(uid) == 0
 
 
+def test_a_box_holds_no_memory_its_limits_do_not_count(tmp_path, sandbox):
+    """Without a cgroup, a box's memory is its processes' address space (RLIMIT_AS) and nothing else: learner code
+    gets no anonymous file (memfd, O_TMPFILE, a file in /dev/shm, POSIX shared memory), gives no page to a pipe
+    (vmsplice) and makes no pipe larger (F_SETPIPE_SZ); what its pipes and Unix sockets hold is bounded by its
+    limit on open files (tamper_payloads/hoard_anonymous.py tries to hold 1 GiB by all of them)."""
+    s01 = "s01_attention_scores"
+    root = write_modules(tmp_path / "hoarder", replaced={s01: attacked(solution(s01), "hoard_anonymous")},
+                         assignment="attention")
+    with IsolatedBackend(root, replace(LIMITS, check_seconds=10.0), sandbox=sandbox) as backend:
+        held = backend.run("call", s01, func="hoarded")
+        good_call_works(backend)
+    refused = ("memfd", "O_TMPFILE", "/dev/shm", "shm_open", "vmsplice")
+    assert {route: held[route] for route in refused} == dict.fromkeys(refused, 0)
+    with open("/proc/sys/net/core/wmem_max") as handle:  # (a socket's send buffer: at most twice this)
+        socket_bytes = 2 * int(handle.read())
+    assert held["pipes"] + held["sockets"] <= LIMITS.files // 2 * ((64 << 10) + socket_bytes), held
+
+
+def test_learner_code_cannot_signal_the_processes_that_serve_its_box(tmp_path, sandbox):
+    """Its box's first process (which forks its workers), the template, the reference process, the grader: no
+    signal reaches them, by any call that takes a pid or a handle, nor through a file given one of them as owner
+    (tamper_payloads/stop_box.py). The stages after it are served as usual."""
+    s07 = "s07_dropout"
+    root = write_modules(tmp_path / "stopper", replaced={s07: attacked(solution(s07), "stop_box")},
+                         assignment="attention")
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
+        assert backend.run("call", s07, func="reached") == ()
+        good_call_works(backend)
+        assert backend.stats["boxes"] == 1
+
+
+@pytest.mark.parametrize("signal_name", ["SIGSTOP", "SIGKILL"])
+def test_a_stopped_or_vanished_box_is_replaced_before_its_next_stage(signal_name, sandbox, monkeypatch):
+    """A stage is taken as begun only when a worker says it took the request: a box whose processes were stopped
+    (or killed) between two stages is replaced, and the next stage is graded as usual, in a new box (the wait
+    counts against the submission's budget only; shortened here)."""
+    import signal
+
+    from grader.sandbox import backend as module
+
+    monkeypatch.setattr(module, "CLOSE_SECONDS", 0.2)
+    with IsolatedBackend(SOLUTIONS, LIMITS, sandbox=sandbox) as backend:
+        good_call_works(backend)
+        box = backend._box
+        for pid in [box.init, *procfs.children(box.init)]:
+            os.kill(pid, getattr(signal, signal_name))
+        scores = np.array([1.0, 2.0, 3.0], np.float32)
+        np.testing.assert_allclose(backend.run("call", "s02_normalization", func="softmax_torch", args=(scores,)),
+                                   np.exp(scores) / np.exp(scores).sum(), rtol=1e-6)
+        assert backend.stats["boxes"] == 2
+
+
 def test_tampering_reaches_only_the_submissions_own_answers(hostile, hostile_root, sandbox):
     # The learner's patched adapter decides what its own stage answers (already this call)...
     assert call(hostile, "tamper") == "tampered"
