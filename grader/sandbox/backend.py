@@ -208,7 +208,7 @@ class IsolatedBackend:
                 limit = "budget" if exc.what == "budget" else "time"  # (a check's CPU time or waiting: its time limit)
                 raise self._error(self._time_message(module, exc.what), limit) from None
             except BoxGone:
-                tail = box.capture.last_lines("stderr") if box else ""
+                tail = self._said(box.capture.last_lines("stderr")) if box else ""
                 self._end_box()
                 said = f"{module}: the sandbox process died unexpectedly"
                 raise self._error(said + (f"; its last output:\n{tail}" if tail else ""), "crash") from None

@@ -29,8 +29,8 @@ GUARANTEES = {  # what keeps one submission from reaching another, by the name a
              "its reach",
     "mount": "a private root file system for each submission (only the Python installation and its own modules "
              "in it)",
-    "processes": "the grader's and other submissions' processes out of its reach (no signals, tracing, memory or "
-                 "open files)",
+    "processes": "the grader's, other submissions' and its own box's serving processes out of its reach (no "
+                 "signals, tracing, memory or open files)",
     "pid": "a fresh pid namespace for each submission (other processes not even listed)",
     "uid": "a fresh unprivileged uid for each submission",
     "system calls": "learner code that cannot run programs, start processes, write files, or open sockets or IPC "

@@ -85,9 +85,11 @@ def import_folders() -> list[str]:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.submodule_search_locations:
             folders.add(os.path.realpath(Path(list(spec.submodule_search_locations)[0]).parent))
+    script = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else None  # (a console
+    # script's folder, the venv's bin/: on sys.path, inside the installation, and nothing to import)
     entries = [os.path.abspath(entry) for entry in sys.path if entry]
-    return list(dict.fromkeys(entry for entry in entries if os.path.realpath(entry) in folders
-                              or any(_inside(Path(os.path.realpath(entry)), prefix) for prefix in prefixes)))
+    return list(dict.fromkeys(entry for entry in entries if os.path.realpath(entry) in folders or (
+        entry != script and any(_inside(Path(os.path.realpath(entry)), prefix) for prefix in prefixes))))
 
 
 PYTHON_HINT = (" Boxes run as other users than root and import from the Python installation: it must be readable by "

@@ -192,6 +192,24 @@ def test_the_machine_confines_as_the_readme_promises(sandbox):
         assert all(not path.stat().st_mode & 0o077 for path in lockdown.kit_private() if path.exists())
 
 
+def test_attnkit_doctor_says_which_confinement_holds_and_what_each_guarantee_rests_on():
+    """The same confinement a grading run gets here, each guarantee with what enforces it or what to change."""
+    import subprocess
+    import sys
+
+    from grader.sandbox.confinement import GUARANTEES
+
+    run = subprocess.run([sys.executable, "-m", "grader.cli", "doctor"], capture_output=True, text=True, timeout=300,
+                         cwd=KIT)
+    assert run.returncode == (0 if PROMISED == "namespaces" else 1), run.stdout + run.stderr
+    assert f"sandbox: {PROMISED}" in run.stdout
+    for guarantee in GUARANTEES:
+        assert f"] {guarantee}: {GUARANTEES[guarantee]}" in run.stdout, guarantee
+    assert run.stdout.count("rests on: ") + run.stdout.count("to get it: ") == len(GUARANTEES)
+    if PROMISED == "container":
+        assert "[MISSING] mount" in run.stdout and "CAP_SYS_ADMIN" in run.stdout
+
+
 def test_a_machine_without_cgroup_limits_says_so():
     """Without the memory and pids controllers a box's processes are bounded one by one only: the
     run's first line and every record say what is missing."""
