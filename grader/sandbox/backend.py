@@ -431,7 +431,7 @@ class IsolatedBackend:
         computes, if the stage being graded builds on the stage it names; else with an error. A reference
         process that dies is replaced and the call tried once more; if it dies again, the call's inputs are the
         cause (the learner's code chose them): an error for the box. The process's time is the check's."""
-        stage, call = header.get("stage"), header.get("call")
+        stage, call = header.get("stage"), header.get("call") if type(header.get("call")) is int else None
         answer, values = {"ok": False, "error": {"type": "PermissionError", "message": (
             f"{module} does not build on {stage}: no reference of it runs for this stage")}}, []
         if isinstance(stage, str) and stage in self.provided.get(module, {}):

@@ -11,13 +11,14 @@ What learner code may not do when graded, whatever the confinement, and why:
   are out of its reach even where they share its uid: ``kill``, ``tgkill`` and ``rt_(tg)sigqueueinfo`` name
   its own pid or fail, ``tkill`` and ``pidfd_send_signal`` always fail, and no file descriptor can be given an
   owner that the kernel would signal on its behalf (``F_SETOWN``, ``FIOSETOWN``...);
-* open a socket other than a Unix socketpair, watch files, use the keyrings, namespaces, mounts, BPF, perf,
+* open a socket (a Unix socketpair included), watch files, use the keyrings, namespaces, mounts, BPF, perf,
   io_uring (its requests bypass seccomp);
 * leave anything in the file system or in IPC objects for a later box: no file opened for writing or created
   (``O_TMPFILE`` included), no System V or POSIX IPC;
 * hold memory that its address space does not count: no memfd (``memfd_create``, ``memfd_secret``), no
-  ``vmsplice`` (pages given to a pipe stay there once unmapped), no larger pipe buffers (``F_SETPIPE_SZ``);
-  what is left (pipes and socket buffers) is bounded by the box's limit on open files (``Limits.files``).
+  ``vmsplice`` (pages given to a pipe stay there once unmapped), no larger pipe buffers (``F_SETPIPE_SZ``), no
+  socket buffers (no sockets); what is left, pipes of the default size, is bounded by the box's limit on open
+  files (``Limits.files``: 64 KiB a pipe, two files each).
 """
 from __future__ import annotations
 
@@ -56,8 +57,9 @@ LEARNER_DENIED = (
     # reach other processes: memory, file descriptors, handles on them, signals through a handle or a thread id
     "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "process_mrelease", "kcmp", "pidfd_open",
     "pidfd_getfd", "pidfd_send_signal", "tkill",
-    # the network and sockets other than the socketpairs below; watching files for the grader's writes
-    "socket", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
+    # the network, sockets (a Unix socketpair too: its buffers are memory no address space counts, and no stage
+    # needs one); watching files for the grader's writes
+    "socket", "socketpair", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
     # kernel keyrings, namespaces and mounts, kernel programs and counters, io_uring (its requests bypass seccomp)
     *KEYRING_CALLS, "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "mount_setattr", "open_tree",
     "open_tree_attr", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "acct", "bpf", "perf_event_open",
@@ -78,7 +80,6 @@ LEARNER_DENIED = (
 LEARNER_UNIMPLEMENTED = ("clone3", "openat2")
 O_TMPFILE_BIT = 0o20000000  # __O_TMPFILE (with O_DIRECTORY it makes O_TMPFILE), the same on x86_64 and aarch64
 OPEN_WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | O_TMPFILE_BIT  # (O_APPEND needs a write mode)
-AF_UNIX = 1
 F_SETOWN, F_SETSIG, F_SETOWN_EX, F_SETPIPE_SZ = 8, 10, 15, 1031
 FIOSETOWN, SIOCSPGRP = 0x8901, 0x8902  # ioctl's F_SETOWN, for files and sockets
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # type into a terminal
@@ -148,8 +149,6 @@ def learner_checks(own_pid: int) -> list[tuple[str, list[Instruction]]]:
         # files are opened to be read, never written or created
         ("open", _flags_clear(1, OPEN_WRITES)),
         ("openat", _flags_clear(2, OPEN_WRITES)),
-        # a pair of connected Unix sockets (Python's multiprocessing helpers), nothing that reaches out
-        ("socketpair", _equals(0, AF_UNIX)),
         # signals to this process only (its threads: tgkill with its own pid; raise() and abort() use that)
         *[(name, _equals(0, own_pid)) for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")],
         # limits, priorities and CPUs of this process only: not the box's first process, whose next workers would

@@ -424,19 +424,17 @@ def test_learner_code_runs_no_program_and_starts_no_process(hostile):
 def test_a_box_holds_no_memory_its_limits_do_not_count(tmp_path, sandbox):
     """Without a cgroup, a box's memory is its processes' address space (RLIMIT_AS) and nothing else: learner code
     gets no anonymous file (memfd, O_TMPFILE, a file in /dev/shm, POSIX shared memory), gives no page to a pipe
-    (vmsplice) and makes no pipe larger (F_SETPIPE_SZ); what its pipes and Unix sockets hold is bounded by its
-    limit on open files (tamper_payloads/hoard_anonymous.py tries to hold 1 GiB by all of them)."""
+    (vmsplice), makes no pipe larger (F_SETPIPE_SZ) and no socket; what its pipes hold is bounded by its limit on
+    open files (tamper_payloads/hoard_anonymous.py tries to hold 1 GiB by all of them)."""
     s01 = "s01_attention_scores"
     root = write_modules(tmp_path / "hoarder", replaced={s01: attacked(solution(s01), "hoard_anonymous")},
                          assignment="attention")
     with IsolatedBackend(root, replace(LIMITS, check_seconds=10.0), sandbox=sandbox) as backend:
         held = backend.run("call", s01, func="hoarded")
         good_call_works(backend)
-    refused = ("memfd", "O_TMPFILE", "/dev/shm", "shm_open", "vmsplice")
+    refused = ("memfd", "O_TMPFILE", "/dev/shm", "shm_open", "vmsplice", "sockets")
     assert {route: held[route] for route in refused} == dict.fromkeys(refused, 0)
-    with open("/proc/sys/net/core/wmem_max") as handle:  # (a socket's send buffer: at most twice this)
-        socket_bytes = 2 * int(handle.read())
-    assert held["pipes"] + held["sockets"] <= LIMITS.files // 2 * ((64 << 10) + socket_bytes), held
+    assert 0 < held["pipes"] <= LIMITS.files // 2 * (64 << 10), held  # (pipes of the default size, 64 KiB)
 
 
 def test_learner_code_cannot_signal_the_processes_that_serve_its_box(tmp_path, sandbox):

@@ -9,7 +9,7 @@ buffers raised and filled). ``hoarded()`` says what each route held, in bytes (w
 than ``_ATK_BREACH`` bytes in all, its import fails saying so (the stage then scores 0); it lets go of everything
 before the stage goes on.
 
-Expected: anonymous files refused; pipes and sockets bounded by the box's limit on open files, far below the breach.
+Expected: anonymous files and sockets refused; pipes bounded by the box's limit on open files, far below the breach.
 """
 
 _ATK_TARGET = 1 << 30  # what it tries to hold beyond its address space

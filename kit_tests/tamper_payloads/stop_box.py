@@ -71,11 +71,14 @@ def _atk_stop_box():
         os.write(write, b"x")
     except OSError:
         pass
-    left, right = socket.socketpair()
-    attempt("make its parent a socket's owner (FIOSETOWN)",
-            lambda: fcntl.ioctl(left, 0x8901, struct.pack("i", parent)) and None)
-    left.close()
-    right.close()
+    try:
+        pair = socket.socketpair()
+    except OSError:  # (graded code may open no socket: the ioctl is tried on the pipe)
+        pair = None
+    attempt("make its parent a file's owner (FIOSETOWN)",
+            lambda: fcntl.ioctl(pair[0] if pair else read, 0x8901, struct.pack("i", parent)) and None)
+    for end in pair or ():
+        end.close()
     os.close(read)
     os.close(write)
     return reached
