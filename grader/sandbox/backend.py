@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from suite_runtime.stage_names import is_stage_module
@@ -26,7 +27,7 @@ from . import redaction
 from .channel import AnswerTooLarge, BoxGone, OutOfTime, Waiting, receive, send
 from .confinement import Confinement, SandboxUnavailable
 from .limits import LOAD_FACTOR, WALL_FACTOR, Limit, Limits
-from .reference import ReferenceServer, reference_imports
+from .reference import ReferenceServer, reference_imports, spec_key
 from .template import Box, Sandbox
 from .wire import MESSAGE_CHARS, ProtocolError, clip, decode, encode, pack
 
@@ -48,7 +49,9 @@ class IsolatedBackend:
     ``reference_imports``; default: those of the kit's solutions/), so that a mistake costs points
     on its own stage only. Those run in the submission's reference process (``reference``), never in
     a box: the box holds proxies of them, whose calls are answered only while a stage that builds on
-    them is graded. Without solutions/ (a release has none), nothing is provided.
+    them is graded. Without solutions/ (a release has none), nothing is provided. ``passed``: whether every
+    check of a stage passed in this submission (the grading plugin's verdicts): a stage built on one that passed
+    meets the learner's own module of it instead (no proxy, no reference process), as a student's pytest does.
 
     A stage may come with a memory ceiling (``ceilings``: stage -> bytes, what its test module declares
     as ``MEMORY_HEADROOM``): its worker's address space is then held by the kernel (RLIMIT_AS) to what it
@@ -57,12 +60,14 @@ class IsolatedBackend:
     """
 
     def __init__(self, root, limits: Limits | None = None, *, sandbox: Sandbox | None = None, confine=None,
-                 provided: dict[str, dict[str, str]] | None = None, ceilings: dict[str, int] | None = None):
+                 provided: dict[str, dict[str, str]] | None = None, ceilings: dict[str, int] | None = None,
+                 passed: Callable[[str], bool] | None = None):
         self.root = Path(root).resolve()
         self.limits = limits or Limits()
         self.sources = sources(self.root)
         self.provided = reference_imports(SOLUTIONS) if provided is None else provided
         self.ceilings = dict(ceilings or {})
+        self.passed = passed
         self.sandbox = sandbox or Sandbox(confine=confine)
         self._own_sandbox = sandbox is None
         from suite_runtime import (
@@ -413,18 +418,31 @@ class IsolatedBackend:
 
     # -- the stages a stage builds on
 
+    def _proxied(self, module) -> dict[str, str]:
+        """The stages ``module`` builds on that its box gets proxies of (stage -> reference source): those whose own
+        checks did not all pass (``passed``). A stage whose checks all passed is met as the learner's own module,
+        already in the box: the same behaviour as far as its checks can tell, without a call to another process."""
+        return {name: text for name, text in self.provided.get(module, {}).items()
+                if self.passed is None or not self.passed(name)}
+
     def _specs(self, module) -> dict[str, dict]:
-        """What the proxies of the stages ``module`` builds on need (stage -> description), from the submission's
-        reference process, started on first need; {} for a stage that builds on none."""
-        provided = self.provided.get(module, {})
-        if not provided:
-            return {}
-        if self._reference is not None and not set(provided) <= set(self._reference.specs):
-            self._end_reference()  # (another stage's references: one process runs all of a submission's)
+        """What the proxies of the stages ``module`` is given need (stage -> description): the reference process's
+        description of each, kept by the sandbox for later submissions (the references do not change), so that a
+        reference process starts only when a proxy is first called; {} for a stage given none."""
+        proxied = self._proxied(module)
+        known = self.sandbox.reference_specs
+        if not all(spec_key(name, text) in known for name, text in proxied.items()):
+            self._server()
+        return {name: known[spec_key(name, text)] for name, text in proxied.items()}
+
+    def _server(self) -> ReferenceServer:
+        """The submission's reference process, started on first need with every reference it may be asked for."""
         if self._reference is None:
             sources = {name: text for given in self.provided.values() for name, text in given.items()}
             self._reference = ReferenceServer(self.sandbox, sources, self.limits)
-        return {name: self._reference.specs[name] for name in provided}
+            self.sandbox.reference_specs.update(
+                {spec_key(name, text): self._reference.specs[name] for name, text in sources.items()})
+        return self._reference
 
     def _pass_on(self, box: Box, module, header, blobs, deadline, charge):
         """Answer a proxy's call (``header``, ``blobs``: what the box sent) with what the reference process
@@ -434,12 +452,10 @@ class IsolatedBackend:
         stage, call = header.get("stage"), header.get("call") if type(header.get("call")) is int else None
         answer, values = {"ok": False, "error": {"type": "PermissionError", "message": (
             f"{module} does not build on {stage}: no reference of it runs for this stage")}}, []
-        if isinstance(stage, str) and stage in self.provided.get(module, {}):
+        if isinstance(stage, str) and stage in self._proxied(module):
             for _ in range(2):  # (once more on a fresh process, if it died)
-                if self._reference is None:
-                    self._specs(module)
                 try:
-                    answer, values = self._reference.call(stage, header.get("request"), blobs, deadline, charge)
+                    answer, values = self._server().call(stage, header.get("request"), blobs, deadline, charge)
                     break
                 except BoxGone:
                     self._end_reference()

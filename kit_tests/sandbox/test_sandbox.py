@@ -705,6 +705,21 @@ def test_a_stage_is_given_a_proxy_of_exactly_what_its_reference_imports(tmp_path
     assert given["s09_multihead_wrapper"] == {"s08_causal_attention"}
 
 
+def test_a_stage_whose_checks_all_passed_is_met_as_the_learner_s_own(tmp_path, sandbox):
+    """Where the grading plugin says stage 8's checks all passed, stage 9 imports the learner's own stage 8 (no
+    proxy, no reference process started: the sandbox keeps the references' descriptions); where they did not, the
+    proxy; the box's request says which."""
+    s08, s09 = "s08_causal_attention", "s09_multihead_wrapper"
+    root = write_modules(tmp_path / "own", replaced={s09: solution(s09) + LOADED_AT_IMPORT}, assignment="attention")
+    verdict = {"passed": True}
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox, passed=lambda stage: verdict["passed"]) as backend:
+        assert backend.run("call", s09, func="loaded")[s08].endswith(f"/{s08}.py")
+        assert backend._reference is None
+    verdict["passed"] = False
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox, passed=lambda stage: verdict["passed"]) as backend:
+        assert backend.run("call", s09, func="loaded")[s08] == PROXY.format(s08)
+
+
 def test_no_box_holds_the_reference_it_builds_on(tmp_path, sandbox):
     """Stage 9, graded beside a stub stage 8, gets the reference's behaviour (its answers are the reference
     wrapper's, to the bit) and none of its code: tamper_payloads/read_dependency.py looks for the reference of
