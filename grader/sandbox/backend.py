@@ -27,7 +27,7 @@ from . import redaction
 from .channel import AnswerTooLarge, BoxGone, OutOfTime, Waiting, receive, send
 from .confinement import Confinement, SandboxUnavailable
 from .limits import LOAD_FACTOR, WALL_FACTOR, Limit, Limits
-from .reference import ReferenceServer, reference_imports, spec_key
+from .reference import ReferenceServer, reference_imports
 from .template import Box, Sandbox
 from .wire import MESSAGE_CHARS, ProtocolError, clip, decode, encode, pack
 
@@ -426,22 +426,17 @@ class IsolatedBackend:
                 if self.passed is None or not self.passed(name)}
 
     def _specs(self, module) -> dict[str, dict]:
-        """What the proxies of the stages ``module`` is given need (stage -> description): the reference process's
-        description of each, kept by the sandbox for later submissions (the references do not change), so that a
-        reference process starts only when a proxy is first called; {} for a stage given none."""
+        """What the proxies of the stages ``module`` is given need (stage -> description), from the submission's
+        reference process, started here (before the stage: its start-up is no check's time) on first need;
+        {} for a stage given none."""
         proxied = self._proxied(module)
-        known = self.sandbox.reference_specs
-        if not all(spec_key(name, text) in known for name, text in proxied.items()):
-            self._server()
-        return {name: known[spec_key(name, text)] for name, text in proxied.items()}
+        return {name: self._server().specs[name] for name in proxied} if proxied else {}
 
     def _server(self) -> ReferenceServer:
         """The submission's reference process, started on first need with every reference it may be asked for."""
         if self._reference is None:
             sources = {name: text for given in self.provided.values() for name, text in given.items()}
             self._reference = ReferenceServer(self.sandbox, sources, self.limits)
-            self.sandbox.reference_specs.update(
-                {spec_key(name, text): self._reference.specs[name] for name, text in sources.items()})
         return self._reference
 
     def _pass_on(self, box: Box, module, header, blobs, deadline, charge):

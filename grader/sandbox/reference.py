@@ -9,7 +9,6 @@ the stage it names: while stage 8 itself is graded, or any stage that does not b
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 
@@ -47,11 +46,6 @@ def reference_imports(folder) -> dict[str, dict[str, str]]:
         return {name: texts[name] for name in order}
 
     return {stage: built_on(stage) for stage in texts}
-
-
-def spec_key(name: str, source: str) -> str:
-    """What a reference module's description is kept under (``Sandbox.reference_specs``): its name and source."""
-    return f"{name}:{hashlib.sha256(source.encode()).hexdigest()}"
 
 
 class ReferenceServer:

@@ -133,7 +133,6 @@ class Sandbox:
         self._folder = None
         self._capture = None
         self._launched = None  # the mode of a template launched but not yet known to be ready
-        self.reference_specs: dict[str, dict] = {}  # reference module -> what its proxies need (backend, reference)
         self.import_path: list[str] = []  # the folders boxes import from (the template's word, once ready)
         self.left_out: list[str] = []  # folders of the grader's sys.path not shown to boxes (they hold secrets)
         self._lock = threading.RLock()

@@ -707,8 +707,7 @@ def test_a_stage_is_given_a_proxy_of_exactly_what_its_reference_imports(tmp_path
 
 def test_a_stage_whose_checks_all_passed_is_met_as_the_learner_s_own(tmp_path, sandbox):
     """Where the grading plugin says stage 8's checks all passed, stage 9 imports the learner's own stage 8 (no
-    proxy, no reference process started: the sandbox keeps the references' descriptions); where they did not, the
-    proxy; the box's request says which."""
+    proxy, no reference process started); where they did not, the proxy."""
     s08, s09 = "s08_causal_attention", "s09_multihead_wrapper"
     root = write_modules(tmp_path / "own", replaced={s09: solution(s09) + LOADED_AT_IMPORT}, assignment="attention")
     verdict = {"passed": True}
