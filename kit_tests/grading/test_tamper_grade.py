@@ -225,6 +225,13 @@ def test_in_a_container_every_record_says_so(graded_in_a_container):
         {json.dumps(expected, sort_keys=True)}
 
 
+def test_in_a_container_the_run_announces_what_its_records_say(graded_in_a_container):
+    """Said once the first worker's sandbox started: the confinement the records name, and why the stronger one
+    failed (no namespaces can be made there)."""
+    said = graded_in_a_container["run"].stderr
+    assert "sandbox: container, WEAKER than full confinement" in said and "[namespaces: " in said, said[-2000:]
+
+
 def test_in_a_container_nothing_else_changed_and_nothing_is_left(graded_in_a_container):
     test_no_file_outside_the_records_changed(graded_in_a_container)
     test_no_gradebook_row_changed(graded_in_a_container)
