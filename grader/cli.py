@@ -8,6 +8,7 @@
     attnkit grade [ASSIGNMENT] [--course DIR] [--notebooks]   grade a whole class in parallel (resumable)
     attnkit report [ASSIGNMENT] [--course DIR]   an HTML class report (plots + tables) of the graded class
     attnkit gradescope [ASSIGNMENT] [--out autograder.zip]   the autograder zip for Gradescope
+    attnkit doctor     which confinement holds here, what it rests on, what to change for a stronger one
 """
 from __future__ import annotations
 
@@ -232,6 +233,15 @@ def cmd_gradescope(args):
     return 0
 
 
+def cmd_doctor(args):
+    from .sandbox.doctor import report
+
+    lines, status = report(confine=args.confine, allow_plain=args.allow_plain)
+    for line in lines:
+        print(line)
+    return status
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="attnkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -348,6 +358,17 @@ def main(argv=None):
                    help=f"CPU seconds per submission (default: {BUDGET_CHECKS} x --test-timeout)")
     p.add_argument(ALLOW_PLAIN, action="store_true", help=f"the autograder: {UNCONFINED_HELP}")
     p.set_defaults(func=cmd_gradescope, said_as="gradescope")
+
+    p = sub.add_parser(
+        "doctor", help="say which confinement holds here, what each guarantee rests on, what to change",
+        description="Start a sandbox as a grading run does (the strongest confinement that holds here, proven by a "
+                    "probe box), and say what it found: each guarantee, what it rests on, and for those missing "
+                    "what to change. Exit status 0 where the strongest holds, 1 where a weaker one does, 2 where none.",
+    )
+    p.add_argument("--confine", choices=["namespaces", "userns", "container", "plain"],
+                   help="try only this confinement (default: the strongest that holds)")
+    p.add_argument(ALLOW_PLAIN, action="store_true", help="count plain (unconfined) as an answer")
+    p.set_defaults(func=cmd_doctor, said_as="doctor")
 
     parser.set_defaults(interrupted=None)
     args = parser.parse_args(argv)

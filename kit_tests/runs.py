@@ -3,6 +3,7 @@
 the files, gradebook rows and scores a run leaves, and what a record says."""
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -139,6 +140,38 @@ def attnkit_grade(root, tmpdir, assignment="attention", container=False):
 def graded_content(record: dict) -> str:
     """What a record says about the work (not when or how fast it was graded), as bytes to compare."""
     return json.dumps(record["stages"], sort_keys=True)
+
+
+@functools.cache
+def hidden_lines() -> tuple[tuple[str, str], ...]:
+    """(line, as matched) of the hidden material a student must never be shown: every line of every reference's
+    solution regions, and every line of code of every hidden test (not its message strings: a failing check shows
+    those), of 30 letters and digits or more, as grader.sandbox.redaction normalises text."""
+    import ast
+
+    from grader.kit import SOLUTIONS, SUITE
+    from grader.sandbox.redaction import normalise, solution_regions
+    from grader.suite import public_tests
+
+    lines = [line for path in sorted(SOLUTIONS.glob("*.py")) for region in solution_regions(path.read_text())
+             for line in region.splitlines()]
+    for path in sorted(SUITE.glob("test_*.py")):
+        text, hidden = path.read_text(), set(public_tests(path).hidden)
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef) and node.name in hidden:
+                lines += [line for line in text.splitlines()[node.lineno - 1:node.end_lineno]
+                          if not line.strip().startswith(('"', "'", 'f"', "f'"))]
+    matched = {line.strip(): normalise(line)[0] for line in lines}
+    return tuple((line, n) for line, n in matched.items() if len(n) >= 30)
+
+
+def hidden_quotes(shown: str, own: str = "") -> list[str]:
+    """The hidden lines (``hidden_lines``) that ``shown`` quotes and ``own`` (the submission's modules) does not hold,
+    matched as the redactor matches: a separator, an invisible character, case or width hides none."""
+    from grader.sandbox.redaction import normalise
+
+    shown, own = normalise(shown)[0], normalise(own)[0]
+    return [line for line, n in hidden_lines() if n in shown and n not in own]
 
 
 def feedback(record: dict) -> str:

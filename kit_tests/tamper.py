@@ -74,6 +74,9 @@ class Tamper:
     # it). An attack on the sandbox from inside a box meets the same grading worker on every path
     # (grader.grading.worker): graded by attnkit grade, here and in a container, it is not graded a third time.
     beyond_the_box: bool = False
+    # Whether the attack is on what a student is shown (hidden material in its messages): nbgrader's feedback and
+    # Gradescope's outputs are checked for it too (kit_tests/course/test_tamper_nbgrader.py, sandbox/test_container.py).
+    in_every_output: bool = False
 
     @property
     def reasons(self) -> tuple:
@@ -151,6 +154,66 @@ def armed(base, **payloads: str) -> dict[str, str]:
     """Stage modules from ``base`` (``stub`` or ``solution``), each with its own payload appended:
     ``armed(solution, s01_attention_scores="jam_channel")``."""
     return {stage: attacked(base(stage), name) for stage, name in payloads.items()}
+
+
+DEPENDENCY = "s08_causal_attention"  # the stage another builds on (stage 9's wrapper imports its CausalAttention)
+DEPENDENT = "s09_multihead_wrapper"
+REDACTED = "[hidden material removed]"  # (grader.sandbox.redaction.REDACTED, as a student reads it)
+DRESSED = ("s01_attention_scores", "s02_normalization", "s03_context_vectors", "s04_trainable_projections")
+
+
+def rot13(text: str) -> str:
+    import codecs
+
+    return codecs.encode(text, "rot13")
+
+
+def hidden_test_text(stage: str) -> str:
+    """The longest hidden test of ``stage`` (a test its release does not ship), as its file has it."""
+    import ast
+
+    from grader.kit import SUITE
+    from grader.suite import public_tests
+
+    path = SUITE / f"test_{stage}.py"
+    text, hidden = path.read_text(), set(public_tests(path).hidden)
+    tests = [node for node in ast.parse(text).body if isinstance(node, ast.FunctionDef) and node.name in hidden]
+    longest = max(tests, key=lambda node: node.end_lineno - node.lineno)
+    return "\n".join(text.splitlines()[longest.lineno - 1:longest.end_lineno])
+
+
+def dressed_leaks() -> dict[str, tuple[str, str]]:
+    """What each stage of the leak-dressed entry shows, and how (tamper_payloads/leak_dressed.py)."""
+    from grader.sandbox.redaction import solution_regions
+
+    regions = solution_regions(solution(DEPENDENCY))
+    return dict(zip(DRESSED, [(regions[1], "zwsp"), (hidden_test_text(DEPENDENCY), "bar"),
+                              (solution_regions(solution("s10_multihead_attention"))[-1], "loud"),
+                              (regions[0], "stderr")]))
+DEPENDENCY_ANCHORS = ("attn_scores", "attn_weights", "mask_bool")  # words of its solution regions, none of stage 9's
+
+
+def dependency_clues() -> dict:
+    """What tamper_payloads/read_dependency.py needs to recognise the reference of stage 8 without holding it: the
+    SHA-256 of each line of its solution regions (whitespace squeezed out) that the submission it is part of
+    (``reading_dependency``: the stubs, and stage 9's solution) does not hold, the anchors, the kit's folder."""
+    import hashlib
+
+    from grader.sandbox.redaction import solution_regions
+
+    texts = [*(stub(stage) for stage in stages("attention")), solution("s09_multihead_wrapper")]
+    known = {"".join(line.split()) for text in texts for line in text.splitlines()}  # (what the submission holds)
+    lines = {"".join(line.split()) for region in solution_regions(solution(DEPENDENCY)) for line in region.splitlines()}
+    return {"needles": sorted(hashlib.sha256(line.encode()).hexdigest() for line in lines - known if len(line) >= 20),
+            "anchors": list(DEPENDENCY_ANCHORS), "kit": str(KIT)}
+
+
+def reading_dependency() -> dict[str, str]:
+    """A submission's modules: the stubs, and the reference s09 with tamper_payloads/read_dependency.py, which looks
+    for stage 8's reference by every route. (The other references hold many of stage 8's lines: a submission that
+    held them could not tell a leak from its own code.)"""
+    return {**{stage: stub(stage) for stage in stages("attention")},
+            DEPENDENT: attacked(solution(DEPENDENT), "read_dependency", context=dependency_clues())}
 
 
 def stealing_wrapper() -> str:
@@ -341,12 +404,34 @@ def corpus() -> list[Tamper]:
                    stage: attacked(stub(stage), name, context={"kit": str(KIT), "course": str(ctx.course)})
                    for stage, name in REACH_THE_GRADER.items()},
                reason=STUB, expected={marker(stage): 0 for stage in REACH_THE_GRADER}, beyond_the_box=True),
-        Tamper("leak-reference", "the stubs, and the s09 solution, whose wrapper raises, on every call, the source "
-               "of the reference CausalAttention grading runs it beside (taken from memory)",
-               lambda ctx: {**{stage: stub(stage) for stage in stages("attention")},
-                            "s09_multihead_wrapper": attacked(solution("s09_multihead_wrapper"), "leak_reference")},
-               reason="LEAKED the reference", expected={
-                   **{marker(stage): 0 for stage in stages("attention")}, "multihead_wrapper": Fraction(1, 9)}),
+        Tamper("read-dependency", "the stubs, and the s09 solution, which looks at import for the reference of s08 it "
+               "is graded with, by every route learner code has (the CausalAttention it imported: inspect, its code "
+               "objects; sys.modules; gc; every thread's frames; linecache; files; every other process's command "
+               "line, environment, memory and root folder) and would raise what it found in every call; and, taken "
+               "from memory, the request that once brought the reference (leak_reference)",
+               lambda ctx: {**reading_dependency(), "s09_multihead_wrapper": attacked(
+                   reading_dependency()["s09_multihead_wrapper"], "leak_reference")},
+               # Stage 9 gets full points beside a stub stage 8: the reference's behaviour, none of its code.
+               reason=STUB, expected={marker(stage): 0 for stage in stages("attention") if stage != DEPENDENT},
+               in_every_output=True),
+        Tamper("leak-dressed", "stubs whose functions show hidden material (rot13 in the submission, decoded when "
+               "called: a reference's solution region, a hidden test) dressed so that a person reads it and a "
+               "matcher of windows of 40 characters other than whitespace does not: a zero-width space (s01) or "
+               "'|' (s02) after every 39 of them, upper case in fullwidth letters (s03) in the message raised, a "
+               "soft hyphen after every 39 written to stderr before the process exits (s04)",
+               lambda ctx: {stage: attacked(stub(stage), "leak_dressed", context={"text": rot13(text), "dress": dress})
+                            for stage, (text, dress) in dressed_leaks().items()},
+               reason=REDACTED, expected={marker(stage): 0 for stage in DRESSED}, in_every_output=True),
+        Tamper("hoard-anonymous", "the solutions; s02 tries at import to hold 1 GiB beyond its address space: memfd "
+               "files, O_TMPFILE files, files in /dev/shm, POSIX shared memory, pipes (made larger, given pages by "
+               "vmsplice) and Unix socket buffers; it fails its import if it held more than 128 MiB",
+               fixed(**armed(solution, s02_normalization="hoard_anonymous")), reason=heading("s02_normalization")),
+        Tamper("stop-own-box", "the solutions; s07 tries at import to signal every process it sees, then to stop and "
+               "kill its box's first process by every call that takes a pid or a handle (kill, killpg, kill(0) and "
+               "kill(-1), tgkill, tkill, rt_sigqueueinfo, pidfd_send_signal, a file owned by it: F_SETOWN, "
+               "F_SETOWN_EX, FIOSETOWN); it fails its import if anything was reached; the stages after it are "
+               "graded as usual", fixed(**armed(solution, s07_dropout="stop_box")),
+               reason=heading("s08_causal_attention")),
         Tamper(LATE + "stubs", "victim: the stubs, untouched, graded after every attacker",
                lambda ctx: {stage: stub(stage) for stage in stages("attention")},
                reason=STUB, expected={marker(stage): 0 for stage in stages("attention")}, beyond_the_box=True),

@@ -194,9 +194,17 @@ LAYERS = {
     "course": ("grader.course",),  # the nbgrader side: a course, its release, notebook, gradebook, feedback, demo
     "command line": ("grader.cli", "grader"),
 }
-# The confined side of the sandbox runs where the kit is not: it imports the standard library and these only.
-CHILD_SIDE = {"grader.sandbox.child": {"grader.sandbox.wire", "grader.sandbox.procfs"}, "grader.sandbox.wire": set(),
-              "grader.sandbox.procfs": set()}
+# The confined side of the sandbox runs where the kit is not, one module per process role: each imports the standard
+# library and these of its siblings only (grader.sandbox.template copies them: RUNTIME_MODULES).
+_SANDBOX = "grader.sandbox."
+CHILD_SIDE = {_SANDBOX + name: {_SANDBOX + sibling for sibling in siblings} for name, siblings in {
+    "child": ("box_process", "procfs", "syscalls", "wire"),  # the template
+    "box_process": ("reference_process", "worker_process", "seccomp", "syscalls", "wire"),  # a box's first process
+    "worker_process": ("reference_proxy", "seccomp", "syscalls", "wire"),  # the process that runs learner code
+    "reference_proxy": ("wire",),  # in a worker: the stages it builds on, run elsewhere
+    "reference_process": ("reference_proxy", "seccomp", "wire"),  # where they run
+    "seccomp": ("syscalls",), "syscalls": (), "wire": (), "procfs": (),
+}.items()}
 
 
 def layer_of(module: str) -> int:
@@ -223,9 +231,14 @@ def test_the_grader_s_layers_import_downwards_only_and_one_way_within():
 
 
 def test_the_sandbox_s_confined_side_needs_only_the_standard_library_and_itself():
-    """child.py runs in the box's runtime folder with wire.py and procfs.py beside it (the template imports NumPy,
-    torch and the suite's adapter later, inside its functions): at the top, these files import the standard
-    library and each other only, as siblings in the runtime folder or within grader.sandbox."""
+    """child.py runs in the box's runtime folder with its siblings beside it (the template imports NumPy, torch and
+    the suite's adapter later, inside its functions): at the top, these files import the standard library and
+    each other only, as siblings in the runtime folder or within grader.sandbox; and the template copies each of
+    them into that folder."""
+    from grader.sandbox.template import CHILD_SCRIPT, RUNTIME_MODULES
+
+    copied = {f"{_SANDBOX}{path.stem}" for path in [CHILD_SCRIPT, *RUNTIME_MODULES]}
+    assert copied == set(CHILD_SIDE)
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
     for name, allowed in CHILD_SIDE.items():
         path = KIT / (name.replace(".", "/") + ".py")
@@ -238,6 +251,8 @@ def test_the_sandbox_s_confined_side_needs_only_the_standard_library_and_itself(
                 continue
             if isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level and node.module is None:  # from . import sibling
+                found.update(f"grader.sandbox.{alias.name}" for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
                 found.add(node.module if not node.level else f"grader.sandbox.{node.module}")
             pending += list(ast.iter_child_nodes(node))

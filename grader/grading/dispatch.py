@@ -23,8 +23,11 @@ class Workers:
     """``count`` grading worker processes (each started on first use), lent to one job at a time."""
 
     def __init__(self, limits: Limits, count: int, *, allow_plain: bool = False, private=()):
-        self.handles = [WorkerProcess(limits, allow_plain=allow_plain, private=private) for _ in range(count)]
+        self.handles = [WorkerProcess(limits, allow_plain=allow_plain, private=private, on_start=self._started)
+                        for _ in range(count)]
         self.refused: WorkerRefused | None = None  # no confinement holds where the workers run: nothing can be graded
+        self.first: WorkerProcess | None = None  # the first worker that started (what the run announces)
+        self.started = threading.Event()
         self.free = queue.SimpleQueue()
         for handle in self.handles:
             self.free.put(handle)
@@ -55,6 +58,11 @@ class Workers:
         finally:
             self.free.put(handle)
 
+    def _started(self, handle: WorkerProcess):
+        if self.first is None:
+            self.first = handle
+            self.started.set()
+
     def close(self):
         """Stop every worker process now, all at once (a job waiting on one gets an error)."""
         self.stopped.set()
@@ -70,6 +78,15 @@ class LocalResults:
         self.workers = Workers(limits, workers, allow_plain=allow_plain, private=private)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnkit-grade")
         self.futures = {self.pool.submit(self.workers.grade, job): job for job in jobs}
+
+    def confinement(self) -> tuple[str, dict] | None:
+        """What confines the submissions, as the first worker's sandbox found once started and proven: (its
+        summary, its record); None if no worker started (every job then has its error)."""
+        while not self.workers.started.wait(0.1):
+            if all(future.done() for future in self.futures):
+                return None
+        first = self.workers.first
+        return first.summary, first.confinement
 
     def __iter__(self):
         for future in as_completed(self.futures):

@@ -90,8 +90,15 @@ class GradingPlugin:
         if self.sandbox is None:
             return None
         self.backend = IsolatedBackend(root, self.limits, sandbox=self.sandbox, provided=self.provided,
-                                       ceilings=self.ceilings)
+                                       ceilings=self.ceilings, passed=self.stage_passed)
         return self.backend
+
+    def stage_passed(self, stage: str) -> bool:
+        """Whether every check of ``stage`` this submission is graded on has run and passed (a skipped one aside):
+        a stage built on it then meets the learner's own module of it (grader.sandbox.backend)."""
+        checks = [c["nodeid"] for c in self.checks if stage_of(c["nodeid"]) == stage and self.grades(c["nodeid"])]
+        outcomes = [self.outcomes.get(nodeid, {}).get("outcome") for nodeid in checks]
+        return "passed" in outcomes and all(outcome in ("passed", "skipped") for outcome in outcomes)
 
     # -- pytest's hooks
 

@@ -46,7 +46,7 @@ class Outcome:
     first_result_seconds: float | None = None  # latency of the first graded submission
     records: dict[str, dict] = field(default_factory=dict)  # every student's current record
     files: tuple = ()
-    confinement: str = ""  # what the sandbox confines, as announced at the start
+    confinement: str = ""  # what the sandbox confines, as announced once the first worker's sandbox started
 
 
 def _up_to_date(record: dict | None, fp: str, points: dict[str, float]) -> bool:
@@ -157,12 +157,14 @@ def _start(jobs, limits: Limits, target: Target, executor: str, scheduler, worke
         lines, weaker = stream.confinement, stream.weaker
     else:
         try:
-            announced = probe(allow_plain=target.allow_plain)  # before any submission is graded
+            probe(allow_plain=target.allow_plain)  # where nothing can confine, refused at once
         except ConfinementRefused as exc:
             raise GradeError(str(exc)) from None
-        lines, weaker = [announced.summary()], bool(announced.missing)
         stream = LocalResults(jobs, limits, max(1, min(workers or os.cpu_count() or 1, len(jobs))),
                               allow_plain=target.allow_plain, private=target.private)
+        # Announced once a worker's sandbox has started and proven its confinement: the one records will name.
+        found = stream.confinement()
+        lines, weaker = ([found[0]], bool(found[1].get("missing"))) if found and found[0] else ([], False)
     outcome.confinement = "\n".join(lines)
     if not quiet or weaker:
         print(outcome.confinement, file=sys.stderr)

@@ -104,8 +104,10 @@ class JobLoop:
             confinement = self.grading.confinement
         except SandboxUnavailable as exc:
             return self._stop(str(exc), refused=isinstance(exc, ConfinementRefused))
+        # What a run announces: the confinement this worker's sandbox started with (and why a stronger one failed).
+        summary = self.grading.sandbox.confinement.summary() if self.grading.sandbox is not None else None
         self.answer({"ready": True, "seconds": round(time.monotonic() - self.started, 3),
-                     "confinement": confinement})
+                     "confinement": confinement, "summary": summary})
         for job in self.jobs:
             try:
                 answer = self.grade(session, job)
@@ -205,15 +207,19 @@ class WorkerProcess:
     """The trusted side's handle on one grading worker process: started on first use, a job at a time,
     restarted after a failure."""
 
-    def __init__(self, limits: Limits, isolate: bool = True, *, allow_plain: bool = False, private=()):
+    def __init__(self, limits: Limits, isolate: bool = True, *, allow_plain: bool = False, private=(),
+                 on_start=None):
         """``allow_plain``: grade with learner code unconfined where nothing else holds (the instructor's explicit
-        choice); ``private``: what boxes must not reach besides the kit (grader.sandbox.template.Sandbox)."""
+        choice); ``private``: what boxes must not reach besides the kit (grader.sandbox.template.Sandbox);
+        ``on_start``: called with this handle each time its worker is ready (its ``summary`` known)."""
         self.limits, self.isolate = limits, isolate
         self.allow_plain, self.private = allow_plain, [str(p) for p in private]
         self.proc = None
         self.log = None
         self.start_seconds = None  # how long the last start took (torch, pytest, collection, sandbox)
         self.confinement = None  # what its sandbox confines (grader.sandbox.confinement.Confinement.record())
+        self.summary = None  # the same in words, as a run announces it (Confinement.summary())
+        self.on_start = on_start
         self.busy = False  # grading a job
         self._buffer = bytearray()
 
@@ -233,6 +239,9 @@ class WorkerProcess:
             raise self._failed(answer["error"], WorkerRefused if answer.get("refused") else WorkerError)
         # Said before the worker ran any learner code: what confines this worker's submissions from now on.
         self.start_seconds, self.confinement = answer.get("seconds"), answer.get("confinement")
+        self.summary = answer.get("summary")
+        if self.on_start is not None:
+            self.on_start(self)
 
     def grade(self, job: Job) -> WorkerAnswer:
         """Grade ``job`` ({"sources": {file name: bytes}, "seed", "stages"}): {"tests", "output_capped",

@@ -6,7 +6,9 @@ processes that serves this one submission and is killed with it. This (trusted) 
 code. What comes back is plain data (numbers, strings, numeric/bool NumPy arrays, lists/tuples/dicts of
 those), sent as JSON plus raw blobs without pickle and checked here (``wire``). Every conclusion is drawn in
 this process: no box is ever used for a second submission, or again after anything went wrong in it
-(time-out, crash, a message that does not parse).
+(time-out, crash, a message that does not parse). A stage that builds on another meets the other's reference
+through proxies whose calls this process passes to the submission's reference process (``reference``): no box
+holds any reference code.
 """
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ import os
 import secrets
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
-from suite_runtime.stage_names import builds_on, is_stage_module, module_files
+from suite_runtime.stage_names import is_stage_module
 
 from ..kit import SOLUTIONS, assignment_of
 from ..submission import sources
@@ -24,10 +27,12 @@ from . import redaction
 from .channel import AnswerTooLarge, BoxGone, OutOfTime, Waiting, receive, send
 from .confinement import Confinement, SandboxUnavailable
 from .limits import LOAD_FACTOR, WALL_FACTOR, Limit, Limits
+from .reference import ReferenceServer, reference_imports
 from .template import Box, Sandbox
 from .wire import MESSAGE_CHARS, ProtocolError, clip, decode, encode, pack
 
 CLOSE_SECONDS = 2.0  # CPU time a worker may take to close its stage before its box is replaced
+ERROR_CHARS = 1000  # of a reference's error message, passed on to the box
 DENIED_NOTE = ("\n(When graded, learner code may not run programs, start processes, write or create files, or open "
                "sockets: keep the stage's work in torch, in memory.)")
 
@@ -42,8 +47,11 @@ class IsolatedBackend:
     A stage that builds on others (stage 9's wrapper imports stage 8's ``CausalAttention``) is run
     with the reference versions of those (``provided``: stage -> {module: source},
     ``reference_imports``; default: those of the kit's solutions/), so that a mistake costs points
-    on its own stage only. Without solutions/ (a release has none), nothing is provided. No box that
-    was given the reference of a stage ever serves that stage.
+    on its own stage only. Those run in the submission's reference process (``reference``), never in
+    a box: the box holds proxies of them, whose calls are answered only while a stage that builds on
+    them is graded. Without solutions/ (a release has none), nothing is provided. ``passed``: whether every
+    check of a stage passed in this submission (the grading plugin's verdicts): a stage built on one that passed
+    meets the learner's own module of it instead (no proxy, no reference process), as a student's pytest does.
 
     A stage may come with a memory ceiling (``ceilings``: stage -> bytes, what its test module declares
     as ``MEMORY_HEADROOM``): its worker's address space is then held by the kernel (RLIMIT_AS) to what it
@@ -52,12 +60,14 @@ class IsolatedBackend:
     """
 
     def __init__(self, root, limits: Limits | None = None, *, sandbox: Sandbox | None = None, confine=None,
-                 provided: dict[str, dict[str, str]] | None = None, ceilings: dict[str, int] | None = None):
+                 provided: dict[str, dict[str, str]] | None = None, ceilings: dict[str, int] | None = None,
+                 passed: Callable[[str], bool] | None = None):
         self.root = Path(root).resolve()
         self.limits = limits or Limits()
         self.sources = sources(self.root)
         self.provided = reference_imports(SOLUTIONS) if provided is None else provided
         self.ceilings = dict(ceilings or {})
+        self.passed = passed
         self.sandbox = sandbox or Sandbox(confine=confine)
         self._own_sandbox = sandbox is None
         from suite_runtime import (
@@ -72,8 +82,8 @@ class IsolatedBackend:
         self._module = None  # the stage module the box's current worker serves
         self._token = None  # names the current stage's requests and replies
         self._worker = None  # the token the current worker was forked for (None: no worker)
-        self._held: set[str] = set()  # the stages whose reference the current box has been given
-        self._cpu_before = 0.0  # CPU time of this submission's earlier boxes
+        self._reference: ReferenceServer | None = None  # the reference process, once a stage needed it
+        self._cpu_before = 0.0  # CPU time of this submission's earlier boxes and reference processes
         self._wall = 0.0  # wall time of this submission's operations so far
         self._check_cpu = 0.0  # CPU time used when the current check started
         self._check_wall = 0.0  # wall time of the current check's operations so far
@@ -102,15 +112,18 @@ class IsolatedBackend:
     def close(self):
         with self._lock:
             self._end_box()
+            self._end_reference()
             if self._own_sandbox:
                 self.sandbox.close()
 
     # -- time
 
     def cpu_used(self) -> float:
-        """CPU seconds the learner's code has used so far, over every box of this submission."""
+        """CPU seconds the learner's code has used so far, over every box of this submission, with what the
+        reference process computed for it."""
         current = self._box.cpu() if self._box is not None else None
-        return self._cpu_before + (current or 0.0)
+        served = self._reference.cpu() if self._reference is not None else 0.0
+        return self._cpu_before + (current or 0.0) + served
 
     def start_check(self):
         """A check (one test) begins: its time limit counts from here."""
@@ -196,7 +209,9 @@ class IsolatedBackend:
                 send(box, pack({"cmd": "op", "op": op, "kwargs": value, "token": token}, blobs), deadline, charge)
                 while True:
                     header, values = receive(box, deadline, charge, self.limits.result_bytes)
-                    if header.get("token") == token or self._worker_ended(header):
+                    if header.get("kind") == "reference":  # a proxy's call, while the stage runs
+                        self._pass_on(box, module, header, values, deadline, charge)
+                    elif header.get("token") == token or self._worker_ended(header):
                         break  # anything else is left over from an earlier worker
                 if header.get("kind") == "result":
                     return self._said_in(decode(header.get("value"), values))
@@ -319,11 +334,9 @@ class IsolatedBackend:
 
     def _ready_box(self, module) -> Box:
         """The box, with a worker serving ``module``: the current one, or a new box after a stage that
-        would not end cleanly or a channel its worker jammed (the learner's doing: no check fails for it,
-        but the time counts against the budget). A new box that will not take its first request is
-        the sandbox's failure, not the learner's: SandboxUnavailable."""
-        if self._box is not None and module in self._held:
-            self._end_box()  # it was given the reference of ``module`` (for a stage built on it): never ``module``
+        would not end cleanly, a channel its worker jammed, or a box that did not take the stage (stopped,
+        gone: the learner's doing, so no check fails for it, but the time counts against the budget). A new
+        box that will not take its first request is the sandbox's failure, not the learner's: SandboxUnavailable."""
         if self._box is not None and self._module not in (None, module) and not self._close_stage():
             self._end_box()  # a worker that will not close its stage costs a new box, no more
         while True:
@@ -335,7 +348,7 @@ class IsolatedBackend:
             fresh = self._box.fresh
             self._end_box()
             if fresh:
-                raise SandboxUnavailable("a new box stopped listening before any learner code ran")
+                raise SandboxUnavailable("a new box did not take its first stage before any learner code ran")
 
     def _close_stage(self) -> bool:
         """End the current stage: its worker then stays for the next ("parked") or leaves. False if
@@ -373,24 +386,33 @@ class IsolatedBackend:
                 counts[what] = counts.get(what, 0) + 1
 
     def _open(self, module) -> bool:
-        """Ask for a worker serving ``module``, with the reference sources of the stages it builds on:
-        the parked one takes it, or the box forks one. The module's import is learner code: it runs
-        on the first operation's time. False if the box will not take the request (a worker may have
-        jammed the channel); the wait counts against the budget."""
+        """Ask for a worker serving ``module``, with proxies of the stages it builds on (their descriptions, from
+        the submission's reference process): the parked one takes it, or the box forks one, and the worker says
+        so. The module's import is learner code: it runs on the first operation's time. False if the box did
+        not take the request in time (a worker may have jammed the channel, the box may be stopped or gone);
+        the wait counts against the budget."""
         token = secrets.token_hex(8)
-        provided = self.provided.get(module, {})
-        self._held.update(provided)
+        specs = self._specs(module)
         waited = Waiting(self._box)
+        charge = self._charger(waited, closing=True)
+        deadline = waited.started + LOAD_FACTOR * WALL_FACTOR * CLOSE_SECONDS
         try:
             # (a request this small, a few kB, waits for nothing but a pipe jammed on purpose)
-            send(self._box, pack({"cmd": "open", "module": module, "token": token, "provided": provided,
+            send(self._box, pack({"cmd": "open", "module": module, "token": token, "provided": specs,
                                    "memory_headroom": self.ceilings.get(module)}),
-                  waited.started + CLOSE_SECONDS, self._charger(waited, closing=True))
+                 waited.started + CLOSE_SECONDS, charge)
+            while True:  # a request written is not a request taken: the worker says it has it
+                header, _ = receive(self._box, deadline, charge, self.limits.result_bytes)
+                if header.get("token") == token:
+                    if header.get("kind") != "opened":
+                        return False  # (its worker ended before it could take the stage)
+                    break
         except OutOfTime as exc:
             if exc.what == "budget":
+                self._exhausted = True
                 raise
             return False
-        except BoxGone:
+        except (BoxGone, ProtocolError):
             return False
         finally:
             self._wall += waited()
@@ -402,11 +424,66 @@ class IsolatedBackend:
             self.stats["workers"] += 1
         return True
 
+    # -- the stages a stage builds on
+
+    def _proxied(self, module) -> dict[str, str]:
+        """The stages ``module`` builds on that its box gets proxies of (stage -> reference source): those whose own
+        checks did not all pass (``passed``). A stage whose checks all passed is met as the learner's own module,
+        already in the box: the same behaviour as far as its checks can tell, without a call to another process."""
+        return {name: text for name, text in self.provided.get(module, {}).items()
+                if self.passed is None or not self.passed(name)}
+
+    def _specs(self, module) -> dict[str, dict]:
+        """What the proxies of the stages ``module`` is given need (stage -> description), from the submission's
+        reference process, started here (before the stage: its start-up is no check's time) on first need;
+        {} for a stage given none."""
+        proxied = self._proxied(module)
+        return {name: self._server().specs[name] for name in proxied} if proxied else {}
+
+    def _server(self) -> ReferenceServer:
+        """The submission's reference process, started on first need with every reference it may be asked for."""
+        if self._reference is None:
+            sources = {name: text for given in self.provided.values() for name, text in given.items()}
+            self._reference = ReferenceServer(self.sandbox, sources, self.limits)
+        return self._reference
+
+    def _pass_on(self, box: Box, module, header, blobs, deadline, charge):
+        """Answer a proxy's call (``header``, ``blobs``: what the box sent) with what the reference process
+        computes, if the stage being graded builds on the stage it names; else with an error. A reference
+        process that dies is replaced and the call tried once more; if it dies again, the call's inputs are the
+        cause (the learner's code chose them): an error for the box. The process's time is the check's."""
+        stage, call = header.get("stage"), header.get("call") if type(header.get("call")) is int else None
+        answer, values = {"ok": False, "error": {"type": "PermissionError", "message": (
+            f"{module} does not build on {stage}: no reference of it runs for this stage")}}, []
+        if isinstance(stage, str) and stage in self._proxied(module):
+            for _ in range(2):  # (once more on a fresh process, if it died)
+                try:
+                    answer, values = self._server().call(stage, header.get("request"), blobs, deadline, charge)
+                    break
+                except BoxGone:
+                    self._end_reference()
+                    answer = {"ok": False, "error": {"type": "RuntimeError", "message": (
+                        f"the reference of {stage} could not run on these inputs (its process died)")}}
+                except BaseException:
+                    self._end_reference()  # (busy with a call nobody waits for any more)
+                    raise
+        error = answer.get("error") if isinstance(answer.get("error"), dict) else {}
+        reply = {"kind": "reference_answer", "call": call, "ok": answer.get("ok") is True, "value": answer.get("value"),
+                 "error": {"type": str(error.get("type", "RuntimeError"))[:40],
+                           "message": self._said(error.get("message", ""), ERROR_CHARS)}}
+        send(box, pack(reply, values), deadline, charge)
+
+    def _end_reference(self):
+        """Stop the submission's reference process, its CPU time kept."""
+        server, self._reference = self._reference, None
+        if server is not None:
+            self._cpu_before += server.cpu()
+            server.close()
+
     def _end_box(self):
         """Kill the current box (never used again) and count the CPU time it used."""
         box, self._box = self._box, None
         self._module = self._token = self._worker = None
-        self._held = set()
         if box is None:
             return
         cpu = box.cpu()
@@ -422,28 +499,3 @@ def box_gone(module) -> SandboxUnavailable:
     box rather than scored (grader.grading.plugin)."""
     return SandboxUnavailable(f"the box grading {module} went away under an operation (its first process, or the "
                               "sandbox's template, died)")
-
-
-def reference_imports(folder) -> dict[str, dict[str, str]]:
-    """For each stage module of ``folder`` (the reference solutions), the sources of the stage modules
-    it builds on: those it imports, and those they import in turn, each after the ones it imports
-    (the order ``adapters.load_stage_module`` runs them in). A stage is never among its own. Nothing
-    where there is no such folder (a student's release)."""
-    if not Path(folder).is_dir():
-        return {}
-    texts = {path.stem: path.read_text() for path in module_files(folder)}
-
-    def built_on(stage):
-        order, seen = [], {stage}
-
-        def visit(name):
-            for other in builds_on(texts[name]):
-                if other in texts and other not in seen:
-                    seen.add(other)
-                    visit(other)
-                    order.append(other)
-
-        visit(stage)
-        return {name: texts[name] for name in order}
-
-    return {stage: built_on(stage) for stage in texts}

@@ -22,15 +22,15 @@ from dataclasses import dataclass
 
 from ..errors import AttnkitError
 from .cgroups import BoxGroup
-from .child import AUDIT_ARCH
+from .syscalls import AUDIT_ARCH
 
 GUARANTEES = {  # what keeps one submission from reaching another, by the name a Confinement lists
     "files": "the kit's solutions, hidden tests and fixtures, the grader, the gradebook and other submissions out of "
              "its reach",
     "mount": "a private root file system for each submission (only the Python installation and its own modules "
              "in it)",
-    "processes": "the grader's and other submissions' processes out of its reach (no signals, tracing, memory or "
-                 "open files)",
+    "processes": "the grader's, other submissions' and its own box's serving processes out of its reach (no "
+                 "signals, tracing, memory or open files)",
     "pid": "a fresh pid namespace for each submission (other processes not even listed)",
     "uid": "a fresh unprivileged uid for each submission",
     "system calls": "learner code that cannot run programs, start processes, write files, or open sockets or IPC "

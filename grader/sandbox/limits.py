@@ -63,6 +63,7 @@ class Limits:
     memory_bytes: int = 4 << 30  # address space of each process
     output_bytes: int = 1 << 20  # kept of what the learner prints (the rest is counted and dropped)
     processes: int = 64  # processes and threads of the box's uid
+    files: int = 128  # open files of each process of a box: they bound its pipe and socket buffers
     tmp_bytes: int = 64 << 20  # each of the box's /tmp and /dev/shm, and any file it writes
     result_bytes: int = 256 << 20  # one answer
 
@@ -90,6 +91,6 @@ class Limits:
     def for_box(self, mode) -> dict:
         # RLIMIT_NPROC counts the processes of a uid (in its user namespace): without a box of
         # its own, that would be the grader's. RLIMIT_CPU backs the budget up (each process's own).
-        return {"memory_bytes": self.memory_bytes, "tmp_bytes": self.tmp_bytes,
+        return {"memory_bytes": self.memory_bytes, "tmp_bytes": self.tmp_bytes, "files": self.files,
                 "processes": self.processes if mode != "plain" else None,
                 "cpu_seconds": int(self.budget + START_SECONDS)}

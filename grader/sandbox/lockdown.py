@@ -58,6 +58,43 @@ def needed() -> list[Path]:
                                                          sys.base_exec_prefix)})
 
 
+BOX_IMPORTS = ("torch", "numpy")  # what boxes import besides the standard library and the kit's runtime
+
+
+def import_folders() -> list[str]:
+    """The entries of this process's ``sys.path`` that boxes import from, in its order: those inside the Python
+    installation, and those that hold torch, NumPy or a distribution they require (found through their metadata,
+    and where Python finds them: a user site-packages folder, PYTHONPATH, a folder a .pth file names). Nothing
+    else of ``sys.path`` (the working folder, a script's folder, another project's) is shown to a box."""
+    import importlib.util
+    import re
+
+    prefixes = needed()
+    folders, pending, seen = set(), list(BOX_IMPORTS), set()
+    while pending:
+        name = re.sub(r"[-_.]+", "-", pending.pop()).lower()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            distribution = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        folders.add(os.path.realpath(distribution.locate_file("")))
+        for requirement in distribution.requires or []:
+            if "extra ==" not in requirement.replace("extra==", "extra =="):
+                pending.append(re.match(r"[A-Za-z0-9._-]+", requirement).group())
+    for name in BOX_IMPORTS:  # (installed without metadata: where the package itself is)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            folders.add(os.path.realpath(Path(list(spec.submodule_search_locations)[0]).parent))
+    script = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else None  # (a console
+    # script's folder, the venv's bin/: on sys.path, inside the installation, and nothing to import)
+    entries = [os.path.abspath(entry) for entry in sys.path if entry]
+    return list(dict.fromkeys(entry for entry in entries if os.path.realpath(entry) in folders or (
+        entry != script and any(_inside(Path(os.path.realpath(entry)), prefix) for prefix in prefixes))))
+
+
 PYTHON_HINT = (" Boxes run as other users than root and import from the Python installation: it must be readable by "
                "every user, as in Docker's Python images (/usr/local) or a system Python (/usr); a Python installed "
                "under /root (pyenv), which is private to root, is not. Install Python elsewhere, or let other users "

@@ -50,6 +50,12 @@ def learner_cpu(init) -> float | None:
     return ticks / CLOCK_TICKS
 
 
+def own_cpu(pid) -> float | None:
+    """CPU seconds process ``pid`` has used itself (with the children it reaped); None when /proc cannot tell."""
+    fields = cpu_fields(pid)
+    return None if fields is None else sum(fields) / CLOCK_TICKS
+
+
 def run_delays(init) -> dict[int, float]:
     """Thread id -> seconds it has waited on a run queue, for every thread of ``init`` and the processes
     under it (Linux schedstat; {} where the kernel does not keep it)."""

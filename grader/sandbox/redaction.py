@@ -1,27 +1,37 @@
-"""Hidden material out of every text that learner code can put in front of a student.
+"""Hidden material out of every text that learner code can put in front of a student: a second line of defence.
 
-A box holds nothing hidden in any confinement that holds, except one thing by design: a stage that builds
-on another runs beside the reference version of that stage (stage 9 beside stage 8's ``CausalAttention``),
-and learner code can get at its code objects. Whatever it does, the texts a box sends back (an exception's
-message, a traceback, what it printed, strings in its results) reach students only through
-``Redactor.clean``, which replaces every stretch that quotes hidden material with ``REDACTED``.
+No box holds hidden material in any confinement that holds (the stages a stage builds on run in the reference
+process, ``reference``; the probe box proves the rest out of reach). Should any reach learner code all the same,
+the texts a box sends back (an exception's message, a traceback, what it printed, strings in its results) reach
+students only through ``Redactor.clean``, which replaces every stretch that quotes hidden material with
+``REDACTED``.
 
 Hidden material: the solution regions of every reference module (``### BEGIN/END SOLUTION``), the graded
 suite's hidden tests (each test file less the public tests a release ships), and the hidden fixtures (their
 bytes, in the ways code would print them: repr, base64, hex, and each array as NumPy prints it). A stretch
-counts as a quote when at least ``WINDOW`` characters of it, whitespace left out, appear in that material
-and not in what the student already has: the release of their assignment (its stubs, public tests, the
-suite's helpers) and the submission's own modules (quoting a student's own code back to them leaks nothing,
-and a correct solution is often written the way the reference is).
+counts as a quote when at least ``WINDOW`` of its letters and digits, in order, appear in that material and not in
+what the student already has: the release of their assignment (its stubs, public tests, the suite's helpers) and
+the submission's own modules (quoting a student's own code back to them leaks nothing, and a correct solution is
+often written the way the reference is).
 
-Matching uses fingerprints of WINDOW-character windows; the material's windows are kept at every STEP-th
-position only, so any quote of WINDOW + STEP - 1 characters or more is found.
+Before matching, both sides are normalised (``normalise``): compatibility forms unfolded (NFKD: fullwidth letters,
+ligatures, accents split off), case folded, and everything but letters and digits left out (whitespace,
+punctuation, symbols, format and invisible characters such as a zero-width space, combining marks). A separator
+every few characters, a run of punctuation, a change of case or of width therefore quotes just as much. What it
+cannot catch: text encoded by the learner's code (rot13, base64 of its own, a cipher), letters replaced by
+look-alikes of another script (Cyrillic for Latin), a letter dropped or changed every fewer than ``WINDOW``
+letters, a paraphrase, quotes shorter than ``WINDOW + STEP - 1`` letters and digits, and a quote spread over
+several messages.
+
+Matching uses fingerprints of WINDOW-character windows of the normalised text; the material's windows are kept at
+every STEP-th position only, so any quote of WINDOW + STEP - 1 letters and digits or more is found.
 """
 from __future__ import annotations
 
 import base64
 import binascii
 import re
+import unicodedata
 from functools import cache
 from pathlib import Path
 
@@ -30,21 +40,30 @@ from suite_runtime.stage_names import module_files, stage_of
 from ..kit import EXERCISES, FIXTURES, SOLUTION_BEGIN, SOLUTION_END, SOLUTIONS, SUITE, assignment_of
 from ..suite import public_tests
 
-WINDOW = 40  # characters (whitespace left out) that make a quote
+WINDOW = 40  # letters and digits that make a quote
 STEP = 8  # the material's windows kept: one in STEP
 REDACTED = "[hidden material removed]"
-_WHITESPACE = re.compile(r"\s+")
+_NOT_ALNUM = re.compile(r"[^0-9a-z]+")
 
 
-def _squeeze(text: str) -> tuple[str, list[int]]:
-    """``text`` without whitespace, and for each of its characters the index it had in ``text``."""
-    kept = [(i, c) for i, c in enumerate(text) if not c.isspace()]
-    return "".join(c for _, c in kept), [i for i, _ in kept]
+def normalise(text: str) -> tuple[str, list[int]]:
+    """``text`` as it is matched: its letters and digits only, compatibility forms unfolded and case folded; and for
+    each character of that, the index of the character of ``text`` it comes from."""
+    if text.isascii():  # (the usual case, at C speed)
+        lowered = text.lower()
+        return _NOT_ALNUM.sub("", lowered), [m.start() for m in re.finditer(r"[0-9a-z]", lowered)]
+    kept, where = [], []
+    for i, c in enumerate(text):
+        for n in unicodedata.normalize("NFKD", c).casefold():
+            if n.isalnum():
+                kept.append(n)
+                where.append(i)
+    return "".join(kept), where
 
 
 def _windows(text: str, step: int = 1) -> set[int]:
-    """Fingerprints (Python's string hash: the same within a process) of ``text``'s windows."""
-    squeezed = _WHITESPACE.sub("", text)
+    """Fingerprints (Python's string hash: the same within a process) of ``text``'s windows, normalised."""
+    squeezed = _NOT_ALNUM.sub("", text.lower()) if text.isascii() else normalise(text)[0]
     return {hash(squeezed[i:i + WINDOW]) for i in range(0, max(len(squeezed) - WINDOW + 1, 0), step)}
 
 
@@ -60,7 +79,7 @@ class Redactor:
         the submission's own modules, ``fingerprints``) replaced by REDACTED."""
         if not self.hidden or not isinstance(text, str) or len(text) < WINDOW:
             return text
-        squeezed, where = _squeeze(text)
+        squeezed, where = normalise(text)
         quoted = [False] * len(squeezed)
         for i in range(len(squeezed) - WINDOW + 1):
             key = hash(squeezed[i:i + WINDOW])

@@ -52,14 +52,15 @@ from .confinement import (
     unshare_command,
 )
 from .limits import ONE_THREAD, START_SECONDS, Limits
-from .procfs import children, learner_cpu, ns_pids, processes_of, run_delays
+from .procfs import children, learner_cpu, ns_pids, own_cpu, processes_of, run_delays
 from .wire import CONTROL_BYTES, ProtocolError, pack
 
 CHILD_SCRIPT = Path(__file__).with_name("child.py")
-# What a box imports besides the standard library, NumPy and torch: the child's two siblings, and of the suite's
-# runtime package its adapter and the stage names it reads (nothing else of the suite: kit_tests/test_kit.py). Found,
-# not imported: the adapter imports torch, which this process need not.
-RUNTIME_MODULES = [CHILD_SCRIPT.with_name("wire.py"), CHILD_SCRIPT.with_name("procfs.py")]
+# What a box imports besides the standard library, NumPy and torch: the confined side's modules, one per process
+# role (``child``), and of the suite's runtime package its adapter and the stage names it reads (nothing else of the
+# suite: kit_tests/test_kit.py). Found, not imported: the adapter imports torch, which this process need not.
+RUNTIME_MODULES = [CHILD_SCRIPT.with_name(f"{name}.py") for name in (
+    "syscalls", "seccomp", "box_process", "worker_process", "reference_proxy", "reference_process", "wire", "procfs")]
 SUITE_RUNTIME = Path(importlib.util.find_spec("suite_runtime").origin).parent
 SUITE_RUNTIME_MODULES = ("__init__.py", "adapters.py", "stage_names.py")
 UID_RANGE = (1_500_000_000, 2_100_000_000)  # fresh uids for boxes (no real user lives there)
@@ -82,6 +83,7 @@ class Box:
     fresh: bool = True  # no learner code has run in it yet
     uid: int | None = None  # its fresh uid, if it has one
     delays: dict = field(default_factory=dict)  # thread -> seconds it waited for a processor (no cgroup)
+    role: str = "box"  # "box" (workers run learner code), or "reference" (its first process runs the references)
 
     def stalled(self) -> float:
         """Seconds the box's processes were ready to run but waited for a processor: its cgroup's pressure
@@ -96,9 +98,11 @@ class Box:
         return self.last_stalled
 
     def cpu(self) -> float:
-        """CPU seconds the box has used: its cgroup's count, else what /proc shows of its processes."""
+        """CPU seconds the box has used: its cgroup's count, else what /proc shows of its processes (those under
+        its first process; a reference process's first process is the one that computes)."""
+        counted = own_cpu if self.role == "reference" else learner_cpu
         seconds = self.group.cpu_seconds() if self.group is not None else (
-            learner_cpu(self.init) if self.init is not None else None)
+            counted(self.init) if self.init is not None else None)
         if seconds is not None:
             self.last_cpu = max(self.last_cpu, seconds)
         return self.last_cpu
@@ -129,6 +133,8 @@ class Sandbox:
         self._folder = None
         self._capture = None
         self._launched = None  # the mode of a template launched but not yet known to be ready
+        self.import_path: list[str] = []  # the folders boxes import from (the template's word, once ready)
+        self.left_out: list[str] = []  # folders of the grader's sys.path not shown to boxes (they hold secrets)
         self._lock = threading.RLock()
         self._finalizer = None
 
@@ -214,7 +220,8 @@ class Sandbox:
             return
         private = [*lockdown.kit_private(), *self.private]
         request = {"cmd": "probe", "token": secrets.token_hex(8), "read": lockdown.witnesses(private),
-                   "write": [str(p) for p in private if Path(p).exists()], "need": lockdown.python_witnesses()}
+                   "write": [str(p) for p in private if Path(p).exists()],
+                   "need": [*lockdown.python_witnesses(), *self.import_path]}
         if self.confinement.mode == "container":  # (elsewhere these pids are not in the box's world)
             request["pids"] = [pid for pid in (os.getpid(), os.getppid(), self._template) if pid]
         box = self.spawn({}, Limits())
@@ -268,7 +275,11 @@ class Sandbox:
             "runtime_host": str(root / "runtime"),
             "incoming_host": str(root / "incoming"),
             "runtime": "/sandbox/runtime" if namespaced else str(root / "runtime"),
-            "secrets": [str(p) for p in (KIT, SOLUTIONS, SUITE, FIXTURES)],
+            # No folder shown to boxes may hold one of these, nor lie inside the kit's private folders or the
+            # course; the grader's import path is theirs (less what would show those: ``child.import_path``).
+            "secrets": [str(p) for p in (KIT, SOLUTIONS, SUITE, FIXTURES, *self.private)],
+            "hidden": [str(p) for p in (*lockdown.kit_private(), *self.private)],
+            "path": lockdown.import_folders(),
             "drop": {"namespaces": "uid", "userns": "userns", "container": "uid"}.get(mode),
         }
         command = [*unshare_command(mode), sys.executable, "-I", str(root / "runtime" / CHILD_SCRIPT.name),
@@ -306,6 +317,7 @@ class Sandbox:
             raise SandboxUnavailable(lines[-1] + (f" (stderr: {tail})" if tail else ""))
         namespaced = mode in ("namespaces", "userns")
         self._template = next(iter(children(proc.pid)), None) if namespaced else proc.pid
+        self.import_path, self.left_out = list(reply.get("path") or []), list(reply.get("left_out") or [])
 
     def close(self):
         """Stop the template: it kills every box it still has, then exits."""
@@ -341,8 +353,9 @@ class Sandbox:
             if token is None or reply.get("token") == token:
                 return reply
 
-    def spawn(self, sources: dict[str, bytes], limits: Limits) -> Box:
-        """A new box holding ``sources`` (file name -> module source), ready to serve stages."""
+    def spawn(self, sources: dict[str, bytes], limits: Limits, role: str = "box") -> Box:
+        """A new box holding ``sources`` (file name -> module source), ready to serve stages; with ``role``
+        "reference", a submission's reference process (``grader.sandbox.reference``)."""
         with self._lock:
             confinement = self.start()
             token = secrets.token_hex(8)
@@ -371,7 +384,7 @@ class Sandbox:
                     fcntl.fcntl(read, fcntl.F_SETPIPE_SZ, 1 << 20)
             theirs = [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]]
             request = {"cmd": "spawn", "token": token, "limits": limits.for_box(confinement.mode),
-                       "uid": uid,
+                       "uid": uid, "role": role,
                        "submission": str(incoming), "tmp": str(tmp) if tmp else None}
             try:
                 socket.send_fds(self._control, [json.dumps(request).encode()], theirs)
@@ -383,7 +396,8 @@ class Sandbox:
                     os.close(fd)
             streams = {"stdout": os.fdopen(pipes[2][0], "rb", buffering=0),
                        "stderr": os.fdopen(pipes[3][0], "rb", buffering=0)}
-            box = Box(token, pipes[0][1], pipes[1][0], Capture(streams, limits.output_bytes), incoming, tmp, uid=uid)
+            box = Box(token, pipes[0][1], pipes[1][0], Capture(streams, limits.output_bytes), incoming, tmp, uid=uid,
+                      role=role)
             if reply.get("kind") != "spawned":
                 self._discard(box)
                 self._stop()

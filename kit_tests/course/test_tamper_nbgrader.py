@@ -30,14 +30,14 @@ from grader.course.samples import by_student, write_submission
 from grader.kit import KIT, stages
 from grader.submission import LINK_NOTE
 from load import cpu_hogs
-from runs import Nbgrader, expected_scores, file_hashes, gradebook_rows, scores
-from tamper import BYSTANDERS, LATE, MARK, Context, corpus, write_entry
+from runs import Nbgrader, expected_scores, file_hashes, gradebook_rows, hidden_quotes, scores
+from tamper import BYSTANDERS, LATE, MARK, REDACTED, Context, corpus, write_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 ASSIGNMENT = "attention"
 TEST_TIMEOUT = 3.0  # CPU seconds per check: the learner's own time, so a loaded machine needs no more
-CORPUS = [entry for entry in corpus() if entry.beyond_the_box]
+CORPUS = [entry for entry in corpus() if entry.beyond_the_box or entry.in_every_output]
 
 
 def feedback_text(root: Path, student: str) -> str:
@@ -203,6 +203,19 @@ def test_no_gradebook_row_changed(graded):
     after = gradebook_rows(graded["db"])
     lost = graded["rows_before"] - after
     assert not lost, f"rows changed or removed: {sorted(lost, key=str)[:5]}"
+
+
+def test_no_feedback_quotes_hidden_material(graded):
+    """No feedback page shows a line of a reference's solution regions or of a hidden test that the student's own
+    modules do not hold, however it was dressed (the leak-dressed entry's separators, invisible characters, case and
+    width): where it was, the page says it was removed."""
+    root = graded["root"]
+    for folder in sorted((root / "feedback").iterdir()):
+        submitted = root / "submitted" / folder.name / ASSIGNMENT
+        own = "\n".join(p.read_text(errors="replace") for p in submitted.glob("s*.py") if p.is_file())
+        page = (folder / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+        assert not hidden_quotes(html.unescape(re.sub(r"<[^>]+>", "", page)), own), folder.name
+    assert REDACTED in feedback_text(root, "leak-dressed")
 
 
 def test_learner_code_never_ran_in_the_kernel(graded):

@@ -29,8 +29,7 @@ from verdicts import verdicts
 from grader.course.build import build
 from grader.course.samples import by_student, write_submission
 from grader.grading import records as R
-from grader.kit import KIT, SOLUTIONS, marker, stages
-from grader.sandbox.redaction import solution_regions
+from grader.kit import KIT, marker, stages
 from load import DEFAULT_HOGS, cpu_hogs
 from runs import (
     Nbgrader,
@@ -40,9 +39,10 @@ from runs import (
     file_hashes,
     gradebook_rows,
     graded_content,
+    hidden_quotes,
     kit_modes_kept,
 )
-from tamper import BYSTANDERS, LATE, Context, corpus, write_entry
+from tamper import BYSTANDERS, LATE, REDACTED, Context, corpus, write_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -225,6 +225,13 @@ def test_in_a_container_every_record_says_so(graded_in_a_container):
         {json.dumps(expected, sort_keys=True)}
 
 
+def test_in_a_container_the_run_announces_what_its_records_say(graded_in_a_container):
+    """Said once the first worker's sandbox started: the confinement the records name, and why the stronger one
+    failed (no namespaces can be made there)."""
+    said = graded_in_a_container["run"].stderr
+    assert "sandbox: container, WEAKER than full confinement" in said and "[namespaces: " in said, said[-2000:]
+
+
 def test_in_a_container_nothing_else_changed_and_nothing_is_left(graded_in_a_container):
     test_no_file_outside_the_records_changed(graded_in_a_container)
     test_no_gradebook_row_changed(graded_in_a_container)
@@ -234,14 +241,13 @@ def test_in_a_container_nothing_else_changed_and_nothing_is_left(graded_in_a_con
 
 @pytest.mark.parametrize("where", ["here", "in a container"])
 def test_no_feedback_quotes_hidden_material(request, where):
-    """No record shows a line of a reference's solution regions that its submission does not hold itself
-    (the leak-reference entry puts the reference CausalAttention into every message of its stage 9)."""
+    """No record shows a line of a reference's solution regions or of a hidden test that its submission does not
+    hold itself, however it is dressed (the read-dependency entry looks for the reference stage 9 builds on, the
+    leak-dressed entry shows hidden material with separators, invisible characters, case and width)."""
     run = request.getfixturevalue("graded" if where == "here" else "graded_in_a_container")
-    regions = {line.strip() for path in SOLUTIONS.glob("s*.py") for region in solution_regions(path.read_text())
-               for line in region.splitlines() if len(line.strip()) >= 30}
     for student, record in run["records"].items():
         folder = run["root"] / "submitted" / student / ASSIGNMENT
         own = "\n".join(p.read_text(errors="replace") for p in folder.glob("s*.py") if p.is_file())
-        shown = json.dumps(record["stages"])
-        leaked = [line for line in regions if line not in own and json.dumps(line)[1:-1] in shown]
+        leaked = hidden_quotes(json.dumps(record, ensure_ascii=False), own)
         assert not leaked, f"{student}: {leaked[:2]}"
+    assert REDACTED in feedback(run["records"]["leak-dressed"])  # (it was there to remove)

@@ -28,8 +28,7 @@ from gradescope_results import unzip, validate
 from grader.course.samples import by_student, write_modules
 from grader.kit import KIT, SOLUTIONS, marker, plan_points, stages
 from grader.outputs.gradescope import ROOT_ENV
-from grader.sandbox.redaction import solution_regions
-from runs import DOCKER, expected_scores, kit_modes_kept, scores
+from runs import DOCKER, expected_scores, hidden_quotes, kit_modes_kept, scores
 from tamper import Context, corpus, reading_solutions
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -112,15 +111,6 @@ def sandbox_entry(found: dict) -> dict:
     return entries[0]
 
 
-def hidden_lines(modules: dict[str, str]) -> list[str]:
-    """Lines of the reference's solution regions that the submission (``modules``, the reference elsewhere)
-    does not have itself: none may appear in what the student is shown."""
-    own = "\n".join(modules.get(stage, (SOLUTIONS / f"{stage}.py").read_text()) for stage in stages(ASSIGNMENT))
-    lines = {line.strip() for path in SOLUTIONS.glob("*.py") for region in solution_regions(path.read_text())
-             for line in region.splitlines()}
-    return sorted(line for line in lines if len(line) >= 30 and line not in own)
-
-
 def everything_shown(found: dict) -> str:
     return "\n".join([found.get("output", "")] + [f"{t['name']}\n{t.get('output', '')}" for t in found["tests"]])
 
@@ -137,7 +127,7 @@ def test_gradescope_grades_the_reference_in_a_container(autograder):
 
 def attacks() -> list:
     """The stubs, and the corpus entries that aim at the grader (its processes, files and hidden material)."""
-    chosen = {"reach-the-grader", "leak-reference", "reach-outside", "steal-reference"}
+    chosen = {"reach-the-grader", "read-dependency", "leak-dressed", "reach-outside", "steal-reference"}
     return [entry for entry in corpus() if entry.name in chosen or entry.name.endswith("stubs")]
 
 
@@ -156,7 +146,8 @@ def test_gradescope_gives_each_attack_its_honest_grade_in_a_container(autograder
     assert tree_hash(autograder / "source") == before, "the autograder's files changed"
     for word in ("FORGED", "EDITED", "SHADOW-RAN", "RAN\n"):
         assert word not in shown, word
-    leaked = [line for line in hidden_lines(modules) if line in shown]
+    own = "\n".join(modules.get(stage, (SOLUTIONS / f"{stage}.py").read_text()) for stage in stages(ASSIGNMENT))
+    leaked = hidden_quotes(shown, own)  # (dressed or not: what the redactor sees through, this sees through)
     assert not leaked, f"hidden lines shown to the student: {leaked[:3]}"
     assert "sandbox: container" in found["output"]  # the run's line, written after the boxes were dead
     print(f"\n{entry.name}: {found['score']:g} points in {seconds:.1f} s")

@@ -22,15 +22,16 @@ import pytest
 from grader.course.samples import write_modules
 from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, SUITE, stages
 from grader.sandbox import lockdown, procfs, scratch
-from grader.sandbox.backend import IsolatedBackend, reference_imports
+from grader.sandbox.backend import IsolatedBackend
 from grader.sandbox.confinement import Confinement, SandboxUnavailable, SandboxWarning, probe
 from grader.sandbox.limits import Limits
+from grader.sandbox.reference import reference_imports
 from grader.sandbox.template import Sandbox
 from runs import kit_modes_kept
-from suite_runtime.adapters import SubmissionError
+from suite_runtime.adapters import LocalBackend, SubmissionError
 from suite_runtime.cases import draw_weights
 from suite_runtime.stage_names import builds_on
-from tamper import attacked, payload, solution, stealing_wrapper, stub
+from tamper import attacked, payload, reading_dependency, solution, stealing_wrapper, stub
 
 LIMITS = Limits(check_seconds=1.0, memory_bytes=2 << 30, output_bytes=64 << 10, processes=48)
 # What the README promises on such a machine; kit_tests/sandbox/test_container.py runs this file in a container as
@@ -189,6 +190,24 @@ def test_the_machine_confines_as_the_readme_promises(sandbox):
     if sandbox.mode == "container":
         assert set(map(str, lockdown.kit_private())) <= set(sandbox.confinement.private)
         assert all(not path.stat().st_mode & 0o077 for path in lockdown.kit_private() if path.exists())
+
+
+def test_attnkit_doctor_says_which_confinement_holds_and_what_each_guarantee_rests_on():
+    """The same confinement a grading run gets here, each guarantee with what enforces it or what to change."""
+    import subprocess
+    import sys
+
+    from grader.sandbox.confinement import GUARANTEES
+
+    run = subprocess.run([sys.executable, "-m", "grader.cli", "doctor"], capture_output=True, text=True, timeout=300,
+                         cwd=KIT)
+    assert run.returncode == (0 if PROMISED == "namespaces" else 1), run.stdout + run.stderr
+    assert f"sandbox: {PROMISED}" in run.stdout
+    for guarantee in GUARANTEES:
+        assert f"] {guarantee}: {GUARANTEES[guarantee]}" in run.stdout, guarantee
+    assert run.stdout.count("rests on: ") + run.stdout.count("to get it: ") == len(GUARANTEES)
+    if PROMISED == "container":
+        assert "[MISSING] mount" in run.stdout and "CAP_SYS_ADMIN" in run.stdout
 
 
 def test_a_machine_without_cgroup_limits_says_so():
@@ -400,6 +419,56 @@ def test_learner_code_runs_no_program_and_starts_no_process(hostile):
         assert processes_of(uid) == 2
         hostile.close()  # kills the box
         assert processes_of(uid) == 0
+
+
+def test_a_box_holds_no_memory_its_limits_do_not_count(tmp_path, sandbox):
+    """Without a cgroup, a box's memory is its processes' address space (RLIMIT_AS) and nothing else: learner code
+    gets no anonymous file (memfd, O_TMPFILE, a file in /dev/shm, POSIX shared memory), gives no page to a pipe
+    (vmsplice), makes no pipe larger (F_SETPIPE_SZ) and no socket; what its pipes hold is bounded by its limit on
+    open files (tamper_payloads/hoard_anonymous.py tries to hold 1 GiB by all of them)."""
+    s01 = "s01_attention_scores"
+    root = write_modules(tmp_path / "hoarder", replaced={s01: attacked(solution(s01), "hoard_anonymous")},
+                         assignment="attention")
+    with IsolatedBackend(root, replace(LIMITS, check_seconds=10.0), sandbox=sandbox) as backend:
+        held = backend.run("call", s01, func="hoarded")
+        good_call_works(backend)
+    refused = ("memfd", "O_TMPFILE", "/dev/shm", "shm_open", "vmsplice", "sockets")
+    assert {route: held[route] for route in refused} == dict.fromkeys(refused, 0)
+    assert 0 < held["pipes"] <= LIMITS.files // 2 * (64 << 10), held  # (pipes of the default size, 64 KiB)
+
+
+def test_learner_code_cannot_signal_the_processes_that_serve_its_box(tmp_path, sandbox):
+    """Its box's first process (which forks its workers), the template, the reference process, the grader: no
+    signal reaches them, by any call that takes a pid or a handle, nor through a file given one of them as owner
+    (tamper_payloads/stop_box.py). The stages after it are served as usual."""
+    s07 = "s07_dropout"
+    root = write_modules(tmp_path / "stopper", replaced={s07: attacked(solution(s07), "stop_box")},
+                         assignment="attention")
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
+        assert backend.run("call", s07, func="reached") == ()
+        good_call_works(backend)
+        assert backend.stats["boxes"] == 1
+
+
+@pytest.mark.parametrize("signal_name", ["SIGSTOP", "SIGKILL"])
+def test_a_stopped_or_vanished_box_is_replaced_before_its_next_stage(signal_name, sandbox, monkeypatch):
+    """A stage is taken as begun only when a worker says it took the request: a box whose processes were stopped
+    (or killed) between two stages is replaced, and the next stage is graded as usual, in a new box (the wait
+    counts against the submission's budget only; shortened here)."""
+    import signal
+
+    from grader.sandbox import backend as module
+
+    monkeypatch.setattr(module, "CLOSE_SECONDS", 0.2)
+    with IsolatedBackend(SOLUTIONS, LIMITS, sandbox=sandbox) as backend:
+        good_call_works(backend)
+        box = backend._box
+        for pid in [box.init, *procfs.children(box.init)]:
+            os.kill(pid, getattr(signal, signal_name))
+        scores = np.array([1.0, 2.0, 3.0], np.float32)
+        np.testing.assert_allclose(backend.run("call", "s02_normalization", func="softmax_torch", args=(scores,)),
+                                   np.exp(scores) / np.exp(scores).sum(), rtol=1e-6)
+        assert backend.stats["boxes"] == 2
 
 
 def test_tampering_reaches_only_the_submissions_own_answers(hostile, hostile_root, sandbox):
@@ -616,55 +685,12 @@ def loaded():
     return LOADED
 '''
 
-# Where a process holds the reference of stage 8: its whole source in memory (in the request that
-# brought it: a dict in a dict the garbage collector knows), the namespace of a module made from it,
-# sys.modules at import; or left by an earlier stage in /tmp or in an attribute of os. What it
-# finds, it leaves there.
-LOOK_FOR_THE_REFERENCE = '''
-
-def reference_seen():
-    import gc
-    import os
-
-    def whole(text):
-        return isinstance(text, str) and "class Causal" + "Attention(" in text and "### BEGIN " + "SOLUTION" in text
-
-    found = {place: "" for place in SEEN_AT_IMPORT}
-    for obj in gc.get_objects():
-        if isinstance(obj, dict):
-            values = list(dict.values(obj))
-            values += [inner for value in values if isinstance(value, dict) for inner in list(dict.values(value))]
-            found.update({"memory": value for value in values if whole(value)})
-            if str(dict.get(obj, "__file__", "")).startswith("<reference"):
-                found["module"] = ""
-    if whole(getattr(os, "attnkit_reference", None)):
-        found["os"] = os.attnkit_reference
-    try:
-        with open("/tmp/attnkit-reference") as handle:
-            found.update({"/tmp": text for text in [handle.read()] if whole(text)})
-    except OSError:
-        pass
-    for text in filter(None, found.values()):
-        os.attnkit_reference = text
-        try:
-            with open("/tmp/attnkit-reference", "w") as handle:
-                handle.write(text)
-        except OSError:  # (learner code may not write files when graded)
-            pass
-    return sorted(found)
+PROXY = "<reference {}, run by the grader>"  # the file of the module a stage gets for one it builds on
 
 
-import sys as _sys
-
-SEEN_AT_IMPORT = ["sys.modules"] if any(str(getattr(m, "__file__", "")).startswith("<reference")
-                                        for m in list(_sys.modules.values())) else []
-reference_seen()
-'''
-
-
-def test_a_stage_is_given_the_reference_of_exactly_what_its_reference_imports(tmp_path, sandbox):
-    """Seen from inside the boxes: each stage module finds, at its import, the reference versions of
-    the stage modules its reference solution imports (stage_names.builds_on), and nothing else of
+def test_a_stage_is_given_a_proxy_of_exactly_what_its_reference_imports(tmp_path, sandbox):
+    """Seen from inside the boxes: each stage module finds, at its import, proxies of the stage modules its
+    reference solution imports (stage_names.builds_on: their reference run by the grader), and nothing else of
     the kit; its own module is the learner's."""
     root = write_modules(tmp_path / "spy", replaced={
         stage: (SOLUTIONS / f"{stage}.py").read_text() + LOADED_AT_IMPORT for stage in stages()})
@@ -673,32 +699,113 @@ def test_a_stage_is_given_the_reference_of_exactly_what_its_reference_imports(tm
         for stage in stages():
             seen = backend.run("call", stage, func="loaded")
             assert seen.pop(stage).endswith(f"/{stage}.py"), stage
-            given[stage] = {name for name, file in seen.items() if file == f"<reference {name}>"}
+            given[stage] = {name for name, file in seen.items() if file == PROXY.format(name)}
             assert set(seen) == given[stage], f"{stage} found other stage modules: {seen}"
             assert given[stage] == set(builds_on((SOLUTIONS / f"{stage}.py").read_text())), stage
     assert given["s09_multihead_wrapper"] == {"s08_causal_attention"}
 
 
-def test_a_stage_never_sees_the_reference_of_its_own_stage(tmp_path, sandbox):
-    """Stage 9 runs beside the reference of stage 8 and can read it (the README says so). Stage 8 never
-    can, whichever order the stages are graded in: the reference is not in its box's memory, nor
-    left by stage 9 in a module (a box that held it never serves stage 8), nor in /tmp (no file can be
-    written)."""
+def test_a_stage_whose_checks_all_passed_is_met_as_the_learner_s_own(tmp_path, sandbox):
+    """Where the grading plugin says stage 8's checks all passed, stage 9 imports the learner's own stage 8 (no
+    proxy, no reference process started); where they did not, the proxy."""
     s08, s09 = "s08_causal_attention", "s09_multihead_wrapper"
-    root = write_modules(tmp_path / "thief", replaced={
-        s08: LOOK_FOR_THE_REFERENCE, s09: (SOLUTIONS / f"{s09}.py").read_text() + LOOK_FOR_THE_REFERENCE})
-    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
-        assert backend.run("call", s08, func="reference_seen") == ()
-        assert {"memory", "module", "sys.modules", "os"} == set(backend.run("call", s09, func="reference_seen"))
-        assert backend.run("call", s08, func="reference_seen") == ()
-        assert backend.stats["boxes"] == 2
+    root = write_modules(tmp_path / "own", replaced={s09: solution(s09) + LOADED_AT_IMPORT}, assignment="attention")
+    verdict = {"passed": True}
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox, passed=lambda stage: verdict["passed"]) as backend:
+        assert backend.run("call", s09, func="loaded")[s08].endswith(f"/{s08}.py")
+        assert backend._reference is None
+    verdict["passed"] = False
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox, passed=lambda stage: verdict["passed"]) as backend:
+        assert backend.run("call", s09, func="loaded")[s08] == PROXY.format(s08)
+
+
+def test_no_box_holds_the_reference_it_builds_on(tmp_path, sandbox):
+    """Stage 9, graded beside a stub stage 8, gets the reference's behaviour (its answers are the reference
+    wrapper's, to the bit) and none of its code: tamper_payloads/read_dependency.py looks for the reference of
+    stage 8 by every route learner code has (the class it got, sys.modules, gc, frames, files, other processes'
+    memory and folders) and finds nothing. (Stage 8 gets not even the behaviour: see the next test.)"""
+    s09 = "s09_multihead_wrapper"
+    root = write_modules(tmp_path / "reader", replaced=reading_dependency(), assignment="attention")
+    init = dict(d_in=4, d_out=3, context_length=6, dropout=0.5, num_heads=3, qkv_bias=True)
+    x = np.random.default_rng(1).normal(size=(2, 5, 4)).astype(np.float32)
+    with IsolatedBackend(root, replace(LIMITS, check_seconds=10.0), sandbox=sandbox) as backend:
+        assert backend.run("call", s09, func="dependency_findings") == ()  # (it reads the whole heap: seconds)
+        print(f"read_dependency's search: {backend.cpu_used():.2f} s of CPU time")
+        for train in (False, True):  # (dropout in training mode: the same random numbers as the reference's)
+            got = backend.run("forward", s09, cls="MultiHeadAttentionWrapper", init=init, x=x, seed=3, train=train)
+            expected = LocalBackend(SOLUTIONS).run("forward", s09, cls="MultiHeadAttentionWrapper", init=init, x=x,
+                                                   seed=3, train=train)
+            np.testing.assert_array_equal(got, expected)
+        info = backend.run("inspect", s09, cls="MultiHeadAttentionWrapper", init=init)
+        same(info, LocalBackend(SOLUTIONS).run("inspect", s09, cls="MultiHeadAttentionWrapper", init=init))
     # Without solutions/ (a folder that does not exist, or nothing provided) nothing is given: stage 9
-    # imports the learner's stage 8, which has no CausalAttention here.
+    # imports the learner's stage 8, here the stub.
     with IsolatedBackend(root, LIMITS, sandbox=sandbox, provided=reference_imports(tmp_path / "nowhere")) as backend:
         assert backend.provided == {}
-    with IsolatedBackend(root, LIMITS, sandbox=sandbox, provided={}) as backend:
-        with pytest.raises(SubmissionError, match="cannot import name 'CausalAttention' from 's08_causal_attention'"):
-            backend.run("call", s09, func="reference_seen")
+    with IsolatedBackend(root, replace(LIMITS, check_seconds=10.0), sandbox=sandbox, provided={}) as backend:
+        with pytest.raises(SubmissionError, match="s08_causal_attention: .*see its TODO"):
+            backend.run("forward", s09, cls="MultiHeadAttentionWrapper", init=init, x=x)
+
+
+# Appended to a stage module: a proxy of stage 8's reference made by learner code itself (the box's runtime is
+# importable), its calls written to the box's channel as a stage-9 proxy's are.
+FORGED_PROXY = '''
+
+def forged_reference():
+    import reference_proxy
+    import worker_process
+
+    spec = {"names": {"CausalAttention": {"kind": "class", "methods": ["forward"]}}}
+    module = reference_proxy.proxy_module("s08_causal_attention", spec, worker_process.Channel())
+    return module.CausalAttention(4, 3, 6, 0.0)(__import__("torch").ones(1, 2, 4))
+'''
+
+
+def test_the_reference_answers_only_a_stage_that_builds_on_it(tmp_path, sandbox):
+    """A box may ask for the reference of stage 8 only while a stage that builds on it is graded: stage 8 itself
+    (or stage 10) forging a proxy's calls gets an error, whatever order the stages come in; stage 9 gets answers."""
+    s08, s09, s10 = "s08_causal_attention", "s09_multihead_wrapper", "s10_multihead_attention"
+    root = write_modules(tmp_path / "forger", replaced={
+        stage: text + FORGED_PROXY for stage, text in ((s08, stub(s08)), (s09, solution(s09)), (s10, solution(s10)))})
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
+        for stage in (s08, s10, s09, s08):
+            if stage == s09:
+                assert backend.run("call", stage, func="forged_reference").shape == (1, 2, 3)
+            else:
+                with pytest.raises(SubmissionError, match=f"{stage} does not build on {s08}"):
+                    backend.run("call", stage, func="forged_reference")
+
+
+# Appended to stage 9: the reference asked for more than its process may hold, or for work longer than a check.
+REFERENCE_LIMITS = '''
+
+def huge_reference():
+    return CausalAttention(1 << 16, 1 << 16, 8, 0.0)
+
+
+def busy_reference():
+    import torch
+
+    head = CausalAttention(64, 64, 256, 0.0)
+    while True:
+        head(torch.ones(64, 256, 64))
+'''
+
+
+def test_the_reference_s_work_is_the_check_s_and_its_limits_are_the_box_s(tmp_path, sandbox):
+    """What the reference process computes for a stage counts as the stage's time (a proxy called in a loop meets
+    the check's CPU limit), and its memory is bounded as a box's is: a reference built beyond it fails the
+    learner's check, not the grader; the stage's next check finds the reference working."""
+    s09 = "s09_multihead_wrapper"
+    root = write_modules(tmp_path / "heavy", replaced={s09: solution(s09) + REFERENCE_LIMITS})
+    x = np.ones((1, 4, 4), np.float32)
+    init = dict(d_in=4, d_out=2, context_length=4, dropout=0.0, num_heads=2)
+    with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
+        with pytest.raises(SubmissionError, match="memory limit|out of memory|can't allocate"):
+            backend.run("call", s09, func="huge_reference")
+        with pytest.raises(SubmissionError, match="time limit of 1 s of CPU time"):
+            backend.run("call", s09, func="busy_reference")
+        assert backend.run("forward", s09, cls="MultiHeadAttentionWrapper", init=init, x=x).shape == (1, 4, 4)
 
 
 def test_what_a_stage_builds_on_includes_what_that_builds_on(tmp_path):
@@ -731,7 +838,7 @@ def test_what_a_stage_is_given_follows_the_reference_not_the_learner(tmp_path, s
         for stage in (s09, s10, s11, s08, s09, s08):
             seen = backend.run("call", stage, func="loaded")
             assert set(seen) == loaded[stage], stage
-            given = {name for name, file in seen.items() if file == f"<reference {name}>"}
+            given = {name for name, file in seen.items() if file == PROXY.format(name)}
             assert given == ({s08} if stage == s09 else set()), f"{stage}: {seen}"
             assert all(file.endswith(f"/{name}.py") for name, file in seen.items() if name not in given), seen
 
@@ -749,7 +856,7 @@ def causal_from():
 
 def test_stage_8_cannot_pull_the_reference_in_through_stage_9(tmp_path, sandbox):
     """Stage 8's stub with tamper_payloads/pull_reference.py imports and reloads stage 9 (which imports
-    the reference of stage 8 when stage 9 is graded) and looks through sys.modules for a reference: it
+    a proxy of the reference of stage 8 when stage 9 is graded) and looks through sys.modules for a reference: it
     keeps its own class, graded before stage 9 or after. The same code in stage 10, after a class of its
     own, does replace it through stage 9 (with the learner's stage 8: stage 10 is given no reference)."""
     s08, s09, s10 = "s08_causal_attention", "s09_multihead_wrapper", "s10_multihead_attention"
@@ -759,7 +866,7 @@ def test_stage_8_cannot_pull_the_reference_in_through_stage_9(tmp_path, sandbox)
         s10: attacked(solution(s10) + own_class, "pull_reference") + CAUSAL_FROM})
     with IsolatedBackend(root, LIMITS, sandbox=sandbox) as backend:
         assert backend.run("call", s08, func="causal_from").endswith(f"/{s08}.py")
-        assert backend.run("call", s09, func="causal_from") == f"<reference {s08}>"
+        assert backend.run("call", s09, func="causal_from").endswith("/reference_proxy.py")  # (a proxy's code)
         assert backend.run("call", s10, func="causal_from").endswith(f"/{s08}.py")
         assert backend.run("call", s08, func="causal_from").endswith(f"/{s08}.py")
 
@@ -776,11 +883,11 @@ DIE = "\n\ndef die():\n    import os\n    os._exit(3)\n"
 
 
 def test_the_reference_stage_9_plants_reaches_no_stage_8(tmp_path, sandbox):
-    """Stage 9 takes the reference of stage 8 it is given and tries to plant it, as the source of stage 8,
-    in every channel of the tamper corpus's plant entry (tamper_payloads/steal_reference.py); then its
-    worker dies. No channel takes it (the learner's filter: no files, IPC objects, sockets, keys or
-    processes), so stage 10 in the same box, stage 8 graded after it and the next submission find it
-    nowhere."""
+    """Stage 9 looks for the reference of stage 8 (its box holds none) and would plant it, as the source of
+    stage 8, in every channel of the tamper corpus's plant entry (tamper_payloads/steal_reference.py); then its
+    worker dies. It finds nothing to plant, no channel would take it (the learner's filter: no files, IPC
+    objects, sockets, keys or processes), so stage 10 in the same box, stage 8 graded after it and the next
+    submission find it nowhere."""
     s08, s09, s10 = "s08_causal_attention", "s09_multihead_wrapper", "s10_multihead_attention"
     scavenger = attacked(stub(s08), "scavenge") + FIND_PLANTED
     root = write_modules(tmp_path / "thief", replaced={
@@ -792,7 +899,7 @@ def test_the_reference_stage_9_plants_reaches_no_stage_8(tmp_path, sandbox):
         assert backend.run("call", s10, func="found", args=(s08,)) is None
         assert backend.run("call", s08, func="found", args=(s08,)) is None
         assert "[scavenge]" not in backend.last_output["stderr"]
-        assert backend.stats["boxes"] == 2
+        assert backend.stats["boxes"] == 1  # (no box holds a reference: the box serves stage 8 after stage 9 too)
     with IsolatedBackend(write_modules(tmp_path / "next", replaced={s08: scavenger}), LIMITS,
                          sandbox=sandbox) as following:
         assert following.run("call", s08, func="found", args=(s08,)) is None

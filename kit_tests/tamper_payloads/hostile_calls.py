@@ -122,8 +122,8 @@ def spread_memory(children, megabytes):
 
 def answer_ahead(value):
     """Send a result for the next operation before it is asked for (with this one's token)."""
-    from child import REPLIES
     from wire import write_message
+    from worker_process import REPLIES
 
     token = None
     frame = sys._getframe()

@@ -1,10 +1,9 @@
 """[attnkit-tamper] leak_reference -- family (a), the reference a stage is given, put into its messages.
 
-Append to the solution of s09. Grading runs stage 9 beside the reference version of stage 8; this takes
-that reference's source from memory (the request that brought it, through the garbage collector) and
-makes every call of the wrapper raise it, so that every check's feedback would quote it. Expected: the
-wrapper's checks fail (its own doing), and no feedback quotes the reference: what a box says is cleaned
-of hidden material, whatever it is.
+Append to the solution of s09. Grading once ran stage 9 beside the reference source of stage 8, sent in the
+request that opened the stage; this looks for that source in memory (through the garbage collector) and would
+make every call of the wrapper raise it, so that every check's feedback would quote it. Expected: nothing found
+(the request brings a description of the reference's names, never its code), the wrapper's checks pass.
 """
 
 

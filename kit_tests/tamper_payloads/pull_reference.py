@@ -1,6 +1,6 @@
 """[attnkit-tamper] pull_reference -- reach the reference of one's own stage through the stage built on it.
 
-Append to the stub of s08 (after its class). Grading runs stage 9 beside the REFERENCE of stage 8.
+Append to the stub of s08 (after its class). Grading runs stage 9 with a proxy of the REFERENCE of stage 8.
 At import this tries to get that reference into stage 8 itself: it imports s09_multihead_wrapper
 (whose ``from s08_causal_attention import CausalAttention`` brings the reference when stage 9 is
 graded) and reloads it, imports s08_causal_attention by name, and looks through sys.modules for a

@@ -1,17 +1,17 @@
 """[attnkit-tamper] steal_reference -- family (c), the reference a stage is given, planted for the stage it belongs to.
 
 Append to the solution of s09, after the plant_*.py payloads (kit_tests/tamper.py, STEAL_REFERENCE).
-Grading runs stage 9 beside the REFERENCE version of stage 8 (what it builds on). At import this
-takes that reference source: the ``provided`` argument of adapters.load_stage_module, found up the
+Grading runs stage 9 with the REFERENCE behaviour of stage 8 (what it builds on). At import this
+looks for that reference's source: the ``provided`` argument of adapters.load_stage_module, found up the
 stack of its own import, else in any dict the garbage collector knows (the sandbox's "open"
-request that brought it). It writes it to /tmp/.atk-stolen/s08_causal_attention.py and plants it,
+request that once brought it). It writes it to /tmp/.atk-stolen/s08_causal_attention.py and plants it,
 as the source of s08_causal_attention, in every channel of the plant_*.py payloads (the ones
 appended before it). ``scavenge.py`` in the stub of stage 8 (of this submission in a later box,
 or of a later submission) would find it there and exec it: the reference CausalAttention in place
 of a stub. ``stolen()`` names the channels it planted into (empty: no reference was found).
 
-Expected: the reference reaches stage 9's box only (the README says stage 9 can read it), and no
-box that serves stage 8, of this submission or another, ever sees it.
+Expected: nothing to steal (no box holds the reference: stage 9 gets a proxy of it, run by the grader's
+reference process), and no box that serves stage 8, of this submission or another, ever sees any reference.
 
 Needs the prelude plant_common, and the plant_*.py payloads whose channels it uses, before it.
 """

@@ -73,10 +73,10 @@ def to_plain(value, what):
 
 # ---------------------------------------------------------------- loading
 
-def load_stage_module(root: Path, name: str, provided: dict[str, str] | None = None):
+def load_stage_module(root: Path, name: str, provided: dict[str, types.ModuleType] | None = None):
     """Import ``root/name.py`` afresh, with its sibling stage modules taken from ``root`` too, except
-    those in ``provided`` (stage module name -> source text, each after those it imports): grading
-    gives a stage the reference versions of the stages it builds on (grader/sandbox/backend.py), so that a
+    those in ``provided`` (stage module name -> the module to import under that name): grading gives a
+    stage proxies of the reference versions of the stages it builds on (grader/sandbox/reference.py), so that a
     mistake in stage 8 costs no points on stage 9."""
     if not is_stage_module(name):
         raise ValueError(f"{name!r} is not a stage module name (sNN_topic)")
@@ -98,11 +98,7 @@ def load_stage_module(root: Path, name: str, provided: dict[str, str] | None = N
     # importlib.invalidate_caches(), which visits every path entry; imports only read root).
     sys.path_importer_cache.pop(str(root), None)
     try:
-        for other, text in provided.items():  # the kit's own code: an error here is not the learner's
-            module = types.ModuleType(other)
-            module.__file__ = f"<reference {other}>"  # no file: a traceback shows none of its lines
-            sys.modules[other] = module  # before it runs, as an import does
-            exec(compile(text, module.__file__, "exec"), vars(module))
+        sys.modules.update(provided)
         return _import_learner_module(name, path)
     finally:
         sys.path.remove(str(root))
