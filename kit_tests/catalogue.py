@@ -1182,3 +1182,169 @@ VARIANTS += [
                  "            for _ in range(min(share_every, num_layers - first))]"),),
                "Cross-Layer Attention's sources written group by group"),
 ]
+
+# ---------------------------------------------------------------- kernels (Triton; the interpreter without a GPU)
+K01, K02, K03 = "k01_fused_softmax", "k02_tiled_scores", "k03_flash_forward"
+K04, K05, K06 = "k04_flash_backward", "k05_flash_decoding", "k06_paged_decoding"
+
+# The three loads of k01's passes, and k02's three recomputations of a tile's scores, are written alike: an edit of
+# one line reaches every pass, as a learner's copy-paste does.
+K01_LOAD = 'x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)'
+K02_CAUSAL = "allowed = allowed & (keys[None, :] <= rows[:, None])"
+
+BUGS += [
+    # k01_fused_softmax
+    Submission("softmax_tail_loaded_as_zero", K01,
+               ((K01_LOAD, K01_LOAD.replace('other=float("-inf")', "other=0.0")),),
+               "the masked lanes of the last chunk loaded as 0: each adds exp(0 - max) to the sum",
+               "loaded as 0", source="the masked load's `other` of Triton's tutorial softmax, written as 0"),
+    Submission("softmax_max_not_subtracted", K01,
+               (("lane_sum += tl.exp(x - row_max)", "lane_sum += tl.exp(x)"),
+                ("y = tl.exp(x - row_max) / row_sum", "y = tl.exp(x) / row_sum")),
+               "exp of the raw values: right until a value above about 88 overflows", "max was not subtracted"),
+    Submission("softmax_max_of_the_last_chunk", K01,
+               (("lane_max = tl.maximum(lane_max, x)", "lane_max = x"),),
+               "the running max reset by every chunk: the last chunk's max is subtracted",
+               "not carried across the chunks"),
+    Submission("softmax_partial_chunk_skipped", K01,
+               (("for start in range(0, n_cols, BLOCK_SIZE):", "for start in range(0, n_cols - BLOCK_SIZE + 1, "
+                                                                "BLOCK_SIZE):"),),
+               "the loops cover the full chunks only: the row's tail is never read nor written",
+               "never read, nor written"),
+    Submission("softmax_one_program", K01, (("grid = (rows.shape[0],)", "grid = (1,)"),),
+               "a grid of one program: only the first row is computed", "programs than rows"),
+    # k02_tiled_scores
+    Submission("scores_diagonal_tile_skipped", K02,
+               (("hi = tl.minimum((pid_m + 1) * BLOCK_M, T) if IS_CAUSAL else T",
+                 "hi = tl.minimum(pid_m * BLOCK_M, T) if IS_CAUSAL else T"),),
+               "the causal loop stops before the tile on the diagonal", "stops one tile early"),
+    Submission("scores_diagonal_tile_not_masked", K02, ((K02_CAUSAL, "allowed = allowed & (keys[None, :] < T)"),),
+               "causal tiles skipped but the tile on the diagonal not masked: queries see the later keys of their "
+               "tile", "were not masked"),
+    Submission("scores_scaled_by_block_d", K02,
+               (("num_heads, T, d, 1.0 / math.sqrt(d),", "num_heads, T, d, 1.0 / math.sqrt(block_d),"),),
+               "the scale from the padded head size, 1 / sqrt(BLOCK_D)", "1 / sqrt(BLOCK_D)"),
+    Submission("scores_loop_end_in_key_tiles", K02,
+               (("hi = tl.minimum((pid_m + 1) * BLOCK_M, T) if IS_CAUSAL else T",
+                 "hi = tl.minimum((pid_m + 1) * BLOCK_N, T) if IS_CAUSAL else T"),),
+               "the causal loop's end counted in key tiles, wrong when BLOCK_M != BLOCK_N", "measured in key tiles"),
+    Submission("scores_key_tail_unmasked", K02, (("allowed = keys[None, :] < T", "allowed = keys[None, :] >= 0"),),
+               "the keys past T in the last tile score 0 and take weight", "keys past T in the last tile"),
+]
+
+VARIANTS += [
+    # k01_fused_softmax
+    Submission("softmax_whole_row_in_one_block", K01,
+               (("block = block_size or min(triton.next_power_of_2(n_cols), 1024)",
+                 "block = min(triton.next_power_of_2(n_cols), 1024)  # one chunk per row, whatever block_size says"),),
+               "block_size ignored: each row in one block (up to 1024 lanes)"),
+    Submission("softmax_online_max_and_sum", K01,
+               (('    lane_max = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)  '
+                 '# (BLOCK_SIZE,) the largest value seen per lane\n'
+                 """    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + lanes  # (BLOCK_SIZE,) the columns of this chunk
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        lane_max = tl.maximum(lane_max, x)
+    row_max = tl.max(lane_max, axis=0)  # scalar: the row's max
+""", """    lane_max = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
+    lane_sum = tl.zeros((BLOCK_SIZE,), tl.float32)  # per lane, the sum of exp(x - lane_max): an online softmax
+    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + lanes
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        new_max = tl.maximum(lane_max, x)
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a lane that saw nothing yet
+        lane_sum = lane_sum * tl.exp(lane_max - shift) + tl.exp(x - shift)
+        lane_max = new_max
+    row_max = tl.max(lane_max, axis=0)
+    row_sum = tl.sum(lane_sum * tl.exp(lane_max - row_max), axis=0)
+"""), ("""    lane_sum = tl.zeros((BLOCK_SIZE,), tl.float32)  # (BLOCK_SIZE,) the sum of exp(x - row_max) per lane
+    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + lanes
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        lane_sum += tl.exp(x - row_max)
+    row_sum = tl.sum(lane_sum, axis=0)  # scalar: the softmax's denominator
+""", "")),
+               "the max and the sum in one pass, each lane an online softmax (two passes over the row, not three)"),
+    Submission("softmax_exp2", K01,
+               (("lane_sum += tl.exp(x - row_max)", "lane_sum += tl.exp2((x - row_max) * 1.4426950408889634)"),
+                ("y = tl.exp(x - row_max) / row_sum", "y = tl.exp2((x - row_max) * 1.4426950408889634) / row_sum")),
+               "exp2 with log2(e) folded in, as the fused kernels do"),
+    # k02_tiled_scores
+    Submission("scores_every_tile_masked", K02,
+               (("hi = tl.minimum((pid_m + 1) * BLOCK_M, T) if IS_CAUSAL else T", "hi = T"),),
+               "no tile skipped: the causal mask alone hides the future (right, twice the work)"),
+    Submission("scores_keys_transposed_by_tl_trans", K02,
+               (("""        kt = tl.load(k_base + keys[None, :] * sk_t + feats[:, None],
+                     mask=(keys[None, :] < T) & (feats[:, None] < d), other=0.0)""",
+                 """        kt = tl.trans(tl.load(k_base + keys[:, None] * sk_t + feats[None, :],
+                              mask=(keys[:, None] < T) & (feats[None, :] < d), other=0.0))"""),),
+               "each tile of keys loaded as (BLOCK_N, BLOCK_D) and transposed with tl.trans"),
+    Submission("scores_own_tile_sizes", K02,
+               (('    b, num_heads, T, d = q.shape\n    q, k = q.contiguous(), k.contiguous()',
+                 '    b, num_heads, T, d = q.shape\n    block_m, block_n = 32, 64  # tiles of its own\n'
+                 '    q, k = q.contiguous(), k.contiguous()'),),
+               "tiles of 32 queries x 64 keys, whatever block_m and block_n say"),
+]
+
+BUGS += [
+    # k03_flash_forward
+    Submission("flash_accumulator_not_rescaled", K03,
+               (("acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)", "acc = acc + tl.dot(p.to(v.dtype), v)"),),
+               "the running accumulator not rescaled when a tile raises the max", "accumulator acc was not rescaled",
+               source="issue 35's list; a classic of FlashAttention exercises"),
+    Submission("flash_sum_not_rescaled", K03,
+               (("l_i = l_i * alpha + tl.sum(p, axis=1)", "l_i = l_i + tl.sum(p, axis=1)"),),
+               "the running sum not rescaled when a tile raises the max", "running sum l_i was not rescaled"),
+    Submission("flash_max_updated_before_use", K03,
+               (("        alpha = tl.exp(m_i - m_new)  # (BLOCK_M,) 0 on the first tile, where m_i = -inf\n",
+                 "        m_i = m_new\n        alpha = tl.exp(m_i - m_new)\n"),),
+               "m_i overwritten before the correction is computed from it: nothing is ever rescaled",
+               "updated before it was used"),
+    Submission("flash_p_from_the_old_max", K03,
+               (("p = tl.exp(s - m_new[:, None])  # (BLOCK_M, BLOCK_N)", "p = tl.exp(s - m_i[:, None])"),),
+               "the tile's exps taken relative to the max before the tile: exp(s + inf) on the first tile",
+               "with the old max"),
+    Submission("flash_lse_without_max", K03,
+               (("tl.store(LSE + bh * T + rows, m_i + tl.log(l_i), mask=row_ok)",
+                 "tl.store(LSE + bh * T + rows, tl.log(l_i), mask=row_ok)"),),
+               "the log-sum-exp stored as log(l_i): l_i sums exp(s - m_i)", "stored without the max"),
+    Submission("flash_causal_skip_off_by_one", K03,
+               (("hi = tl.minimum((pid_m + 1) * BLOCK_M, T) if IS_CAUSAL else T",
+                 "hi = tl.minimum(pid_m * BLOCK_M, T) if IS_CAUSAL else T"),),
+               "the causal loop skips the tile on the diagonal too", "stops one tile early"),
+    Submission("flash_key_tail_unmasked", K03,
+               (("allowed = key_ok[None, :]  # (1, BLOCK_N)", "allowed = keys[None, :] >= 0"),),
+               "the keys past T in the last tile score 0 and take weight", "keys past T in the last tile"),
+]
+
+VARIANTS += [
+    # k03_flash_forward
+    Submission("flash_exp2", K03,
+               (("s = tl.dot(q, kt) * scale  # (BLOCK_M, BLOCK_N)", "s = tl.dot(q, kt) * (scale * 1.4426950408889634)"),
+                ("alpha = tl.exp(m_i - m_new)", "alpha = tl.exp2(m_i - m_new)"),
+                ("p = tl.exp(s - m_new[:, None])", "p = tl.exp2(s - m_new[:, None])"),
+                ("m_i + tl.log(l_i), mask=row_ok)", "(m_i + tl.log2(l_i)) * 0.6931471805599453, mask=row_ok)")),
+               "base 2: log2(e) folded into the scale, exp2, and the lse converted back to base e"),
+    Submission("flash_key_tiles_last_to_first", K03,
+               (("""    for start_n in range(0, hi, BLOCK_N):
+        keys = start_n + cols  # (BLOCK_N,) the key positions of this tile""",
+                 """    num_tiles = tl.cdiv(hi, BLOCK_N)
+    for back in range(0, num_tiles):
+        start_n = (num_tiles - 1 - back) * BLOCK_N  # the key tiles from the last to the first
+        keys = start_n + cols"""),
+                ("""        alpha = tl.exp(m_i - m_new)  # (BLOCK_M,) 0 on the first tile, where m_i = -inf
+        p = tl.exp(s - m_new[:, None])  # (BLOCK_M, BLOCK_N)""",
+                 """        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with every key masked so far
+        alpha = tl.exp(m_i - shift)
+        p = tl.exp(s - shift[:, None])""")),
+               "the key tiles walked last to first (the diagonal's first), rows with nothing seen yet guarded"),
+    Submission("flash_no_tile_skipping", K03,
+               (("hi = tl.minimum((pid_m + 1) * BLOCK_M, T) if IS_CAUSAL else T", "hi = T"),),
+               "every key tile visited, the causal mask alone hiding the future"),
+    Submission("flash_own_tile_sizes", K03,
+               (("    b, num_heads, T, d = q.shape\n    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()\n"
+                 "    o = torch.empty_like(q)",
+                 "    b, num_heads, T, d = q.shape\n    block_m, block_n = 64, 32  # tiles of its own\n"
+                 "    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()\n    o = torch.empty_like(q)"),),
+               "tiles of 64 queries x 32 keys, whatever block_m and block_n say"),
+]
