@@ -1348,3 +1348,142 @@ VARIANTS += [
                  "    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()\n    o = torch.empty_like(q)"),),
                "tiles of 64 queries x 32 keys, whatever block_m and block_n say"),
 ]
+
+K04_LAUNCHES = ("    dkdv_kernel[(triton.cdiv(T, block_n), b * num_heads)](q, k, v, do, lse, delta, dk, dv, *sizes, "
+                "**meta)\n"
+                "    dq_kernel[(triton.cdiv(T, block_m), b * num_heads)](q, k, v, do, lse, delta, dq, *sizes, "
+                "**meta)\n")
+
+BUGS += [
+    # k04_flash_backward
+    Submission("backward_dk_without_scale", K04,
+               (("(dk * scale).to(DK.dtype.element_ty)", "dk.to(DK.dtype.element_ty)"),),
+               "dK stored without the scale", "dK was not multiplied by the scale"),
+    Submission("backward_without_scale", K04,
+               (("(dk * scale).to(DK.dtype.element_ty)", "dk.to(DK.dtype.element_ty)"),
+                ("(dq * scale).to(DQ.dtype.element_ty)", "dq.to(DQ.dtype.element_ty)")),
+               "a backward without the scale: dQ and dK both miss 1 / sqrt(d)", "left out the scale"),
+    Submission("backward_delta_left_out", K04,
+               (("dsT = pT * (dpT - delta[None, :])", "dsT = pT * dpT"),
+                ("ds = p * (dp - delta[:, None])", "ds = p * dp")),
+               "softmax's backward as dS = P * dP, without D = rowsum(dO * O)", "left out D = rowsum(dO * O)"),
+    Submission("backward_weights_without_lse", K04,
+               (("tl.exp(sT - lse[None, :])", "tl.exp(sT)"), ("tl.exp(s - lse[:, None])", "tl.exp(s)")),
+               "the weights recomputed as exp(s): the log-sum-exp never subtracted", "without the log-sum-exp"),
+    Submission("backward_causal_mask_missing", K04,
+               (("allowed = allowed & (keys[:, None] <= rows[None, :])  # key j seen by query i only when j <= i",
+                 "allowed = allowed"),
+                ("allowed = allowed & (keys[None, :] <= rows[:, None])", "allowed = allowed")),
+               "the recomputed weights not masked causally inside the tiles the loops visit",
+               "not masked causally inside the tiles"),
+    Submission("backward_query_loop_starts_late", K04,
+               (("lo = (start_n // BLOCK_M) * BLOCK_M if IS_CAUSAL else 0",
+                 "lo = (start_n // BLOCK_M + 1) * BLOCK_M if IS_CAUSAL else 0"),),
+               "dK and dV's causal loop skips the query tile that holds its first keys", "starts one tile late"),
+    Submission("autograd_gradients_swapped", K04, (("return dq, dk, dv, None", "return dk, dq, dv, None"),),
+               "FlashAttention.backward returns dk where dq goes", "in the order of forward's inputs"),
+]
+
+VARIANTS += [
+    # k04_flash_backward
+    Submission("backward_dq_by_atomic_adds", K04,
+               (("def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, s_b,",
+                 "def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, s_b,"),
+                ("        dk += tl.dot(dsT.to(q.dtype), q)  # (BLOCK_N, BLOCK_D)\n",
+                 "        dk += tl.dot(dsT.to(q.dtype), q)  # (BLOCK_N, BLOCK_D)\n"
+                 "        tl.atomic_add(DQ + base + rows[:, None] * s_t + feats[None, :],  # dQ from every key tile\n"
+                 "                      tl.dot(tl.trans(dsT).to(k.dtype), k) * scale, mask=q_mask)\n"),
+                (K04_LAUNCHES,
+                 "    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device)\n"
+                 "    dkdv_kernel[(triton.cdiv(T, block_n), b * num_heads)](q, k, v, do, lse, delta, dk, dv, dq32,\n"
+                 "                                                          *sizes, **meta)\n"
+                 "    dq.copy_(dq32)\n")),
+               "one kernel: each key tile adds its share of dQ with tl.atomic_add (the other loop order)"),
+    Submission("backward_own_tile_sizes", K04,
+               (("    lse = lse.float().contiguous()\n",
+                 "    lse = lse.float().contiguous()\n    block_m, block_n = 32, 16  # tiles of its own\n"),),
+               "tiles of 32 queries x 16 keys, whatever block_m and block_n say"),
+]
+
+K05_GUARDED = """    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    tl.store(PO + (bh * NUM_SPLITS + split) * d + feats, tl.where(seen, acc / l_safe, 0.0), mask=feat_ok)
+    tl.store(PLSE + bh * NUM_SPLITS + split, tl.where(seen, m_i + tl.log(l_safe), float("-inf")))
+"""
+
+BUGS += [
+    # k05_flash_decoding
+    Submission("decode_splits_averaged", K05,
+               (("tl.store(Out + bh * d + feats, tl.sum(w[:, None] * o, axis=0) / total, mask=feat_ok)",
+                 "tl.store(Out + bh * d + feats, tl.sum(o, axis=0) / NUM_SPLITS, mask=feat_ok)"),),
+               "a combine without rescaling: the splits' outputs averaged", "the splits were averaged"),
+    Submission("decode_combine_without_max", K05,
+               (("w = tl.exp(lse - top)", "w = tl.exp(lse)"),
+                ("tl.store(LSE + bh, top + tl.log(total))", "tl.store(LSE + bh, tl.log(total))")),
+               "the splits weighed by exp(lse_s): right until a lse above about 88", "without subtracting the largest"),
+    Submission("decode_partial_lse_without_max", K05,
+               (('tl.where(seen, m_i + tl.log(l_safe), float("-inf"))',
+                 'tl.where(seen, tl.log(l_safe), float("-inf"))'),),
+               "each split's log-sum-exp stored as log(l_i)", "stored without its max"),
+    Submission("decode_splits_too_short", K05,
+               (("chunk = triton.cdiv(T, num_splits)", "chunk = T // num_splits"),),
+               "splits of T // num_splits keys: the last keys belong to none", "T // num_splits"),
+    Submission("decode_split_end_not_masked", K05, (("key_ok = keys < end", "key_ok = keys < T"),),
+               "a split's last tile reads into the next split's keys", "not at the split's own end"),
+    Submission("decode_empty_split_nan", K05,
+               ((K05_GUARDED, "    tl.store(PO + (bh * NUM_SPLITS + split) * d + feats, acc / l_i, mask=feat_ok)\n"
+                              "    tl.store(PLSE + bh * NUM_SPLITS + split, m_i + tl.log(l_i))\n"),),
+               "a split with no key stores 0 / 0", "stored 0 / 0 = NaN"),
+]
+
+VARIANTS += [
+    # k05_flash_decoding
+    Submission("decode_combine_in_torch", K05,
+               (("""    combine_kernel[(b * num_heads,)](partial_o, partial_lse, o, lse, d, NUM_SPLITS=num_splits,
+                                     BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(d))
+""", """    top = partial_lse.amax(dim=-1, keepdim=True)  # the combine in torch: a few small tensors per head
+    w = torch.exp(partial_lse - top)
+    o = (w[..., None] * partial_o).sum(dim=-2) / w.sum(dim=-1, keepdim=True)
+    lse = top[..., 0] + torch.log(w.sum(dim=-1))
+"""),),
+               "the splits combined in torch rather than a kernel of its own"),
+    Submission("decode_own_tile", K05, (("BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d))",
+                                         "BLOCK_N=32, BLOCK_D=triton.next_power_of_2(d))"),),
+               "tiles of 32 keys, whatever block_n says"),
+]
+
+BUGS += [
+    # k06_paged_decoding
+    Submission("paged_logical_block_as_physical", K06,
+               (("physical = tl.load(TABLES + r * st_b + j)", "physical = j"),),
+               "the table never looked up: logical block j read as the pool's block j", "read as physical block j"),
+    Submission("paged_slots_past_length_read", K06,
+               (("token_ok = j * PAGE + slots < seq_len", "token_ok = slots < PAGE"),),
+               "whole blocks read: the last block's slots past the sequence's length take part",
+               "slots past the sequence's length"),
+    Submission("paged_first_sequence_length", K06,
+               (("seq_len = tl.load(LENS + r)", "seq_len = tl.load(LENS)"),),
+               "every sequence given the first one's length", "the first sequence's length"),
+    Submission("paged_first_table_row", K06,
+               (("physical = tl.load(TABLES + r * st_b + j)", "physical = tl.load(TABLES + j)"),),
+               "every sequence reads the first sequence's blocks", "read the block table's first row"),
+    Submission("paged_empty_split_nan", K06,
+               ((K05_GUARDED, "    tl.store(PO + (bh * NUM_SPLITS + split) * d + feats, acc / l_i, mask=feat_ok)\n"
+                              "    tl.store(PLSE + bh * NUM_SPLITS + split, m_i + tl.log(l_i))\n"),),
+               "a short sequence's empty split stores 0 / 0", "stored 0 / 0 = NaN"),
+]
+
+VARIANTS += [
+    # k06_paged_decoding
+    Submission("paged_combined_in_torch", K06,
+               (("    o, _ = combine_splits(partial_o, partial_lse)\n",
+                 "    top = partial_lse.amax(dim=-1, keepdim=True)  # stage k05's combine, in torch\n"
+                 "    w = torch.exp(partial_lse - top)\n"
+                 "    o = (w[..., None] * partial_o).sum(dim=-2) / w.sum(dim=-1, keepdim=True)\n"),),
+               "the splits combined in torch, not through stage k05's combine_splits"),
+    Submission("paged_table_row_as_pointer", K06,
+               (("    for j in range(first, last):\n        physical = tl.load(TABLES + r * st_b + j)",
+                 "    table = TABLES + r * st_b  # this sequence's row of the block table\n"
+                 "    for j in range(first, last):\n        physical = tl.load(table + j)"),),
+               "the sequence's row of the table taken once, as a pointer"),
+]
