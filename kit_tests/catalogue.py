@@ -1187,15 +1187,13 @@ VARIANTS += [
 K01, K02, K03 = "k01_fused_softmax", "k02_tiled_scores", "k03_flash_forward"
 K04, K05, K06 = "k04_flash_backward", "k05_flash_decoding", "k06_paged_decoding"
 
-# The three loads of k01's passes, and k02's three recomputations of a tile's scores, are written alike: an edit of
-# one line reaches every pass, as a learner's copy-paste does.
-K01_LOAD = 'x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)'
+# k01's three passes load alike, and k02's three passes recompute a tile's scores alike: an edit of one line reaches
+# every pass, as a learner's copy-paste does.
 K02_CAUSAL = "allowed = allowed & (keys[None, :] <= rows[:, None])"
 
 BUGS += [
     # k01_fused_softmax
-    Submission("softmax_tail_loaded_as_zero", K01,
-               ((K01_LOAD, K01_LOAD.replace('other=float("-inf")', "other=0.0")),),
+    Submission("softmax_tail_loaded_as_zero", K01, sample_edits("softmax-tail-as-zero", K01),
                "the masked lanes of the last chunk loaded as 0: each adds exp(0 - max) to the sum",
                "loaded as 0", source="the masked load's `other` of Triton's tutorial softmax, written as 0"),
     Submission("softmax_max_not_subtracted", K01,
@@ -1288,8 +1286,7 @@ VARIANTS += [
 
 BUGS += [
     # k03_flash_forward
-    Submission("flash_accumulator_not_rescaled", K03,
-               (("acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)", "acc = acc + tl.dot(p.to(v.dtype), v)"),),
+    Submission("flash_accumulator_not_rescaled", K03, sample_edits("flash-acc-not-rescaled", K03),
                "the running accumulator not rescaled when a tile raises the max", "accumulator acc was not rescaled",
                source="issue 35's list; a classic of FlashAttention exercises"),
     Submission("flash_sum_not_rescaled", K03,
@@ -1413,9 +1410,7 @@ K05_GUARDED = """    seen = l_i > 0.0
 
 BUGS += [
     # k05_flash_decoding
-    Submission("decode_splits_averaged", K05,
-               (("tl.store(Out + bh * d + feats, tl.sum(w[:, None] * o, axis=0) / total, mask=feat_ok)",
-                 "tl.store(Out + bh * d + feats, tl.sum(o, axis=0) / NUM_SPLITS, mask=feat_ok)"),),
+    Submission("decode_splits_averaged", K05, sample_edits("decode-splits-averaged", K05),
                "a combine without rescaling: the splits' outputs averaged", "the splits were averaged"),
     Submission("decode_combine_without_max", K05,
                (("w = tl.exp(lse - top)", "w = tl.exp(lse)"),
