@@ -440,6 +440,11 @@ def kernels_corpus() -> list[Tamper]:
                "(combine_splits) grading runs it beside (taken from memory)",
                fixed(k06_paged_decoding=attacked(solution("k06_paged_decoding"), "leak_reference_kernel")),
                reason="LEAKED the reference", expected={"paged_decoding": 0}),
+        Tamper("k-compile-to-ptx", "not an attack: a k01 that compiles a kernel for an H100 down to PTX in its box "
+               "as the GPU design would (docs/kernels-sandbox.md: Triton's cache in memory files, the PTX given to the "
+               "driver instead of ptxas), and raises what happened in every check",
+               fixed(k01_fused_softmax=payload("compile_to_ptx")), reason="COMPILED in the box",
+               expected={"fused_softmax": 0}),
         Tamper(LATE + "k-stubs", "victim: the stubs, untouched, graded after every attacker",
                lambda ctx: {stage: stub(stage) for stage in stages("kernels")},
                reason=STUB, expected={marker(stage): 0 for stage in stages("kernels")}),
