@@ -1312,6 +1312,16 @@ BUGS += [
     Submission("flash_key_tail_unmasked", K03,
                (("allowed = key_ok[None, :]  # (1, BLOCK_N)", "allowed = keys[None, :] >= 0"),),
                "the keys past T in the last tile score 0 and take weight", "keys past T in the last tile"),
+    Submission("flash_output_not_normalised", K03, (("o = acc / l_i[:, None]  # (BLOCK_M, BLOCK_D)", "o = acc"),),
+               "the accumulator stored as the output, never divided by the running sum",
+               "not divided by the running sum"),
+    Submission("flash_scaled_by_block_d", K03,
+               (("num_heads, T, d, 1.0 / math.sqrt(d), IS_CAUSAL",
+                 "num_heads, T, d, 1.0 / math.sqrt(block_d), IS_CAUSAL"),),
+               "the scale from the padded head size, 1 / sqrt(BLOCK_D)", "1 / sqrt(BLOCK_D)"),
+    Submission("flash_diagonal_tile_not_masked", K03,
+               (("allowed = allowed & (keys[None, :] <= rows[:, None])  # (BLOCK_M, BLOCK_N)", "allowed = allowed"),),
+               "causal tiles skipped but the tile on the diagonal not masked", "were not masked"),
 ]
 
 VARIANTS += [
@@ -1425,6 +1435,13 @@ BUGS += [
                "splits of T // num_splits keys: the last keys belong to none", "T // num_splits"),
     Submission("decode_split_end_not_masked", K05, (("key_ok = keys < end", "key_ok = keys < T"),),
                "a split's last tile reads into the next split's keys", "not at the split's own end"),
+    Submission("decode_partials_not_normalised", K05,
+               (("tl.where(seen, acc / l_safe, 0.0), mask=feat_ok)", "tl.where(seen, acc, 0.0), mask=feat_ok)"),),
+               "each split stores its accumulator, not divided by its sum", "without dividing it by its running sum"),
+    Submission("decode_scores_not_scaled", K05,
+               (("s = tl.where(key_ok, tl.sum(q[None, :] * k, axis=1) * scale, float(\"-inf\"))",
+                 "s = tl.where(key_ok, tl.sum(q[None, :] * k, axis=1), float(\"-inf\"))"),),
+               "the one query's scores not scaled", "not scaled by 1 / sqrt(d)"),
     Submission("decode_empty_split_nan", K05,
                ((K05_GUARDED, "    tl.store(PO + (bh * NUM_SPLITS + split) * d + feats, acc / l_i, mask=feat_ok)\n"
                               "    tl.store(PLSE + bh * NUM_SPLITS + split, m_i + tl.log(l_i))\n"),),

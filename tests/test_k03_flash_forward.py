@@ -98,7 +98,8 @@ def test_random_case(stage, rng):
 
 SIZES = {  # the CUDA case: a layer of Llama 2 7B, 32 heads of 128 over 4096 tokens
     "cpu": dict(b=1, h=2, t=48, d=16, dtypes=("float32",), blocks=(16, 16)),
-    "cuda": dict(b=1, h=32, t=4096, d=128, dtypes=("float32", "bfloat16"), blocks=(64, 64)),
+    # tiles of 64 x 32: in float32, 64 x 64 tiles need 177 KiB of shared memory, more than an A100 has (163 KiB)
+    "cuda": dict(b=1, h=32, t=4096, d=128, dtypes=("float32", "bfloat16"), blocks=(64, 32)),
     # the dry run: float32 only (Triton 3.9's interpreter computes tl.dot of bfloat16 tiles wrongly)
     "dry run": dict(b=1, h=2, t=96, d=32, dtypes=("float32",), blocks=(32, 16)),
 }

@@ -313,14 +313,16 @@ def backward_switches(causal: bool):
 
 def online(scores, values, choices: Choices = NONE):
     """One split's partial result from its scores (..., n) and values (..., n, d): (o, lse), 0 and -inf for a split
-    with no key. Choices: "partial_lse" ("no_max": log(l)); "empty" ("nan": 0 / 0 where a split saw no key)."""
+    with no key. Choices: "partial_lse" ("no_max": log(l)); "empty" ("nan": 0 / 0 where a split saw no key);
+    "partial_o" ("unnormalised": acc, not divided by l)."""
     scores = np.asarray(scores, dtype=np.float64)
     with np.errstate(all="ignore"):
         top = scores.max(axis=-1, initial=-np.inf)
         shift = np.where(np.isfinite(top), top, 0.0)
         e = np.exp(scores - shift[..., None])
         total = e.sum(axis=-1)
-        o = (e[..., None] * values).sum(axis=-2) / total[..., None]
+        o = (e[..., None] * values).sum(axis=-2)
+        o = o if choices.get("partial_o") == "unnormalised" else o / total[..., None]
         lse = {None: np.log(total) + top, "no_max": np.log(total)}[choices.get("partial_lse")]
         if choices.get("empty") != "nan":
             o = np.where(total[..., None] > 0, o, 0.0)
@@ -363,10 +365,10 @@ def split_bounds(t: int, num_splits: int, choices: Choices = NONE):
 def decode_partials(q, k, v, num_splits: int, block_n: int, choices: Choices = NONE):
     """Stage k05's split kernel: (partial_o (b, h, S, d), partial_lse (b, h, S)). Choices: "bounds" ("floor";
     "tile_end": keys masked at T instead of at the split's end, so each split's last tile reaches into the next
-    split's keys), "partial_lse", "empty" (see ``online``)."""
+    split's keys), "scale" ("none"), "partial_lse", "empty", "partial_o" (see ``online``)."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     t, d = k.shape[-2], k.shape[-1]
-    scores = (k @ q[..., None])[..., 0] / np.sqrt(d)  # (b, h, T)
+    scores = (k @ q[..., None])[..., 0] * (1.0 if choices.get("scale") == "none" else 1 / np.sqrt(d))  # (b, h, T)
     outs, lses = [], []
     for start, end in split_bounds(t, num_splits, choices):
         if choices.get("bounds") == "tile_end" and end > start:
@@ -393,6 +395,10 @@ PARTIAL_SWITCHES = [
     Switch("empty", "splitting the keys", {
         "nan": "a split with no key stored 0 / 0 = NaN (and poisons the combine, 0 * NaN = NaN): store o = 0 and "
                "lse = -inf when l_i = 0"}),
+    Switch("partial_o", "online softmax", {
+        "unnormalised": "each split stored its accumulator without dividing it by its running sum: o_s = acc / l_i "
+                        "(the combine weighs normalised outputs)"}),
+    Switch("scale", "scaling", {"none": "the scores were not scaled by 1 / sqrt(d)"}),
 ]
 DECODE_SWITCHES = PARTIAL_SWITCHES + COMBINE_SWITCHES
 
@@ -422,7 +428,8 @@ def paged_partials(q, k_pool, v_pool, tables, lens, num_splits: int, choices: Ch
     outs, lses = [], []
     for r in range(q.shape[0]):
         keys, values, n = paged_keys(k_pool, v_pool, tables, lens, r, choices)
-        scores = (keys @ q[r][..., None])[..., 0] / np.sqrt(q.shape[-1])  # (h, n)
+        scale = 1.0 if choices.get("scale") == "none" else 1 / np.sqrt(q.shape[-1])
+        scores = (keys @ q[r][..., None])[..., 0] * scale  # (h, n)
         per = cdiv(cdiv(int(lens[0] if choices.get("length") == "first" else lens[r]), page), num_splits)
         cut = [slice(s * per * page, (s + 1) * per * page) for s in range(num_splits)]
         parts = [online(scores[:, at], values[:, at], choices) for at in cut]
