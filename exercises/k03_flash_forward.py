@@ -69,8 +69,8 @@ def attention_kernel(Q, K, V, Out, LSE, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b
     #       alpha[:, None] + tl.dot(p in v's dtype, v), m_i = m_new (the order matters: alpha needs the old m_i).
     raise NotImplementedError("k03_flash_forward: attention_kernel: see its TODO")
 
-    # TODO: The epilogue: O[b, h, rows, :d] = acc / l_i[:, None] in O's dtype, and LSE[bh, rows] = m_i + log(l_i) (LSE
-    #       is contiguous, (b * num_heads, T)), only rows < T (and features < d).
+    # TODO: The epilogue: Out[b, h, rows, :d] = acc / l_i[:, None] in Out's dtype, and LSE[bh, rows] = m_i + log(l_i)
+    #       (LSE is contiguous, (b * num_heads, T)), only rows < T (and features < d).
     raise NotImplementedError("k03_flash_forward: attention_kernel: see its TODO")
 
 

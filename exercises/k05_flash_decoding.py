@@ -81,8 +81,8 @@ def combine_kernel(PO, PLSE, Out, LSE, d, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.
     split_ok, feat_ok = splits < NUM_SPLITS, feats < d
 
     # TODO: Load the head's partial lse (BLOCK_S,) (padding splits as -inf) and partial outputs (BLOCK_S, BLOCK_D);
-    #       weigh each split by w = exp(lse_s - max_s lse_s); O[bh, :d] = sum_s w_s o_s / sum_s w_s and LSE[bh] = max +
-    #       log(sum_s w_s) (Out contiguous (b * num_heads, d), LSE (b * num_heads,)).
+    #       weigh each split by w = exp(lse_s - max_s lse_s); Out[bh, :d] = sum_s w_s o_s / sum_s w_s and
+    #       LSE[bh] = max + log(sum_s w_s) (Out contiguous (b * num_heads, d), LSE (b * num_heads,)).
     raise NotImplementedError("k05_flash_decoding: combine_kernel: see its TODO")
 
 

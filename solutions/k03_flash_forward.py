@@ -91,8 +91,8 @@ def attention_kernel(Q, K, V, Out, LSE, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b
         m_i = m_new
     ### END SOLUTION
 
-    # The epilogue: O[b, h, rows, :d] = acc / l_i[:, None] in O's dtype, and LSE[bh, rows] = m_i + log(l_i) (LSE
-    # is contiguous, (b * num_heads, T)), only rows < T (and features < d).
+    # The epilogue: Out[b, h, rows, :d] = acc / l_i[:, None] in Out's dtype, and LSE[bh, rows] = m_i + log(l_i)
+    # (LSE is contiguous, (b * num_heads, T)), only rows < T (and features < d).
     ### BEGIN SOLUTION
     o = acc / l_i[:, None]  # (BLOCK_M, BLOCK_D)
     tl.store(Out + b * so_b + h * so_h + rows[:, None] * so_t + feats[None, :], o.to(Out.dtype.element_ty),
