@@ -28,6 +28,11 @@ def pytest_addoption(parser):
         help="where the CUDA cases (marked gpu) run: cuda (default; skipped without a CUDA device), cpu (a dry "
              "run: their code path at a small size, seconds) or cpu-full-size (their CUDA sizes, minutes)",
     )
+    parser.addoption(
+        "--speed-checks", choices=("skip", "count"), default=None,
+        help="kernel speed checks that cannot run here (no GPU, or kernels in Triton's interpreter): skip them (not "
+             "counted, the default) or count them as failed (default: $ATTNKIT_SPEED_CHECKS, else skip)",
+    )
     parser.addini("impl", default=".", help="default for --impl, relative to this folder")
     help_limit = ("seconds of CPU time one check of a stage may use (and 5 times that of waiting, not counting the "
                   "time the machine kept it waiting for a processor); none by default")

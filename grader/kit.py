@@ -10,6 +10,9 @@ An assignment is a folder ``assignments/<name>/`` (``ASSIGNMENTS_FOLDER``)::
     fixtures.py          one generator per stage module, <module>(ref, public, hidden) (grader.authoring.fixtures)
     samples.py           (optional) the demo's sample submissions, SAMPLES (grader.course.samples)
 
+A record may also say ``requires``: the packages its stages need beyond STUDENT_PACKAGES (pip requirements: the
+kernels assignment's "triton>=3.9"), which its release's requirements.txt and its Gradescope image install.
+
 The stages' solutions, stubs, tests and fixtures stay in the kit's flat folders (``SOLUTIONS``,
 ``EXERCISES``, ``SUITE``, ``FIXTURES``), as a student's folder is flat. Nothing of the engine names a stage:
 it reads them here.
@@ -70,6 +73,14 @@ class Assignment:
     outro: str
     stages: tuple[Stage, ...]
     folder: Path
+    requires: tuple[str, ...] = ()  # packages beyond STUDENT_PACKAGES (pip requirements)
+
+    @property
+    def requirement_names(self) -> tuple[str, ...]:
+        """The distributions ``requires`` names (triton>=3.9 -> triton)."""
+        from packaging.requirements import Requirement
+
+        return tuple(Requirement(line).name for line in self.requires)
 
     @property
     def modules(self) -> list[str]:
@@ -108,7 +119,11 @@ def _record(raw: dict) -> Assignment:
         if not (isinstance(points, (int, float)) and points >= 0) or not entry.get("title"):
             raise AssignmentError(f"{where}: stage {module} needs a title and points (a number >= 0)")
         stages.append(Stage(module, entry["title"], float(points), number, name))
-    return Assignment(name, letter, raw["title"], raw["intro"], raw["outro"], tuple(stages), Path(raw["folder"]))
+    requires = raw.get("requires", [])
+    if not (isinstance(requires, list) and all(isinstance(r, str) and r.strip() for r in requires)):
+        raise AssignmentError(f"{where}: requires = {requires!r}: a list of pip requirements (\"triton>=3.9\")")
+    return Assignment(name, letter, raw["title"], raw["intro"], raw["outro"], tuple(stages), Path(raw["folder"]),
+                      tuple(requires))
 
 
 @cache

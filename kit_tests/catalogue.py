@@ -1182,3 +1182,320 @@ VARIANTS += [
                  "            for _ in range(min(share_every, num_layers - first))]"),),
                "Cross-Layer Attention's sources written group by group"),
 ]
+
+# ---------------------------------------------------------------- kernels (Triton; the interpreter without a GPU)
+K01, K02, K03 = "k01_fused_softmax", "k02_tiled_scores", "k03_flash_forward"
+K04, K05, K06 = "k04_flash_backward", "k05_flash_decoding", "k06_paged_decoding"
+
+# k01's three passes load alike, and k02's three passes recompute a tile's scores alike: an edit of one line reaches
+# every pass, as a learner's copy-paste does.
+K02_CAUSAL = "allowed = allowed & (keys[None, :] <= rows[:, None])"
+
+BUGS += [
+    # k01_fused_softmax
+    Submission("softmax_tail_loaded_as_zero", K01, sample_edits("softmax-tail-as-zero", K01),
+               "the masked lanes of the last chunk loaded as 0: each adds exp(0 - max) to the sum",
+               "loaded as 0", source="the masked load's `other` of Triton's tutorial softmax, written as 0"),
+    Submission("softmax_max_not_subtracted", K01,
+               (("lane_sum += tl.exp(x - row_max)", "lane_sum += tl.exp(x)"),
+                ("y = tl.exp(x - row_max) / row_sum", "y = tl.exp(x) / row_sum")),
+               "exp of the raw values: right until a value above about 88 overflows", "max was not subtracted"),
+    Submission("softmax_max_of_the_last_chunk", K01,
+               (("lane_max = tl.maximum(lane_max, x)", "lane_max = x"),),
+               "the running max reset by every chunk: the last chunk's max is subtracted",
+               "not carried across the chunks"),
+    Submission("softmax_partial_chunk_skipped", K01,
+               (("for start in range(0, n_cols, BLOCK_SIZE):", "for start in range(0, n_cols - BLOCK_SIZE + 1, "
+                                                                "BLOCK_SIZE):"),),
+               "the loops cover the full chunks only: the row's tail is never read nor written",
+               "never read, nor written"),
+    Submission("softmax_one_program", K01, (("grid = (rows.shape[0],)", "grid = (1,)"),),
+               "a grid of one program: only the first row is computed", "programs than rows"),
+    # k02_tiled_scores
+    Submission("scores_diagonal_tile_skipped", K02,
+               (("hi = tl.minimum((pid_m + 1) * BLOCK_M, T) if IS_CAUSAL else T",
+                 "hi = tl.minimum(pid_m * BLOCK_M, T) if IS_CAUSAL else T"),),
+               "the causal loop stops before the tile on the diagonal", "stops one tile early"),
+    Submission("scores_diagonal_tile_not_masked", K02, ((K02_CAUSAL, "allowed = allowed & (keys[None, :] < T)"),),
+               "causal tiles skipped but the tile on the diagonal not masked: queries see the later keys of their "
+               "tile", "were not masked"),
+    Submission("scores_scaled_by_block_d", K02,
+               (("num_heads, T, d, 1.0 / math.sqrt(d),", "num_heads, T, d, 1.0 / math.sqrt(block_d),"),),
+               "the scale from the padded head size, 1 / sqrt(BLOCK_D)", "1 / sqrt(BLOCK_D)"),
+    Submission("scores_loop_end_in_key_tiles", K02,
+               (("hi = tl.minimum((pid_m + 1) * BLOCK_M, T) if IS_CAUSAL else T",
+                 "hi = tl.minimum((pid_m + 1) * BLOCK_N, T) if IS_CAUSAL else T"),),
+               "the causal loop's end counted in key tiles, wrong when BLOCK_M != BLOCK_N", "measured in key tiles"),
+    Submission("scores_key_tail_unmasked", K02, (("allowed = keys[None, :] < T", "allowed = keys[None, :] >= 0"),),
+               "the keys past T in the last tile score 0 and take weight", "keys past T in the last tile"),
+]
+
+VARIANTS += [
+    # k01_fused_softmax
+    Submission("softmax_whole_row_in_one_block", K01,
+               (("block = block_size or min(triton.next_power_of_2(n_cols), 1024)",
+                 "block = min(triton.next_power_of_2(n_cols), 1024)  # one chunk per row, whatever block_size says"),),
+               "block_size ignored: each row in one block (up to 1024 lanes)"),
+    Submission("softmax_online_max_and_sum", K01,
+               (('    lane_max = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)  '
+                 '# (BLOCK_SIZE,) the largest value seen per lane\n'
+                 """    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + lanes  # (BLOCK_SIZE,) the columns of this chunk
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        lane_max = tl.maximum(lane_max, x)
+    row_max = tl.max(lane_max, axis=0)  # scalar: the row's max
+""", """    lane_max = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
+    lane_sum = tl.zeros((BLOCK_SIZE,), tl.float32)  # per lane, the sum of exp(x - lane_max): an online softmax
+    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + lanes
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        new_max = tl.maximum(lane_max, x)
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a lane that saw nothing yet
+        lane_sum = lane_sum * tl.exp(lane_max - shift) + tl.exp(x - shift)
+        lane_max = new_max
+    row_max = tl.max(lane_max, axis=0)
+    row_sum = tl.sum(lane_sum * tl.exp(lane_max - row_max), axis=0)
+"""), ("""    lane_sum = tl.zeros((BLOCK_SIZE,), tl.float32)  # (BLOCK_SIZE,) the sum of exp(x - row_max) per lane
+    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + lanes
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        lane_sum += tl.exp(x - row_max)
+    row_sum = tl.sum(lane_sum, axis=0)  # scalar: the softmax's denominator
+""", "")),
+               "the max and the sum in one pass, each lane an online softmax (two passes over the row, not three)"),
+    Submission("softmax_exp2", K01,
+               (("lane_sum += tl.exp(x - row_max)", "lane_sum += tl.exp2((x - row_max) * 1.4426950408889634)"),
+                ("y = tl.exp(x - row_max) / row_sum", "y = tl.exp2((x - row_max) * 1.4426950408889634) / row_sum")),
+               "exp2 with log2(e) folded in, as the fused kernels do"),
+    # k02_tiled_scores
+    Submission("scores_every_tile_masked", K02,
+               (("hi = tl.minimum((pid_m + 1) * BLOCK_M, T) if IS_CAUSAL else T", "hi = T"),),
+               "no tile skipped: the causal mask alone hides the future (right, twice the work)"),
+    Submission("scores_keys_transposed_by_tl_trans", K02,
+               (("""        kt = tl.load(k_base + keys[None, :] * sk_t + feats[:, None],
+                     mask=(keys[None, :] < T) & (feats[:, None] < d), other=0.0)""",
+                 """        kt = tl.trans(tl.load(k_base + keys[:, None] * sk_t + feats[None, :],
+                              mask=(keys[:, None] < T) & (feats[None, :] < d), other=0.0))"""),),
+               "each tile of keys loaded as (BLOCK_N, BLOCK_D) and transposed with tl.trans"),
+    Submission("scores_own_tile_sizes", K02,
+               (('    b, num_heads, T, d = q.shape\n    q, k = q.contiguous(), k.contiguous()',
+                 '    b, num_heads, T, d = q.shape\n    block_m, block_n = 32, 64  # tiles of its own\n'
+                 '    q, k = q.contiguous(), k.contiguous()'),),
+               "tiles of 32 queries x 64 keys, whatever block_m and block_n say"),
+]
+
+BUGS += [
+    # k03_flash_forward
+    Submission("flash_accumulator_not_rescaled", K03, sample_edits("flash-acc-not-rescaled", K03),
+               "the running accumulator not rescaled when a tile raises the max", "accumulator acc was not rescaled",
+               source="issue 35's list; a classic of FlashAttention exercises"),
+    Submission("flash_sum_not_rescaled", K03,
+               (("l_i = l_i * alpha + tl.sum(p, axis=1)", "l_i = l_i + tl.sum(p, axis=1)"),),
+               "the running sum not rescaled when a tile raises the max", "running sum l_i was not rescaled"),
+    Submission("flash_max_updated_before_use", K03,
+               (("        alpha = tl.exp(m_i - m_new)  # (BLOCK_M,) 0 on the first tile, where m_i = -inf\n",
+                 "        m_i = m_new\n        alpha = tl.exp(m_i - m_new)\n"),),
+               "m_i overwritten before the correction is computed from it: nothing is ever rescaled",
+               "updated before it was used"),
+    Submission("flash_p_from_the_old_max", K03,
+               (("p = tl.exp(s - m_new[:, None])  # (BLOCK_M, BLOCK_N)", "p = tl.exp(s - m_i[:, None])"),),
+               "the tile's exps taken relative to the max before the tile: exp(s + inf) on the first tile",
+               "with the old max"),
+    Submission("flash_lse_without_max", K03,
+               (("tl.store(LSE + bh * T + rows, m_i + tl.log(l_i), mask=row_ok)",
+                 "tl.store(LSE + bh * T + rows, tl.log(l_i), mask=row_ok)"),),
+               "the log-sum-exp stored as log(l_i): l_i sums exp(s - m_i)", "stored without the max"),
+    Submission("flash_causal_skip_off_by_one", K03,
+               (("hi = tl.minimum((pid_m + 1) * BLOCK_M, T) if IS_CAUSAL else T",
+                 "hi = tl.minimum(pid_m * BLOCK_M, T) if IS_CAUSAL else T"),),
+               "the causal loop skips the tile on the diagonal too", "stops one tile early"),
+    Submission("flash_key_tail_unmasked", K03,
+               (("allowed = key_ok[None, :]  # (1, BLOCK_N)", "allowed = keys[None, :] >= 0"),),
+               "the keys past T in the last tile score 0 and take weight", "keys past T in the last tile"),
+    Submission("flash_output_not_normalised", K03, (("o = acc / l_i[:, None]  # (BLOCK_M, BLOCK_D)", "o = acc"),),
+               "the accumulator stored as the output, never divided by the running sum",
+               "not divided by the running sum"),
+    Submission("flash_scaled_by_block_d", K03,
+               (("num_heads, T, d, 1.0 / math.sqrt(d), IS_CAUSAL",
+                 "num_heads, T, d, 1.0 / math.sqrt(block_d), IS_CAUSAL"),),
+               "the scale from the padded head size, 1 / sqrt(BLOCK_D)", "1 / sqrt(BLOCK_D)"),
+    Submission("flash_diagonal_tile_not_masked", K03,
+               (("allowed = allowed & (keys[None, :] <= rows[:, None])  # (BLOCK_M, BLOCK_N)", "allowed = allowed"),),
+               "causal tiles skipped but the tile on the diagonal not masked", "were not masked"),
+]
+
+VARIANTS += [
+    # k03_flash_forward
+    Submission("flash_exp2", K03,
+               (("s = tl.dot(q, kt) * scale  # (BLOCK_M, BLOCK_N)", "s = tl.dot(q, kt) * (scale * 1.4426950408889634)"),
+                ("alpha = tl.exp(m_i - m_new)", "alpha = tl.exp2(m_i - m_new)"),
+                ("p = tl.exp(s - m_new[:, None])", "p = tl.exp2(s - m_new[:, None])"),
+                ("m_i + tl.log(l_i), mask=row_ok)", "(m_i + tl.log2(l_i)) * 0.6931471805599453, mask=row_ok)")),
+               "base 2: log2(e) folded into the scale, exp2, and the lse converted back to base e"),
+    Submission("flash_key_tiles_last_to_first", K03,
+               (("""    for start_n in range(0, hi, BLOCK_N):
+        keys = start_n + cols  # (BLOCK_N,) the key positions of this tile""",
+                 """    num_tiles = tl.cdiv(hi, BLOCK_N)
+    for back in range(0, num_tiles):
+        start_n = (num_tiles - 1 - back) * BLOCK_N  # the key tiles from the last to the first
+        keys = start_n + cols"""),
+                ("""        alpha = tl.exp(m_i - m_new)  # (BLOCK_M,) 0 on the first tile, where m_i = -inf
+        p = tl.exp(s - m_new[:, None])  # (BLOCK_M, BLOCK_N)""",
+                 """        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with every key masked so far
+        alpha = tl.exp(m_i - shift)
+        p = tl.exp(s - shift[:, None])""")),
+               "the key tiles walked last to first (the diagonal's first), rows with nothing seen yet guarded"),
+    Submission("flash_no_tile_skipping", K03,
+               (("hi = tl.minimum((pid_m + 1) * BLOCK_M, T) if IS_CAUSAL else T", "hi = T"),),
+               "every key tile visited, the causal mask alone hiding the future"),
+    Submission("flash_own_tile_sizes", K03,
+               (("    b, num_heads, T, d = q.shape\n    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()\n"
+                 "    o = torch.empty_like(q)",
+                 "    b, num_heads, T, d = q.shape\n    block_m, block_n = 64, 32  # tiles of its own\n"
+                 "    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()\n    o = torch.empty_like(q)"),),
+               "tiles of 64 queries x 32 keys, whatever block_m and block_n say"),
+]
+
+K04_LAUNCHES = ("    dkdv_kernel[(triton.cdiv(T, block_n), b * num_heads)](q, k, v, do, lse, delta, dk, dv, *sizes, "
+                "**meta)\n"
+                "    dq_kernel[(triton.cdiv(T, block_m), b * num_heads)](q, k, v, do, lse, delta, dq, *sizes, "
+                "**meta)\n")
+
+BUGS += [
+    # k04_flash_backward
+    Submission("backward_dk_without_scale", K04,
+               (("(dk * scale).to(DK.dtype.element_ty)", "dk.to(DK.dtype.element_ty)"),),
+               "dK stored without the scale", "dK was not multiplied by the scale"),
+    Submission("backward_without_scale", K04,
+               (("(dk * scale).to(DK.dtype.element_ty)", "dk.to(DK.dtype.element_ty)"),
+                ("(dq * scale).to(DQ.dtype.element_ty)", "dq.to(DQ.dtype.element_ty)")),
+               "a backward without the scale: dQ and dK both miss 1 / sqrt(d)", "left out the scale"),
+    Submission("backward_delta_left_out", K04,
+               (("dsT = pT * (dpT - delta[None, :])", "dsT = pT * dpT"),
+                ("ds = p * (dp - delta[:, None])", "ds = p * dp")),
+               "softmax's backward as dS = P * dP, without D = rowsum(dO * O)", "left out D = rowsum(dO * O)"),
+    Submission("backward_weights_without_lse", K04,
+               (("tl.exp(sT - lse[None, :])", "tl.exp(sT)"), ("tl.exp(s - lse[:, None])", "tl.exp(s)")),
+               "the weights recomputed as exp(s): the log-sum-exp never subtracted", "without the log-sum-exp"),
+    Submission("backward_causal_mask_missing", K04,
+               (("allowed = allowed & (keys[:, None] <= rows[None, :])  # key j seen by query i only when j <= i",
+                 "allowed = allowed"),
+                ("allowed = allowed & (keys[None, :] <= rows[:, None])", "allowed = allowed")),
+               "the recomputed weights not masked causally inside the tiles the loops visit",
+               "not masked causally inside the tiles"),
+    Submission("backward_query_loop_starts_late", K04,
+               (("lo = (start_n // BLOCK_M) * BLOCK_M if IS_CAUSAL else 0",
+                 "lo = (start_n // BLOCK_M + 1) * BLOCK_M if IS_CAUSAL else 0"),),
+               "dK and dV's causal loop skips the query tile that holds its first keys", "starts one tile late"),
+    Submission("autograd_gradients_swapped", K04, (("return dq, dk, dv, None", "return dk, dq, dv, None"),),
+               "FlashAttention.backward returns dk where dq goes", "in the order of forward's inputs"),
+]
+
+VARIANTS += [
+    # k04_flash_backward
+    Submission("backward_dq_by_atomic_adds", K04,
+               (("def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, s_b,",
+                 "def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, s_b,"),
+                ("        dk += tl.dot(dsT.to(q.dtype), q)  # (BLOCK_N, BLOCK_D)\n",
+                 "        dk += tl.dot(dsT.to(q.dtype), q)  # (BLOCK_N, BLOCK_D)\n"
+                 "        tl.atomic_add(DQ + base + rows[:, None] * s_t + feats[None, :],  # dQ from every key tile\n"
+                 "                      tl.dot(tl.trans(dsT).to(k.dtype), k) * scale, mask=q_mask)\n"),
+                (K04_LAUNCHES,
+                 "    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device)\n"
+                 "    dkdv_kernel[(triton.cdiv(T, block_n), b * num_heads)](q, k, v, do, lse, delta, dk, dv, dq32,\n"
+                 "                                                          *sizes, **meta)\n"
+                 "    dq.copy_(dq32)\n")),
+               "one kernel: each key tile adds its share of dQ with tl.atomic_add (the other loop order)"),
+    Submission("backward_own_tile_sizes", K04,
+               (("    lse = lse.float().contiguous()\n",
+                 "    lse = lse.float().contiguous()\n    block_m, block_n = 32, 16  # tiles of its own\n"),),
+               "tiles of 32 queries x 16 keys, whatever block_m and block_n say"),
+]
+
+K05_GUARDED = """    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    tl.store(PO + (bh * NUM_SPLITS + split) * d + feats, tl.where(seen, acc / l_safe, 0.0), mask=feat_ok)
+    tl.store(PLSE + bh * NUM_SPLITS + split, tl.where(seen, m_i + tl.log(l_safe), float("-inf")))
+"""
+
+BUGS += [
+    # k05_flash_decoding
+    Submission("decode_splits_averaged", K05, sample_edits("decode-splits-averaged", K05),
+               "a combine without rescaling: the splits' outputs averaged", "the splits were averaged"),
+    Submission("decode_combine_without_max", K05,
+               (("w = tl.exp(lse - top)", "w = tl.exp(lse)"),
+                ("tl.store(LSE + bh, top + tl.log(total))", "tl.store(LSE + bh, tl.log(total))")),
+               "the splits weighed by exp(lse_s): right until a lse above about 88", "without subtracting the largest"),
+    Submission("decode_partial_lse_without_max", K05,
+               (('tl.where(seen, m_i + tl.log(l_safe), float("-inf"))',
+                 'tl.where(seen, tl.log(l_safe), float("-inf"))'),),
+               "each split's log-sum-exp stored as log(l_i)", "stored without its max"),
+    Submission("decode_splits_too_short", K05,
+               (("chunk = triton.cdiv(T, num_splits)", "chunk = T // num_splits"),),
+               "splits of T // num_splits keys: the last keys belong to none", "T // num_splits"),
+    Submission("decode_split_end_not_masked", K05, (("key_ok = keys < end", "key_ok = keys < T"),),
+               "a split's last tile reads into the next split's keys", "not at the split's own end"),
+    Submission("decode_partials_not_normalised", K05,
+               (("tl.where(seen, acc / l_safe, 0.0), mask=feat_ok)", "tl.where(seen, acc, 0.0), mask=feat_ok)"),),
+               "each split stores its accumulator, not divided by its sum", "without dividing it by its running sum"),
+    Submission("decode_scores_not_scaled", K05,
+               (("s = tl.where(key_ok, tl.sum(q[None, :] * k, axis=1) * scale, float(\"-inf\"))",
+                 "s = tl.where(key_ok, tl.sum(q[None, :] * k, axis=1), float(\"-inf\"))"),),
+               "the one query's scores not scaled", "not scaled by 1 / sqrt(d)"),
+    Submission("decode_empty_split_nan", K05,
+               ((K05_GUARDED, "    tl.store(PO + (bh * NUM_SPLITS + split) * d + feats, acc / l_i, mask=feat_ok)\n"
+                              "    tl.store(PLSE + bh * NUM_SPLITS + split, m_i + tl.log(l_i))\n"),),
+               "a split with no key stores 0 / 0", "stored 0 / 0 = NaN"),
+]
+
+VARIANTS += [
+    # k05_flash_decoding
+    Submission("decode_combine_in_torch", K05,
+               (("""    combine_kernel[(b * num_heads,)](partial_o, partial_lse, o, lse, d, NUM_SPLITS=num_splits,
+                                     BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(d))
+""", """    top = partial_lse.amax(dim=-1, keepdim=True)  # the combine in torch: a few small tensors per head
+    w = torch.exp(partial_lse - top)
+    o = (w[..., None] * partial_o).sum(dim=-2) / w.sum(dim=-1, keepdim=True)
+    lse = top[..., 0] + torch.log(w.sum(dim=-1))
+"""),),
+               "the splits combined in torch rather than a kernel of its own"),
+    Submission("decode_own_tile", K05, (("BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d))",
+                                         "BLOCK_N=32, BLOCK_D=triton.next_power_of_2(d))"),),
+               "tiles of 32 keys, whatever block_n says"),
+]
+
+BUGS += [
+    # k06_paged_decoding
+    Submission("paged_logical_block_as_physical", K06,
+               (("physical = tl.load(TABLES + r * st_b + j)", "physical = j"),),
+               "the table never looked up: logical block j read as the pool's block j", "read as physical block j"),
+    Submission("paged_slots_past_length_read", K06,
+               (("token_ok = j * PAGE + slots < seq_len", "token_ok = slots < PAGE"),),
+               "whole blocks read: the last block's slots past the sequence's length take part",
+               "slots past the sequence's length"),
+    Submission("paged_first_sequence_length", K06,
+               (("seq_len = tl.load(LENS + r)", "seq_len = tl.load(LENS)"),),
+               "every sequence given the first one's length", "the first sequence's length"),
+    Submission("paged_first_table_row", K06,
+               (("physical = tl.load(TABLES + r * st_b + j)", "physical = tl.load(TABLES + j)"),),
+               "every sequence reads the first sequence's blocks", "read the block table's first row"),
+    Submission("paged_empty_split_nan", K06,
+               ((K05_GUARDED, "    tl.store(PO + (bh * NUM_SPLITS + split) * d + feats, acc / l_i, mask=feat_ok)\n"
+                              "    tl.store(PLSE + bh * NUM_SPLITS + split, m_i + tl.log(l_i))\n"),),
+               "a short sequence's empty split stores 0 / 0", "stored 0 / 0 = NaN"),
+]
+
+VARIANTS += [
+    # k06_paged_decoding
+    Submission("paged_combined_in_torch", K06,
+               (("    o, _ = combine_splits(partial_o, partial_lse)\n",
+                 "    top = partial_lse.amax(dim=-1, keepdim=True)  # stage k05's combine, in torch\n"
+                 "    w = torch.exp(partial_lse - top)\n"
+                 "    o = (w[..., None] * partial_o).sum(dim=-2) / w.sum(dim=-1, keepdim=True)\n"),),
+               "the splits combined in torch, not through stage k05's combine_splits"),
+    Submission("paged_table_row_as_pointer", K06,
+               (("    for j in range(first, last):\n        physical = tl.load(TABLES + r * st_b + j)",
+                 "    table = TABLES + r * st_b  # this sequence's row of the block table\n"
+                 "    for j in range(first, last):\n        physical = tl.load(table + j)"),),
+               "the sequence's row of the table taken once, as a pointer"),
+]

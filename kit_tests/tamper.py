@@ -504,9 +504,42 @@ def frontier_corpus() -> list[Tamper]:
     ]
 
 
+def kernels_corpus() -> list[Tamper]:
+    """Entries aimed at the stages of the kernels assignment (Triton kernels, run in Triton's interpreter in every
+    box), the same attacks on its modules, and its own: what compiling a kernel for a GPU does, tried from inside a
+    box (Triton's cache folder, its bundled ptxas), and the reference kernel a stage is graded beside, raised."""
+    return [
+        Tamper("k-reach-outside", "stubs that look for the solutions and run theirs (k03); write into the gradebook, "
+               "other students' folders and the kit (k04)",
+               lambda ctx: {"k03_flash_forward": reading_solutions("k03_flash_forward"),
+                            "k04_flash_backward": vandalising("k04_flash_backward", ctx)},
+               reason=STUB, expected={"flash_forward": 0, "flash_backward": 0}),
+        Tamper("k-compile-in-a-box", "correct kernels that, at import, do what a GPU compile does: make Triton's cache "
+               "folder and write a kernel into it (k01), run Triton's bundled ptxas (k02)",
+               fixed(**armed(solution, k01_fused_softmax="triton_cache", k02_tiled_scores="run_ptxas")),
+               reason="may not run programs", expected={"fused_softmax": 0, "tiled_scores": 0}),
+        Tamper("k-faults", "correct kernels that, at import, loop forever (k05) or dereference NULL (k06)",
+               fixed(**armed(solution, k05_flash_decoding="endless_loop", k06_paged_decoding="segfault")),
+               reason=("time limit", "SIGSEGV"), expected={"flash_decoding": 0, "paged_decoding": 0}),
+        Tamper("k-leak-reference", "the k06 solution, whose paged_decode raises the source of the reference k05 "
+               "(combine_splits) grading runs it beside (taken from memory)",
+               fixed(k06_paged_decoding=attacked(solution("k06_paged_decoding"), "leak_reference_kernel")),
+               reason="LEAKED the reference", expected={"paged_decoding": 0}),
+        Tamper("k-compile-to-ptx", "not an attack: a k01 that compiles a kernel for an H100 down to PTX in its box "
+               "as the GPU design would (docs/kernels-sandbox.md: Triton's cache in memory files, the PTX given to the "
+               "driver instead of ptxas), and raises what happened in every check",
+               fixed(k01_fused_softmax=payload("compile_to_ptx")), reason="COMPILED in the box",
+               expected={"fused_softmax": 0}),
+        Tamper(LATE + "k-stubs", "victim: the stubs, untouched, graded after every attacker",
+               lambda ctx: {stage: stub(stage) for stage in stages("kernels")},
+               reason=STUB, expected={marker(stage): 0 for stage in stages("kernels")}),
+    ]
+
+
 # The corpora of the assignments after chapter 3's, each graded in a course of its own
 # (kit_tests/grading/test_tamper_assignments.py; chapter 3's ``corpus`` has tests of its own).
-ASSIGNMENT_CORPORA = {"modern-attention": modern_corpus, "frontier-attention": frontier_corpus}
+ASSIGNMENT_CORPORA = {"modern-attention": modern_corpus, "frontier-attention": frontier_corpus,
+                      "kernels": kernels_corpus}
 
 
 REACH_THE_GRADER = {  # the payload of each stage of the "reach-the-grader" entry

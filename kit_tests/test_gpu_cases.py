@@ -22,8 +22,9 @@ from catalogue import BUGS
 from grader.kit import EXERCISES, KIT, SOLUTIONS, SUITE
 from suite_runtime.adapters import load_stage_module, peak_memory
 
-# What gpu_check.sh may assume on a GPU machine: python3 with these (and what they require), nothing else.
-GPU_MACHINE = ("torch", "numpy", "pytest", "pytest-timeout", "pip", "setuptools")  # (a venv has the last two)
+# What gpu_check.sh may assume on a GPU machine: python3 with these (and what they require), nothing else. (A CUDA
+# build of torch requires triton, which the kernels assignment's CUDA cases run; the CPU build here does not.)
+GPU_MACHINE = ("torch", "triton", "numpy", "pytest", "pytest-timeout", "pip", "setuptools")  # (a venv: the last two)
 # Installed as sitecustomize, it makes every process of a run see only those: importing a module of any other
 # installed distribution (the grader, nbgrader, syrupy, tqdm ...) fails as on a machine without it.
 BARE_MACHINE = """

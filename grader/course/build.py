@@ -131,13 +131,14 @@ def student_requirements() -> dict[str, str]:
     return {name: stated[name].split(";")[0].strip() for name in STUDENT_PACKAGES}
 
 
-def requirements_txt() -> str:
-    """The release's requirements.txt: ``pip install -r requirements.txt`` sets up a student's Python."""
+def requirements_txt(requires: tuple[str, ...] = ()) -> str:
+    """The release's requirements.txt: ``pip install -r requirements.txt`` sets up a student's Python; ``requires``:
+    what the assignment needs beyond that (its record's)."""
     return (
         "# What this folder needs: pip install -r requirements.txt (then `pytest` here runs the public tests).\n"
         "# Without an NVIDIA GPU, a CPU build of torch is a much smaller download; install it first:\n"
         "#   pip install torch --index-url https://download.pytorch.org/whl/cpu\n"
-        + "".join(f"{line}\n" for line in student_requirements().values())
+        + "".join(f"{line}\n" for line in [*student_requirements().values(), *requires])
     )
 
 
@@ -286,7 +287,7 @@ def write_release_source(course: Course):
         if npz.is_file():
             shutil.copyfile(npz, src / "fixtures" / "public" / npz.name)
     (src / "pytest.ini").write_text(pytest_ini(course.test_timeout, src / "tests"))
-    (src / "requirements.txt").write_text(requirements_txt())
+    (src / "requirements.txt").write_text(requirements_txt(kit.assignment(course.assignment).requires))
     import nbformat
 
     from .notebook import build_notebook

@@ -68,6 +68,7 @@ from ..grading.scoring import needs_cuda, stage_report, stage_score
 # Everything this process will use is imported before any learner code runs (no lazy imports).
 from ..grading.worker import grade_folder
 from ..kit import KIT, SUITE, assignment_of, plan_points, stage_info
+from ..kit import assignment as assignment_record
 from ..sandbox.limits import TEST_TIMEOUT, Limits
 from ..submission import MAX_MODULE_BYTES, linked_modules
 from ..suite import public_tests
@@ -105,7 +106,7 @@ def build_zip(out, assignment: str = "attention", points: dict[str, float] | Non
     points = points or plan_points(100, None, assignment)
     settings = {"assignment": assignment, "points": points, "test_timeout": test_timeout, "time_budget": time_budget,
                 "allow_plain": allow_plain}
-    versions = tested_versions()
+    versions = tested_versions((*GRADING_NEEDS, *assignment_record(assignment).requirement_names))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:

@@ -287,8 +287,11 @@ class Sandbox:
         if setpriv_pdeathsig():
             command = [shutil.which("setpriv"), "--pdeathsig", "KILL", "--", *command]
         home = "/tmp" if namespaced else str(root / "tmp")
+        # TRITON_INTERPRET: learner Triton kernels run in Triton's interpreter in a box: compiling one for a GPU runs
+        # ptxas and writes a cache, which the learner's filter denies, and a box has no GPU device (see
+        # docs/kernels-sandbox.md for how a GPU could be given to one).
         env = {**ONE_THREAD, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "USER": "learner", "LOGNAME": "learner",
-               "HOME": home, "TMPDIR": home}
+               "HOME": home, "TMPDIR": home, "TRITON_INTERPRET": "1"}
         try:
             proc = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -128,6 +128,13 @@ def test_every_frontier_stage_has_four_named_mistakes_and_a_variant():
     assert len({e.name for e in BUGS + VARIANTS}) == len(BUGS + VARIANTS), "two entries of the same name"
 
 
+def test_every_kernels_stage_has_four_named_mistakes_and_a_variant():
+    for stage in stages("kernels"):
+        assert sum(b.stage == stage for b in BUGS) >= 4, f"{stage} needs at least four catalogued mistakes"
+        assert any(v.stage == stage for v in VARIANTS), f"{stage} needs a correct variant"
+    assert all(b.diagnosis for b in BUGS if b.assignment == "kernels"), "a kernels mistake not named"
+
+
 @pytest.mark.parametrize("sample", samples(), ids=lambda s: f"{s.assignment}-{s.student}")
 def test_each_sample_gets_what_its_record_says(graded, sample):
     """The reference gets full marks and the stubs nothing on every stage; a mistake loses points on its stages

@@ -8,6 +8,7 @@
     time_limits     each check's time limit, worded for a student
     book            the book's printed numbers (no points), run after a stage's other checks
     summary         the stage summary at the end of a run
+    speed           the kernels' speed checks (not a plugin: the stage test files call it)
 """
 from __future__ import annotations
 

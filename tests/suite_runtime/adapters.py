@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import sys
 import types
 from pathlib import Path
@@ -28,6 +29,14 @@ import numpy as np
 import torch
 
 from .stage_names import builds_on, is_stage_module
+
+# Triton kernels (the kernels assignment) run in Triton's interpreter, on CPU tensors, where no CUDA device is. Triton
+# reads TRITON_INTERPRET when it is first imported (its own library functions, tl.max and the like, are kernels made
+# then), and torch imports it on its own (FlexAttention does): so it is chosen here, before any of that. A grading box
+# has it set by the sandbox (grader/sandbox/template.py), which is why CUDA is not asked then: a process that forks
+# boxes must not start CUDA.
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 # pytest leaves this module's frames out of a failure's traceback (it reads __tracebackhide__ in a frame's
 # globals too): a student's traceback goes from the test's line straight to their own code, the error's
@@ -406,6 +415,66 @@ def op_session(module, cls=None, init=None, weights=None, steps=(), train=False,
     return results
 
 
+def op_grad(module, func, args, grad_output, kwargs=None, device="cpu", dtype="float32"):
+    """Call the module's function ``func`` on ``args`` with autograd on, every floating-point array among them a
+    leaf that requires grad (on ``device``, in ``dtype``), and backpropagate ``grad_output`` from its output:
+    (the output, [the gradient of each argument, None for those that are not floating-point arrays]). A function
+    whose output does not reach its inputs' gradients returns None for them (it made no graph)."""
+    dtype_ = getattr(torch, dtype)
+    leaves = []
+    for arg in to_torch(list(args)):
+        if isinstance(arg, torch.Tensor) and arg.is_floating_point():
+            arg = arg.to(device=device, dtype=dtype_).requires_grad_(True)
+        elif isinstance(arg, torch.Tensor):
+            arg = arg.to(device=device)
+        leaves.append(arg)
+    with torch.enable_grad():
+        out = lookup(module, func)(*leaves, **to_torch(kwargs or {}))
+        if not isinstance(out, torch.Tensor):
+            raise SubmissionError(f"{func}() returned a {type(out).__name__}; it must return one torch.Tensor")
+        if out.requires_grad:
+            out.backward(to_torch(grad_output).to(device=device, dtype=out.dtype))
+    grads = [leaf.grad if isinstance(leaf, torch.Tensor) and leaf.requires_grad else None for leaf in leaves]
+    return to_plain(out, f"{func}()"), to_plain(grads, f"the gradients of {func}()")
+
+
+def op_timed(module, func, args, kwargs=None, device="cuda", dtype="float32", repeat=10):
+    """Run the module's function ``func`` ``repeat`` times on the same inputs (on ``device``, in ``dtype``),
+    waiting for the device after the last; returns its last result. What it costs is measured by the caller, on
+    its own clock, around the whole operation (tests/suite_plugin/speed.py): a time this process reported could
+    be anything it likes."""
+    dtype_ = getattr(torch, dtype)
+    placed = [a.to(device=device, dtype=dtype_ if a.is_floating_point() else None) if isinstance(a, torch.Tensor)
+              else a for a in to_torch(list(args))]
+    function, kwargs = lookup(module, func), to_torch(kwargs or {})
+    with torch.no_grad():
+        for _ in range(max(1, int(repeat))):
+            result = function(*placed, **kwargs)
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+    return to_plain(result, f"{func}()")
+
+
+def interpreted_errors_unwrapped(run):
+    """``run`` with an error raised inside a Triton kernel that Triton's interpreter ran (it wraps each in its own
+    InterpreterError, whose message is the error's repr) raised as the error itself, with its traceback, which ends
+    at the kernel's line: a student reads the kernel's own error, and a stub's NotImplementedError stays one."""
+    def unwrapped(module, **kwargs):
+        try:
+            return run(module, **kwargs)
+        except Exception as exc:
+            cause = exc
+            while type(cause).__name__ == "InterpreterError" and isinstance(cause.__cause__, Exception):
+                cause = cause.__cause__
+            if cause is exc:
+                raise
+            raise cause.with_traceback(cause.__traceback__) from None
+
+    unwrapped.__name__ = unwrapped.__qualname__ = run.__name__
+    unwrapped.__doc__ = run.__doc__
+    return unwrapped
+
+
 def importable(op):
     """``op`` run with its stage module importable by name, as a module imported the usual way is, and no longer
     afterwards (load_stage_module leaves no trace between roots). torch.compile needs it: tracing a function it
@@ -428,13 +497,15 @@ def importable(op):
     return run
 
 
-OPS = {name: importable(op) for name, op in {
+OPS = {name: interpreted_errors_unwrapped(importable(op)) for name, op in {
     "call": op_call,
     "session": op_session,
     "forward": op_forward,
     "heads_forward": op_heads_forward,
     "inspect": op_inspect,
     "transfer_v2_to_v1": op_transfer_v2_to_v1,
+    "grad": op_grad,
+    "timed": op_timed,
 }.items()}
 
 
