@@ -131,7 +131,7 @@ def allowed_keys(spec: Attention, query_positions, key_positions, choices: Choic
     allowed = np.ones((i.shape[0], j.shape[1]), bool)
     if spec.causal:
         allowed = {None: j <= i, "top_left": j <= i, "none": allowed, "diagonal": j < i, "next": j <= i + 1,
-                   "past": j >= i, "inverted": j > i, "inverted_nan": j > i}.get(causal, j <= i)
+                   "past": j >= i}.get(causal, j <= i)  # (inverted: the whole mask, below)
     elif causal == "added":  # a causal mask where the attention is not causal
         allowed = j <= i
     if spec.window is not None:
