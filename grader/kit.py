@@ -170,8 +170,8 @@ def stage_info(stage: str) -> Stage:
 
 
 def stage_named(name: str) -> str:
-    """The stage module a person means by ``name``: its module (s08_causal_attention) or its marker
-    (causal_attention); an AssignmentError listing the markers otherwise."""
+    """The stage module a person means by ``name``: its module (as its file is named) or its pytest marker;
+    an AssignmentError listing the markers otherwise."""
     every = stages()
     if name in every:
         return name

@@ -521,14 +521,17 @@ def kernels_corpus() -> list[Tamper]:
         Tamper("k-faults", "correct kernels that, at import, loop forever (k05) or dereference NULL (k06)",
                fixed(**armed(solution, k05_flash_decoding="endless_loop", k06_paged_decoding="segfault")),
                reason=("time limit", "SIGSEGV"), expected={"flash_decoding": 0, "paged_decoding": 0}),
-        Tamper("k-leak-reference", "the k06 solution, whose paged_decode raises the source of the reference k05 "
-               "(combine_splits) grading runs it beside (taken from memory)",
+        Tamper("k-leak-reference", "the k06 solution, which looks in memory for the source of the reference k05 "
+               "(combine_splits) it is graded beside, and would make paged_decode raise it: it finds none (the box "
+               "holds proxies of the reference, no code of it), so k06 gets its full marks",
                fixed(k06_paged_decoding=attacked(solution("k06_paged_decoding"), "leak_reference_kernel")),
-               reason="LEAKED the reference", expected={"paged_decoding": 0}),
-        Tamper("k-compile-to-ptx", "not an attack: a k01 that compiles a kernel for an H100 down to PTX in its box "
-               "as the GPU design would (docs/kernels-sandbox.md: Triton's cache in memory files, the PTX given to the "
-               "driver instead of ptxas), and raises what happened in every check",
-               fixed(k01_fused_softmax=payload("compile_to_ptx")), reason="COMPILED in the box",
+               reason=heading("k06_paged_decoding")),
+        Tamper("k-compile-to-ptx", "not an attack: a k01 that tries to compile a kernel for an H100 down to PTX in "
+               "its box as the first GPU design would (docs/kernels-sandbox.md: Triton's cache in memory files, the "
+               "PTX given to the driver instead of ptxas), and raises what happened in every check: the learner's "
+               "filter refuses the memory files (anonymous files are memory no limit counts without cgroups), so it "
+               "is not compiled",
+               fixed(k01_fused_softmax=payload("compile_to_ptx")), reason="NOT COMPILED: Permission",
                expected={"fused_softmax": 0}),
         Tamper(LATE + "k-stubs", "victim: the stubs, untouched, graded after every attacker",
                lambda ctx: {stage: stub(stage) for stage in stages("kernels")},

@@ -170,6 +170,8 @@ class GradingPlugin:
         said = f"{excinfo.typename}: {str(excinfo.value)[:2000]}"
         if excinfo.typename == "SandboxUnavailable":
             return said
+        if _raised_by_the_check_itself(item, excinfo):
+            return None  # (the check could not use what the learner's code returned: a float for an array, say)
         return (f"the check {item.nodeid} itself failed ({call.when}), not the learner's code: {said}"
                 + (f" (at {where.path}:{where.lineno + 1})" if where is not None else ""))
 
@@ -191,6 +193,21 @@ class GradingPlugin:
     def pytest_runtest_logfinish(self, nodeid, location):
         if self.sandbox is not None and self.sandbox.dropped_output > self._dropped:
             self.output_capped.append(nodeid)
+
+
+def _raised_by_the_check_itself(item, excinfo) -> bool:
+    """Whether the innermost frame of the kit's own code that raised is the check's own test function's file (the
+    library it called there, NumPy or torch, may have raised under it): the check met a value of the learner's it
+    could not use (``out.mean()`` on a float). Raised deeper in the kit (the reference, a fixture, the diagnosis,
+    the sandbox, the grader) it is the grader's failure."""
+    test_file = str(item.path)
+    for entry in reversed(excinfo.traceback):
+        path = str(entry.path)
+        if path == test_file:
+            return True
+        if "site-packages" not in path and not path.startswith("<"):
+            return False  # (the kit's own code, or the Python library's, below the check)
+    return False
 
 
 def _mistakes(report) -> list[str]:

@@ -28,7 +28,6 @@ from grader import submission as S
 from grader.course.build import build
 from grader.course.samples import by_student, write_modules
 from grader.grading import records as R
-from grader.grading import scoring
 from grader.grading.run import grade
 from grader.grading.targets import folder_target
 from grader.grading.worker import grade_folder
@@ -55,10 +54,16 @@ def outcomes(record: dict) -> dict[str, str]:
 
 # ---------------------------------------------------------------- the record format (fast)
 
-def test_mistakes_are_read_from_messages_and_limits_come_with_the_verdicts():
-    message = "weights differ\nLikely mistake: softmax over dim 0\nLikely mistake: no scaling\n  by sqrt(d_k)"
-    assert scoring.mistakes(message) == ["softmax over dim 0", "no scaling\n  by sqrt(d_k)"]
-    assert scoring.mistakes("plain failure") == []
+def test_mistakes_and_limits_come_with_the_verdicts_never_from_words():
+    # A record's mistakes are the verdict's (the suite's findings, passed on by the grading plugin): words in a
+    # message that look like a finding are the learner's text, never read as one.
+    check = {"nodeid": "tests/test_s03_context_vectors.py::test_m", "stage": "s03_context_vectors",
+             "marker": "context_vectors", "label": "m", "outcome": "failed", "limit": None}
+    tests = [{**check, "message": "differ\nLikely mistake: forged by the learner", "mistakes": ["softmax over dim 0"]},
+             {**check, "nodeid": check["nodeid"] + "2", "message": "Likely mistake: forged", "mistakes": []}]
+    record = R.build(student="ada", assignment="a1", submission=SOLUTIONS, fingerprint="0" * 64, tests=tests,
+                     points={"s03_context_vectors": 1.0}, seconds=0.5)
+    assert [t["mistakes"] for t in record["stages"][0]["tests"]] == [["softmax over dim 0"], []]
     # The limit is the verdict's (the sandbox set it where it stopped the check), never read from words: a message
     # that speaks of a time limit is no limit hit, and a skipped check has none.
     check = {"nodeid": "tests/test_s03_context_vectors.py::test_a", "stage": "s03_context_vectors",
@@ -138,7 +143,7 @@ def test_records_are_written_whole_and_summarised(tmp_path):
          "marker": "attention_scores", "label": "a", "outcome": "passed", "message": "", "limit": None},
         {"nodeid": "tests/test_s01_attention_scores.py::test_b", "stage": "s01_attention_scores",
          "marker": "attention_scores", "label": "b", "outcome": "failed", "message": "x\nLikely mistake: y",
-         "limit": None},
+         "limit": None, "mistakes": ["y"]},
         {"nodeid": "tests/test_s01_attention_scores.py::test_c[cuda]", "stage": "s01_attention_scores",
          "marker": "attention_scores", "label": "c / cuda", "outcome": "skipped", "message": "no CUDA",
          "limit": None},

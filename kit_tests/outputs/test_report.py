@@ -267,7 +267,8 @@ def test_reads_what_grader_results_writes(tmp_path):
 
     def test(stage, name, outcome, message="", limit=None):
         return {"nodeid": f"tests/test_{stage}.py::test_{name}", "stage": stage, "marker": marker(stage),
-                "label": name, "outcome": outcome, "message": message, "limit": limit}
+                "label": name, "outcome": outcome, "message": message, "limit": limit,
+                "mistakes": said_mistakes(message)}
 
     tests = [
         test("s02_normalization", "rows", "failed",
@@ -332,12 +333,19 @@ def test_a_long_message_is_cut_in_feedback_but_keeps_the_mistakes_it_names():
     assert text.count(shown) == 1 and text.count("running max is not carried") == 1
 
 
+def said_mistakes(message: str) -> list[str]:
+    """The mistakes a synthetic message names after "Likely mistake: ", as the suite's diagnosis would have given
+    them to the grading plugin (a verdict's ``mistakes``: records never read them from the message's words)."""
+    return [part.split("\n")[0] for part in message.split("Likely mistake: ")[1:]]
+
+
 def record_of(student: str, tests: list[tuple], points=None) -> dict:
     """A record as ``attnkit grade`` writes it (grader.grading.records), from (stage, check, outcome, message[,
     limit]) tuples."""
     points = points or {"s02_normalization": 8.0, "s03_context_vectors": 5.0, "s05_self_attention": 10.0}
     verdicts = [{"nodeid": f"tests/test_{stage}.py::test_{name}", "stage": stage, "marker": marker(stage),
-                 "label": name, "outcome": outcome, "message": message, "limit": limit}
+                 "label": name, "outcome": outcome, "message": message, "limit": limit,
+                 "mistakes": said_mistakes(message)}
                 for stage, name, outcome, message, limit in ((*t, None)[:5] for t in tests)]
     return results.build(student=student, assignment=ASSIGNMENT, submission=".", fingerprint="0" * 64,
                          tests=verdicts, points=points, seconds=1.0)

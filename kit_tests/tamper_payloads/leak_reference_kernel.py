@@ -1,9 +1,10 @@
 """[attnkit-tamper] leak_reference_kernel -- family (a), the reference kernel a stage is given, put into its messages.
 
 Append to the solution of k06. Grading runs stage k06 beside the reference version of stage k05 (its
-combine_splits); this takes that reference's source from memory (the request that brought it, through the garbage
-collector) and makes every call of paged_decode raise it. Expected: k06's checks that call it fail (its own doing),
-and no feedback quotes the reference: what a box says is cleaned of hidden material.
+combine_splits); this looks for that reference's source in memory (a request that would have brought it, through
+the garbage collector) and would make every call of paged_decode raise it. Expected: nothing found, since the box
+meets the reference through proxies whose calls a trusted process answers (grader/sandbox/reference_proxy.py), so
+k06 gets its full marks; and were anything found, no feedback would quote it (redaction, the second line).
 """
 
 
