@@ -302,7 +302,7 @@ def corpus() -> list[Tamper]:
                    "torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=1)",
                    "torch.tril(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=-1)"),
                    "patch_torch", "patch_numpy")),
-               reason="FAIL", expected={"causal_mask": Fraction(3, 9)}),
+               reason="FAIL", expected={"causal_mask": Fraction(3, 8)}),
         Tamper("hardcoded-book", "CausalAttention returns the book's printed tensor whatever the input",
                fixed(s08_causal_attention=book_causal_attention()),
                # Passing: the mask buffer, qkv_bias (x2), dropout-rate and sizes-from-the-constructor checks
@@ -357,7 +357,7 @@ def corpus() -> list[Tamper]:
                "may start no process); s03 raises an 8 MB exception message at import", fixed(**armed(
                    solution, s01_attention_scores="jam_channel", s02_normalization="hidden_cpu",
                    s03_context_vectors="huge_message")),
-               reason=(heading("s01_attention_scores") + "9 of 9", "may not run programs, start processes",
+               reason=(heading("s01_attention_scores") + "8 of 8", "may not run programs, start processes",
                        "failed with RuntimeError: xxxx"),
                expected={"normalization": 0, "context_vectors": 0}),
         # -- aimed at the submissions graded after them (the victims are named LATE + ...) --
