@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .. import submission as S
@@ -29,7 +29,7 @@ from ..sandbox.confinement import ConfinementRefused, probe
 from ..sandbox.limits import Limits
 from ..untrusted import printable
 from . import records as R
-from .contracts import ClassJob, Record
+from .contracts import ClassJob, Record, Result
 from .dispatch import LocalResults, Results
 from .targets import Target
 
@@ -192,7 +192,10 @@ def _collect(target: Target, jobs: list[ClassJob], stream: Results | None, outco
             synced.update((r["student"], r["fingerprint"]) for r in pending)
         pending, flushed = [], time.monotonic()
 
-    for job, result in stream if stream is not None else ():  # (None: no jobs)
+    arriving: Iterable[tuple[ClassJob, Result]] = ()  # (no stream: no jobs)
+    if stream is not None:
+        arriving = stream
+    for job, result in arriving:
         student = job["student"]
         if result.get("refused"):  # no confinement holds where the workers run: the same for everyone
             raise GradeError(result["error"])
