@@ -2,6 +2,7 @@
 import ast
 import json
 import re
+import subprocess
 import sys
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
@@ -228,6 +229,16 @@ def test_the_grader_s_layers_import_downwards_only_and_one_way_within():
         graph.prepare()
     except CycleError as exc:
         pytest.fail(f"grader's modules import each other in a circle: {exc.args[1]}")
+
+
+def test_the_typed_contracts_hold(tmp_path):
+    """The contracts between the engine's parts are types (grader.grading.contracts: job, verdict, a worker's
+    messages, result, record; diagnosis.findings), and mypy finds them kept where they are made and read: the files
+    and settings of [tool.mypy] in pyproject.toml. Its cache in a fresh folder: a clean clone, nothing left behind."""
+    checked = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(KIT / "pyproject.toml"),
+                              "--cache-dir", str(tmp_path / "mypy"), "--no-color-output", "--no-error-summary"],
+                             cwd=KIT, capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 0, f"mypy (see [tool.mypy] in pyproject.toml):\n{checked.stdout}{checked.stderr}"
 
 
 def test_the_sandbox_s_confined_side_needs_only_the_standard_library_and_itself():

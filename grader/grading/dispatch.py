@@ -12,11 +12,22 @@ from __future__ import annotations
 
 import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from typing import Protocol
 
+from ..sandbox.confinement import ConfinementRecord
 from ..sandbox.limits import ATTEMPTS, Limits
 from .contracts import ClassJob, Result
 from .worker import WorkerError, WorkerProcess, WorkerRefused
+
+
+class Results(Protocol):
+    """Where a run's jobs are graded (LocalResults here, grader.grading.on_dask.DaskResults on a cluster): each
+    (job, result) as it completes; ``close`` stops its workers, also with jobs in flight."""
+
+    def __iter__(self) -> Iterator[tuple[ClassJob, Result]]: ...
+    def close(self) -> None: ...
 
 
 class Workers:
@@ -28,7 +39,7 @@ class Workers:
         self.refused: WorkerRefused | None = None  # no confinement holds where the workers run: nothing can be graded
         self.first: WorkerProcess | None = None  # the first worker that started (what the run announces)
         self.started = threading.Event()
-        self.free = queue.SimpleQueue()
+        self.free: queue.SimpleQueue[WorkerProcess] = queue.SimpleQueue()
         for handle in self.handles:
             self.free.put(handle)
         self.stopped = threading.Event()  # set by close(): no worker is started any more
@@ -50,7 +61,7 @@ class Workers:
                     self.stopped.set()
                     error = str(exc)
                     break
-                except (WorkerError, KeyError) as exc:  # KeyError: an answer without its parts
+                except WorkerError as exc:  # (also an answer without its parts: WorkerProcess checks them)
                     handle.close()  # the next attempt starts a fresh worker, with a fresh sandbox
                     error = f"{type(exc).__name__} (attempt {attempt} of {ATTEMPTS}, each in a fresh worker): {exc}"
             return {"student": job["student"], "tests": [], "output_capped": [], "confinement": None,
@@ -74,21 +85,24 @@ class LocalResults:
     """(job, result) as they complete, on ``workers`` local threads, each with a worker process. The
     workers start at once (torch, pytest, the sandbox: a second or so) while the caller goes on."""
 
-    def __init__(self, jobs, limits: Limits, workers: int, *, allow_plain: bool = False, private=()):
+    def __init__(self, jobs: Iterable[ClassJob], limits: Limits, workers: int, *, allow_plain: bool = False,
+                 private=()):
         self.workers = Workers(limits, workers, allow_plain=allow_plain, private=private)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnkit-grade")
-        self.futures = {self.pool.submit(self.workers.grade, job): job for job in jobs}
+        self.futures: dict[Future[Result], ClassJob] = {self.pool.submit(self.workers.grade, job): job for job in jobs}
 
-    def confinement(self) -> tuple[str, dict] | None:
+    def confinement(self) -> tuple[str | None, ConfinementRecord | None] | None:
         """What confines the submissions, as the first worker's sandbox found once started and proven: (its
         summary, its record); None if no worker started (every job then has its error)."""
         while not self.workers.started.wait(0.1):
             if all(future.done() for future in self.futures):
                 return None
         first = self.workers.first
+        if first is None:  # (set before ``started`` is)
+            raise RuntimeError("the grader's bug: a worker started, and none is known as the first")
         return first.summary, first.confinement
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[ClassJob, Result]]:
         for future in as_completed(self.futures):
             yield self.futures[future], future.result()
 

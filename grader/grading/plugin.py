@@ -19,10 +19,11 @@ from suite_runtime.stage_names import stage_of
 
 from ..kit import SOLUTIONS
 from ..sandbox.backend import IsolatedBackend, reference_imports
+from ..sandbox.confinement import ConfinementRecord
 from ..sandbox.limits import Limit, Limits
 from ..sandbox.template import Sandbox
 from . import faults
-from .contracts import Check, Verdict
+from .contracts import Check, Ran, Verdict
 from .scoring import check_entry
 
 RECORDED_CHARS = 8000  # of one failure message, kept in the record (a learner's exception can be huge)
@@ -48,7 +49,7 @@ class GradingPlugin:
         self.stages = None if stages is None else frozenset(stages)
         self.backend: IsolatedBackend | None = None
         self.implementations = 0  # how often the suite asked for the implementation (once per submission)
-        self.outcomes: dict[str, dict] = {}  # nodeid -> {"outcome", "message", "limit"} of the checks run so far
+        self.outcomes: dict[str, Ran] = {}  # nodeid -> what each check run so far gave
         self.timed_out: set[str] = set()  # stages with a check that ran into its time limit
         self.output_capped: list[str] = []  # checks during which the learner's output was cut
         self.infrastructure: str | None = None  # why the grader could not grade (its own failure), if it could not
@@ -64,11 +65,11 @@ class GradingPlugin:
     def verdicts(self) -> list[Verdict]:
         """Every check of the graded stages with its verdict; a check that did not run has failed. A check that
         hit no limit but during which the learner's output was cut is marked so (limit "output")."""
-        missing = {"outcome": "failed", "message": NOT_RUN, "limit": None, "mistakes": []}
-        found = []
+        missing: Ran = {"outcome": "failed", "message": NOT_RUN, "limit": None, "mistakes": []}
+        found: list[Verdict] = []
         for check in self.checks:
             if self.grades(check["nodeid"]):
-                verdict = {**check, **self.outcomes.get(check["nodeid"], missing)}
+                verdict: Verdict = {**check, **self.outcomes.get(check["nodeid"], missing)}
                 capped = check["nodeid"] in self.output_capped and verdict["outcome"] != "skipped"
                 if verdict["limit"] is None and capped:
                     verdict["limit"] = "output"
@@ -76,7 +77,7 @@ class GradingPlugin:
         return found
 
     @property
-    def confinement(self) -> dict | None:
+    def confinement(self) -> ConfinementRecord | None:
         """How the learner's code is kept apart (``grader.sandbox.confinement.Confinement.record()``)."""
         if self.fault is not None:
             self.fault.at_start()
@@ -97,7 +98,7 @@ class GradingPlugin:
         """Whether every check of ``stage`` this submission is graded on has run and passed (a skipped one aside):
         a stage built on it then meets the learner's own module of it (grader.sandbox.backend)."""
         checks = [c["nodeid"] for c in self.checks if stage_of(c["nodeid"]) == stage and self.grades(c["nodeid"])]
-        outcomes = [self.outcomes.get(nodeid, {}).get("outcome") for nodeid in checks]
+        outcomes = [self.outcomes[nodeid]["outcome"] if nodeid in self.outcomes else None for nodeid in checks]
         return "passed" in outcomes and all(outcome in ("passed", "skipped") for outcome in outcomes)
 
     # -- pytest's hooks
@@ -118,9 +119,9 @@ class GradingPlugin:
         # A stage's test module may declare how much memory the stage may allocate when graded (the
         # sandbox holds its worker to it): the suite's word, read here in the trusted process.
         for item in session.items:
-            headroom = getattr(getattr(item, "module", None), "MEMORY_HEADROOM", None)
-            if stage_of(item.nodeid) and isinstance(headroom, int) and headroom > 0:
-                self.ceilings[stage_of(item.nodeid)] = headroom
+            stage, headroom = stage_of(item.nodeid), getattr(getattr(item, "module", None), "MEMORY_HEADROOM", None)
+            if stage and isinstance(headroom, int) and headroom > 0:
+                self.ceilings[stage] = headroom
 
     def pytest_runtest_logstart(self, nodeid, location):
         self._dropped = self.sandbox.dropped_output if self.sandbox is not None else 0
@@ -150,10 +151,11 @@ class GradingPlugin:
             self.infrastructure = broke
             item.session.shouldstop = "the grader failed"
         limit: Limit | None = getattr(call.excinfo.value, "limit", None) if call.excinfo is not None else None
-        if report.failed and limit is None and call.when == "setup" and stage_of(item.nodeid) in self.timed_out:
+        stage = stage_of(item.nodeid)  # (a check of a stage: grading runs no other test)
+        if report.failed and limit is None and call.when == "setup" and stage in self.timed_out:
             limit = "time"
-        if report.failed and limit == "time":
-            self.timed_out.add(stage_of(item.nodeid))
+        if report.failed and limit == "time" and stage is not None:
+            self.timed_out.add(stage)
         report.attnkit_limit = limit
         return report
 
@@ -185,10 +187,10 @@ class GradingPlugin:
         state = self.outcomes.setdefault(report.nodeid, {"outcome": "passed", "message": "", "limit": None,
                                                          "mistakes": []})
         if report.failed and state["outcome"] != "failed":
-            state.update(outcome="failed", message=_message(report), limit=getattr(report, "attnkit_limit", None),
-                         mistakes=_mistakes(report))
+            state.update({"outcome": "failed", "message": _message(report),
+                          "limit": getattr(report, "attnkit_limit", None), "mistakes": _mistakes(report)})
         elif report.skipped and state["outcome"] == "passed":
-            state.update(outcome="skipped", message=_message(report))
+            state.update({"outcome": "skipped", "message": _message(report)})
 
     def pytest_runtest_logfinish(self, nodeid, location):
         if self.sandbox is not None and self.sandbox.dropped_output > self._dropped:

@@ -46,13 +46,15 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import cast
 
 from ..kit import marker
 from ..submission import seed_of
 from ..untrusted import csv_cell, id_problem
-from .contracts import Record, Verdict
+from .contracts import ConfinementRecord, Record, StageRecord, Summary, SummaryRow, Verdict
 from .scoring import stage_score
 
 SCHEMA = 1
@@ -65,12 +67,13 @@ def results_dir(course_root, assignment: str) -> Path:
     return Path(course_root) / GRADES_DIR / assignment
 
 
-def build(*, student, assignment, submission, fingerprint, tests: list[Verdict], points, seconds,
-          confinement=None) -> Record:
+def build(*, student: str, assignment: str, submission: str | os.PathLike[str], fingerprint: str,
+          tests: Sequence[Verdict], points: Mapping[str, float], seconds: float,
+          confinement: ConfinementRecord | None = None) -> Record:
     """The record of one graded submission. ``tests`` are its checks' verdicts, each with the limit it hit
     (grader.grading.contracts.Verdict); ``points`` maps stage modules to their points, in order."""
-    submission = Path(submission).resolve()
-    stages = []
+    where = str(Path(submission).resolve())
+    stages: list[StageRecord] = []
     for stage, max_points in points.items():
         mine = [t for t in tests if t["stage"] == stage]
         counted = [t for t in mine if t["outcome"] in ("passed", "failed")]
@@ -85,7 +88,7 @@ def build(*, student, assignment, submission, fingerprint, tests: list[Verdict],
             } for t in mine],
         })
     return {
-        "schema": SCHEMA, "student": student, "assignment": assignment, "submission": str(submission),
+        "schema": SCHEMA, "student": student, "assignment": assignment, "submission": where,
         "fingerprint": fingerprint,
         "seed": seed_of(fingerprint),
         "graded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -97,7 +100,7 @@ def build(*, student, assignment, submission, fingerprint, tests: list[Verdict],
     }
 
 
-def limits_hit(record: dict) -> list[str]:
+def limits_hit(record: Record) -> list[str]:
     """Markers of the stages where some test ran into a sandbox limit."""
     return [s["marker"] for s in record["stages"] if any(t["limit"] for t in s["tests"])]
 
@@ -146,26 +149,27 @@ def record_path(out: Path, student: str) -> Path:
     return Path(out) / f"{student}.json"
 
 
-def write_record(out: Path, record: dict) -> Path:
+def write_record(out: Path, record: Record) -> Path:
     path = record_path(out, record["student"])
     write_atomic(path, json.dumps(record, indent=1) + "\n")
     return path
 
 
-def read_record(path: Path) -> dict | None:
-    """A record, or None if the file is missing, unreadable or of another schema."""
+def read_record(path: Path) -> Record | None:
+    """A record, or None if the file is missing, unreadable or of another schema. (Typed as a Record once its schema
+    is known: records are the trusted side's own files, written whole by ``write_record``.)"""
     try:
         record = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(record, dict) or record.get("schema") != SCHEMA or not isinstance(record.get("stages"), list):
         return None
-    return record
+    return cast(Record, record)
 
 
-def read_records(out: Path, students=None) -> dict[str, dict]:
+def read_records(out: Path, students: Collection[str] | None = None) -> dict[str, Record]:
     """student -> record for the records in ``out`` (only ``students`` if given)."""
-    found = {}
+    found: dict[str, Record] = {}
     for path in sorted(Path(out).glob("*.json")):
         if path.name in SUMMARY_FILES or (students is not None and path.stem not in students):
             continue
@@ -175,21 +179,21 @@ def read_records(out: Path, students=None) -> dict[str, dict]:
     return found
 
 
-def write_summary(out: Path, assignment: str, records: list[dict]) -> tuple[Path, Path]:
+def write_summary(out: Path, assignment: str, records: Sequence[Record]) -> tuple[Path, Path]:
     """grades.csv and grades.json in ``out`` for ``records`` (sorted by student)."""
     records = sorted(records, key=lambda r: r["student"])
-    stages = {}
+    stages: dict[str, float] = {}  # marker -> max_points
     for record in records:
         for s in record["stages"]:
             stages.setdefault(s["marker"], s["max_points"])
-    rows = []
+    rows: list[SummaryRow] = []
     for record in records:
         points = {s["marker"]: s["points"] for s in record["stages"]}
         rows.append({"student": record["student"], "total": record["total"], "points": points,
                      "limits": limits_hit(record), "fingerprint": record["fingerprint"],
                      "graded_at": record["graded_at"]})
-    summary = {"schema": SCHEMA, "assignment": assignment,
-               "max_total": round(sum(stages.values()), 2), "stages": stages, "students": rows}
+    summary: Summary = {"schema": SCHEMA, "assignment": assignment,
+                        "max_total": round(sum(stages.values()), 2), "stages": stages, "students": rows}
     buffer = io.StringIO()
     # Every text cell quoted (OWASP: a tab, CR or quote in a student id stays inside its cell), numbers as they are.
     writer = csv.writer(buffer, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .. import submission as S
@@ -28,8 +29,8 @@ from ..sandbox.confinement import ConfinementRefused, probe
 from ..sandbox.limits import Limits
 from ..untrusted import printable
 from . import records as R
-from .contracts import ClassJob
-from .dispatch import LocalResults
+from .contracts import ClassJob, Record, Result
+from .dispatch import LocalResults, Results
 from .targets import Target
 
 GRADEBOOK_SECONDS = 2.0  # results reach the gradebook in one transaction at least this often
@@ -44,12 +45,12 @@ class Outcome:
     refused: dict[str, str] = field(default_factory=dict)  # student -> why the id cannot be graded (rename it)
     seconds: float = 0.0
     first_result_seconds: float | None = None  # latency of the first graded submission
-    records: dict[str, dict] = field(default_factory=dict)  # every student's current record
+    records: dict[str, Record] = field(default_factory=dict)  # every student's current record
     files: tuple = ()
     confinement: str = ""  # what the sandbox confines, as announced once the first worker's sandbox started
 
 
-def _up_to_date(record: dict | None, fp: str, points: dict[str, float]) -> bool:
+def _up_to_date(record: Record | None, fp: str, points: Mapping[str, float]) -> bool:
     if record is None or record.get("fingerprint") != fp:
         return False
     return [(s["stage"], s["max_points"]) for s in record["stages"]] == list(points.items())
@@ -135,12 +136,14 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
     return outcome
 
 
-def _start(jobs, limits: Limits, target: Target, executor: str, scheduler, workers, outcome: Outcome, quiet: bool):
+def _start(jobs: list[ClassJob], limits: Limits, target: Target, executor: str, scheduler, workers,
+           outcome: Outcome, quiet: bool) -> Results | None:
     """The stream of (job, result) of ``jobs`` (None if there are none), its workers starting; says first how
     well submissions are kept apart where they run (on stderr, also with ``quiet`` when that is weaker than it
     should be). Nothing is graded where nothing confines, unless the instructor allowed plain confinement."""
     if not jobs:
         return None
+    stream: Results
     if executor == "dask":
         try:
             from . import on_dask
@@ -151,31 +154,36 @@ def _start(jobs, limits: Limits, target: Target, executor: str, scheduler, worke
                              "pip install 'attention-kit[dask]' (or pip install distributed); nothing was graded "
                              "or changed") from None
         try:
-            stream = on_dask.DaskResults(jobs, limits, scheduler, target.allow_plain)
+            cluster = on_dask.DaskResults(jobs, limits, scheduler, target.allow_plain)
         except on_dask.SchedulerError as exc:
             raise GradeError(str(exc)) from None
-        lines, weaker = stream.confinement, stream.weaker
+        stream = cluster
+        lines, weaker = cluster.confinement, cluster.weaker
     else:
         try:
             probe(allow_plain=target.allow_plain)  # where nothing can confine, refused at once
         except ConfinementRefused as exc:
             raise GradeError(str(exc)) from None
-        stream = LocalResults(jobs, limits, max(1, min(workers or os.cpu_count() or 1, len(jobs))),
-                              allow_plain=target.allow_plain, private=target.private)
+        local = LocalResults(jobs, limits, max(1, min(workers or os.cpu_count() or 1, len(jobs))),
+                             allow_plain=target.allow_plain, private=target.private)
+        stream = local
         # Announced once a worker's sandbox has started and proven its confinement: the one records will name.
-        found = stream.confinement()
-        lines, weaker = ([found[0]], bool(found[1].get("missing"))) if found and found[0] else ([], False)
+        summary, record = local.confinement() or (None, None)
+        lines, weaker = ([summary], bool(record and record.get("missing"))) if summary else ([], False)
     outcome.confinement = "\n".join(lines)
     if not quiet or weaker:
         print(outcome.confinement, file=sys.stderr)
     return stream
 
 
-def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, bar) -> dict[str, str]:
+def _collect(target: Target, jobs: list[ClassJob], stream: Results | None, outcome: Outcome, started: float,
+             bar) -> dict[str, str]:
     """Record each result as it arrives: the student's JSON at once, the gradebook every few seconds.
     Returns student -> fingerprint of the records this run wrote to the gradebook."""
     failing = limited = 0
-    pending, synced, flushed = [], {}, time.monotonic()
+    pending: list[Record] = []
+    synced: dict[str, str] = {}  # student -> the fingerprint of the record the gradebook has
+    flushed = time.monotonic()
 
     def flush():
         nonlocal pending, flushed
@@ -184,7 +192,10 @@ def _collect(target: Target, jobs, stream, outcome: Outcome, started: float, bar
             synced.update((r["student"], r["fingerprint"]) for r in pending)
         pending, flushed = [], time.monotonic()
 
-    for job, result in stream if jobs else ():
+    arriving: Iterable[tuple[ClassJob, Result]] = ()  # (no stream: no jobs)
+    if stream is not None:
+        arriving = stream
+    for job, result in arriving:
         student = job["student"]
         if result.get("refused"):  # no confinement holds where the workers run: the same for everyone
             raise GradeError(result["error"])

@@ -1,7 +1,8 @@
 """A stage's points and its feedback, from the verdicts of its checks.
 
 A verdict is one test of the graded suite on one submission: ``{"nodeid", "stage", "marker",
-"label", "outcome": "passed" | "failed" | "skipped", "message", "limit"}`` (grader.grading.contracts.Verdict).
+"label", "outcome": "passed" | "failed" | "skipped", "message", "limit", "mistakes"}``
+(grader.grading.contracts.Verdict).
 A stage earns ``points x passed / counted``, where skipped checks (CUDA cases on a machine without CUDA) do not
 count. The mistakes the suite diagnosed travel beside the message, as data (the verdict's ``mistakes``).
 """
@@ -9,11 +10,12 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Sequence
 
 from suite_runtime.stage_names import marker, stage_of
 
 from ..kit import stage_info
-from .contracts import Check
+from .contracts import Check, TestRecord
 
 MESSAGE_LIMIT = 700  # characters of one failure message shown in feedback
 # Columns of a stage report's lines: longer ones are wrapped (at spaces, with a deeper indent), since the formgrader
@@ -53,7 +55,7 @@ def label(nodeid: str) -> str:
     names = [POSSESSIVE.sub("'s", re.sub(r"^test_?", "", p)).replace("_", " ")
              for p in nodeid.partition("[")[0].split("::")[1:]]
     found = params(nodeid)
-    cases = [f"case {int(CASE.fullmatch(p)[1]) + 1}" for p in found if CASE.fullmatch(p)]
+    cases = [f"case {int(number[1]) + 1}" for p in found if (number := CASE.fullmatch(p))]
     devices = [DEVICES[p] for p in found if p in DEVICES]
     shown = [p for p in found if not CASE.fullmatch(p) and p not in DEVICES] + cases + devices
     return " / ".join(names) + (f" ({', '.join(shown)})" if shown else "")
@@ -64,8 +66,9 @@ def needs_cuda(nodeid: str) -> bool:
     return "cuda" in params(nodeid)
 
 
-def stage_score(tests: list[dict], points: float) -> float:
-    """points x (passed / counted); skipped tests (e.g. CUDA cases without a GPU) do not count."""
+def stage_score(tests: Sequence[TestRecord], points: float) -> float:
+    """points x (passed / counted); skipped tests (e.g. CUDA cases without a GPU) do not count. ``tests``: a
+    stage's checks, as verdicts (contracts.Verdict) or as a record keeps them (contracts.TestRecord)."""
     counted = [t for t in tests if t["outcome"] in ("passed", "failed")]
     if not counted:
         return 0.0
@@ -73,7 +76,7 @@ def stage_score(tests: list[dict], points: float) -> float:
     return round(points * passed / len(counted), 2)
 
 
-def stage_report(stage: str, points: float, tests: list[dict]) -> str:
+def stage_report(stage: str, points: float, tests: Sequence[TestRecord]) -> str:
     """What a stage's autograder cell prints (and Gradescope shows, and the feedback page): the stage's heading
     with its score, a line per check, the failures' messages."""
     counted = [t for t in tests if t["outcome"] in ("passed", "failed")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from shlex import quote
@@ -13,6 +14,7 @@ from suite_runtime.stage_names import module_files
 from ..errors import TargetError
 from ..kit import assignment_of, assignments, module_patterns, plan_points
 from ..sandbox.limits import TEST_TIMEOUT
+from .contracts import Record
 
 
 class Gradebook(Protocol):
@@ -20,7 +22,7 @@ class Gradebook(Protocol):
 
     def check(self): ...  # fails early, saying what to do, where the scores cannot go
     def open(self): ...
-    def write(self, records: list[dict], timestamps: dict[str, str], progress=None) -> int: ...
+    def write(self, records: Sequence[Record], timestamps: dict[str, str], progress=None) -> int: ...
     def close(self): ...
 
 
@@ -68,9 +70,9 @@ def chosen_assignment(found: dict[str, int], what: str, command: str) -> tuple[s
 
 def modules_by_assignment(folders) -> dict[str, int]:
     """assignment -> how many of the submission ``folders`` hold stage modules of it."""
-    found = Counter()
+    found: Counter[str] = Counter()
     for folder in folders:
-        found.update({assignment_of(path.stem) for path in module_files(folder)} - {None})
+        found.update({name for path in module_files(folder) if (name := assignment_of(path.stem)) is not None})
     return dict(found)
 
 

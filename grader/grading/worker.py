@@ -34,19 +34,21 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
+from typing import IO, Any, cast
 
 import pytest
 
 from .. import submission as S
 from ..kit import KIT, suite_files
 from ..sandbox import scratch
-from ..sandbox.confinement import ConfinementRefused, SandboxUnavailable
+from ..sandbox.confinement import ConfinementRecord, ConfinementRefused, SandboxUnavailable
 from ..sandbox.limits import ATTEMPTS, ONE_THREAD, READY_SECONDS, Limits
 from ..sandbox.procfs import TreeDelays
 from ..sandbox.template import Sandbox
-from .contracts import Job, WorkerAnswer
+from .contracts import Graded, Job, Ready, Stopped, Verdict, WorkerAnswer
 from .plugin import GradingPlugin
 
 ANSWER_BYTES = 256 << 20  # a worker's answer for one submission is far smaller
@@ -87,11 +89,15 @@ def pytest_args(staging: Path) -> list[str]:
 
 # ---------------------------------------------------------------- the worker's side
 
+Message = Ready | Stopped | WorkerAnswer  # what a grading worker says, one JSON line each
+
+
 class JobLoop:
     """The test loop of a grading session: every job from ``jobs`` graded in turn, its answer given
-    to ``answer``; the first answer says the worker is ready (or why it cannot grade)."""
+    to ``answer``; the first message says the worker is ready (or why it cannot grade)."""
 
-    def __init__(self, grading: GradingPlugin, staging: Path, jobs, answer, started: float):
+    def __init__(self, grading: GradingPlugin, staging: Path, jobs: Iterable[Job],
+                 answer: Callable[[Message], object], started: float):
         self.grading, self.staging, self.jobs, self.answer, self.started = grading, staging, jobs, answer, started
         self.status = 0
 
@@ -104,8 +110,10 @@ class JobLoop:
             confinement = self.grading.confinement
         except SandboxUnavailable as exc:
             return self._stop(str(exc), refused=isinstance(exc, ConfinementRefused))
-        # What a run announces: the confinement this worker's sandbox started with (and why a stronger one failed).
-        summary = self.grading.sandbox.confinement.summary() if self.grading.sandbox is not None else None
+        # What a run announces: the confinement this worker's sandbox started with (and why a stronger one failed;
+        # known once it started).
+        sandbox = self.grading.sandbox
+        summary = sandbox.confinement.summary() if sandbox is not None and sandbox.confinement is not None else None
         self.answer({"ready": True, "seconds": round(time.monotonic() - self.started, 3),
                      "confinement": confinement, "summary": summary})
         for job in self.jobs:
@@ -113,12 +121,12 @@ class JobLoop:
                 answer = self.grade(session, job)
             except Exception:
                 return self._stop("the grading worker failed:\n" + traceback.format_exc()[-3000:])
-            if "error" in answer:
+            if "tests" not in answer:  # (Stopped: no grades, and why)
                 return self._stop(answer["error"])  # a fresh worker (and sandbox) for whatever comes next
             self.answer(answer)
         return True
 
-    def grade(self, session, job: Job) -> WorkerAnswer | dict:
+    def grade(self, session, job: Job) -> WorkerAnswer | Stopped:
         for old in self.staging.iterdir():
             old.unlink()
         for name, data in job["sources"].items():
@@ -134,11 +142,12 @@ class JobLoop:
             # backend closes (its boxes are killed); the sandbox stays for the next one.
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=following)
             if grading.infrastructure:
-                return {"error": f"the grader failed, so the submission was not graded: {grading.infrastructure}"}
+                return {"error": f"the grader failed, so the submission was not graded: {grading.infrastructure}",
+                        "refused": False}
         if grading.implementations != 1:
             return {"error": f"pytest {pytest.__version__} set up the implementation {grading.implementations} "
                              "times for one submission instead of once: grading stopped rather than give "
-                             "grades it cannot vouch for (see grader/grading/worker.py)"}
+                             "grades it cannot vouch for (see grader/grading/worker.py)", "refused": False}
         return {"tests": grading.verdicts(), "output_capped": grading.output_capped,
                 "confinement": grading.confinement, "seconds": round(time.monotonic() - started, 3)}
 
@@ -148,17 +157,18 @@ class JobLoop:
         return True
 
 
-def serve(jobs, answer, limits: Limits, *, isolate: bool = True, started: float | None = None,
-          allow_plain: bool = False, private=()) -> int:
+def serve(jobs: Iterable[Job], answer: Callable[[Message], object], limits: Limits, *, isolate: bool = True,
+          started: float | None = None, allow_plain: bool = False, private=()) -> int:
     """Grade ``jobs`` ({"sources": {file name: bytes}, "seed", "stages": the stage modules to grade, None:
     every stage of the kit}) in one pytest session in this process,
     passing each answer to ``answer``. ``isolate=False`` runs the learner's code in this process
     itself, each stage with the learner's own earlier stages (no reference versions of those, see
     grader/sandbox/backend.py): for measurements (benchmarks/bench_grading.py's floor), never for grading."""
     started = time.monotonic() if started is None else started
-    sandbox = Sandbox(allow_plain=allow_plain, private=private) if isolate else contextlib.nullcontext()
-    with scratch.Folder("worker") as work, sandbox as sandbox:
+    with scratch.Folder("worker") as work, contextlib.ExitStack() as stack:
+        sandbox = Sandbox(allow_plain=allow_plain, private=private) if isolate else None
         if sandbox is not None:
+            stack.enter_context(sandbox)  # closed when the session ends, before its folder is removed
             sandbox.start_soon()  # its template imports torch while pytest starts here
         staging = work.path / "submission"  # the trusted copy the sandbox copies from
         staging.mkdir()
@@ -183,9 +193,9 @@ def main(argv=None) -> int:
     # One thread per worker, as in the boxes: workers share the cores; pinning them to cores
     # (sched_setaffinity) measured no better, and worse on a busy machine.
     torch.set_num_threads(1)
-    decoded = ({"seed": job["seed"], "stages": job.get("stages"),
-                "sources": {name: base64.b64decode(data) for name, data in job["sources"].items()}}
-               for job in map(json.loads, jobs))
+    decoded: Iterator[Job] = ({"seed": job["seed"], "stages": job.get("stages"),
+                               "sources": {name: base64.b64decode(data) for name, data in job["sources"].items()}}
+                              for job in map(json.loads, jobs))
     return serve(decoded, lambda answer: answers.write(json.dumps(answer) + "\n"), Limits(**settings["limits"]),
                  isolate=settings["isolate"], started=started, allow_plain=settings.get("allow_plain", False),
                  private=settings.get("private", ()))
@@ -203,22 +213,41 @@ def _die_with_parent():
 
 # ---------------------------------------------------------------- the trusted side
 
+# A worker's messages are JSON read from its pipe: typed as contracts say once their shape is checked here.
+
+def is_ready(message: dict[str, Any]) -> bool:
+    """Whether a worker's message is Ready: every key of it, its confinement a ConfinementRecord or None."""
+    confinement = message.get("confinement")
+    return (Ready.__required_keys__ <= message.keys() and message["ready"] is True
+            and (confinement is None
+                 or isinstance(confinement, dict) and ConfinementRecord.__required_keys__ <= confinement.keys()))
+
+
+def is_answer(message: dict[str, Any]) -> bool:
+    """Whether a worker's message is a WorkerAnswer: every key of one, its tests a list of verdicts with every key
+    of a Verdict (what records are built from)."""
+    tests = message.get("tests")
+    return (WorkerAnswer.__required_keys__ <= message.keys() and isinstance(tests, list)
+            and all(isinstance(t, dict) and Verdict.__required_keys__ <= t.keys() for t in tests))
+
+
 class WorkerProcess:
     """The trusted side's handle on one grading worker process: started on first use, a job at a time,
     restarted after a failure."""
 
     def __init__(self, limits: Limits, isolate: bool = True, *, allow_plain: bool = False, private=(),
-                 on_start=None):
+                 on_start: Callable[[WorkerProcess], object] | None = None):
         """``allow_plain``: grade with learner code unconfined where nothing else holds (the instructor's explicit
         choice); ``private``: what boxes must not reach besides the kit (grader.sandbox.template.Sandbox);
         ``on_start``: called with this handle each time its worker is ready (its ``summary`` known)."""
         self.limits, self.isolate = limits, isolate
         self.allow_plain, self.private = allow_plain, [str(p) for p in private]
-        self.proc = None
-        self.log = None
-        self.start_seconds = None  # how long the last start took (torch, pytest, collection, sandbox)
-        self.confinement = None  # what its sandbox confines (grader.sandbox.confinement.Confinement.record())
-        self.summary = None  # the same in words, as a run announces it (Confinement.summary())
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log: IO[bytes] | None = None
+        self.start_seconds: float | None = None  # how long the last start took (torch, pytest, collection, sandbox)
+        # what its sandbox confines (grader.sandbox.confinement.Confinement.record())
+        self.confinement: ConfinementRecord | None = None
+        self.summary: str | None = None  # the same in words, as a run announces it (Confinement.summary())
         self.on_start = on_start
         self.busy = False  # grading a job
         self._buffer = bytearray()
@@ -234,12 +263,12 @@ class WorkerProcess:
             stdout=subprocess.PIPE, stderr=self.log, cwd=tempfile.gettempdir(), env=env,
         )
         self._buffer = bytearray()
-        answer = self._answer(READY_SECONDS)
-        if "error" in answer:
-            raise self._failed(answer["error"], WorkerRefused if answer.get("refused") else WorkerError)
+        message = self._message(READY_SECONDS)
+        if not is_ready(message):
+            raise self._failed("the grading worker's first message does not say it is ready, and how it confines")
+        ready = cast(Ready, message)
         # Said before the worker ran any learner code: what confines this worker's submissions from now on.
-        self.start_seconds, self.confinement = answer.get("seconds"), answer.get("confinement")
-        self.summary = answer.get("summary")
+        self.start_seconds, self.confinement, self.summary = ready["seconds"], ready["confinement"], ready["summary"]
         if self.on_start is not None:
             self.on_start(self)
 
@@ -258,26 +287,37 @@ class WorkerProcess:
             self.start()
         line = json.dumps({"seed": job["seed"], "stages": job.get("stages"), "sources": {
             name: base64.b64encode(data).decode() for name, data in job["sources"].items()}})
+        _, jobs, _ = self._pipes()
         try:
-            self.proc.stdin.write(line.encode() + b"\n")
-            self.proc.stdin.flush()
+            jobs.write(line.encode() + b"\n")
+            jobs.flush()
         except OSError:
             raise self._failed("the grading worker stopped reading") from None
-        answer = self._answer(self.limits.run_wall)
-        if "error" in answer:
-            raise self._failed(answer["error"], WorkerRefused if answer.get("refused") else WorkerError)
+        message = self._message(self.limits.run_wall)
+        if not is_answer(message):
+            raise self._failed("the grading worker's answer lacks its parts (tests, output_capped, confinement, "
+                               "seconds; each verdict's)")
         # The confinement a record states is what this worker said before it ran any learner code, never a
         # word of an answer given after (where nothing confines, learner code could have written that).
-        return {**answer, "confinement": self.confinement}
+        return {**cast(WorkerAnswer, message), "confinement": self.confinement}
 
-    def _answer(self, seconds) -> dict:
-        """The worker's next answer: one JSON line (read in linear time; the messages in it are capped
-        where they come from, so a line beyond ANSWER_BYTES means a broken worker). A worker that has not
+    def _pipes(self) -> tuple[subprocess.Popen[bytes], IO[bytes], IO[bytes]]:
+        """The worker process, its job pipe and its answer pipe (start() makes them all)."""
+        proc = self.proc
+        if proc is None or proc.stdin is None or proc.stdout is None:
+            raise WorkerError("the grading worker is not running (the grader's bug: it was used before start())")
+        return proc, proc.stdin, proc.stdout
+
+    def _message(self, seconds: float) -> dict[str, Any]:
+        """The worker's next message, a JSON object: one JSON line (read in linear time; the messages in it are
+        capped where they come from, so a line beyond ANSWER_BYTES means a broken worker). A worker that has not
         answered after ``seconds`` of waiting is stopped: wall-clock time less the time its processes (the
         worker, its sandbox's template and boxes) waited for a processor, so that a busy machine only makes
-        grading slower, never stops it (a worker that hangs waits without waiting for a processor)."""
-        fd = self.proc.stdout.fileno()
-        started, delayed = time.monotonic(), TreeDelays(self.proc.pid)
+        grading slower, never stops it (a worker that hangs waits without waiting for a processor). A worker that
+        says why it stopped (contracts.Stopped) raises the WorkerError (or WorkerRefused) that says so."""
+        proc, _, answers = self._pipes()
+        fd = answers.fileno()
+        started, delayed = time.monotonic(), TreeDelays(proc.pid)
         searched = 0
         while (end := self._buffer.find(b"\n", searched)) < 0:
             searched = len(self._buffer)
@@ -295,11 +335,16 @@ class WorkerProcess:
         line = bytes(self._buffer[:end])
         del self._buffer[:end + 1]
         try:
-            return json.loads(line)
+            message = json.loads(line)
         except ValueError:
             raise self._failed("the grading worker's answer does not parse") from None
+        if not isinstance(message, dict):
+            raise self._failed("the grading worker's answer is not a JSON object")
+        if "error" in message:
+            raise self._failed(str(message["error"]), WorkerRefused if message.get("refused") else WorkerError)
+        return message
 
-    def _failed(self, what, kind=WorkerError) -> WorkerError:
+    def _failed(self, what: str, kind: type[WorkerError] = WorkerError) -> WorkerError:
         tail = ""
         if self.log is not None and kind is WorkerError:
             self.log.seek(0, os.SEEK_END)
@@ -314,8 +359,9 @@ class WorkerProcess:
         not end in time, is killed (its folders are then swept by the next run, scratch.sweep)."""
         if self.proc is not None:
             if graceful and not self.busy and self.proc.poll() is None:
-                with contextlib.suppress(OSError):
-                    self.proc.stdin.close()
+                if self.proc.stdin is not None:
+                    with contextlib.suppress(OSError):
+                        self.proc.stdin.close()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(timeout=CLOSE_SECONDS)
             if self.proc.poll() is None:
@@ -324,7 +370,8 @@ class WorkerProcess:
             self.proc.wait()
             for stream in (self.proc.stdin, self.proc.stdout):
                 try:
-                    stream.close()
+                    if stream is not None:
+                        stream.close()
                 except OSError:
                     pass
             self.proc = None
@@ -334,7 +381,7 @@ class WorkerProcess:
 
 
 def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None = None, *, allow_plain=False,
-                 private=()) -> dict:
+                 private=()) -> Graded:
     """The verdicts of the submission in nbgrader's autograded copy ``folder`` on ``graded_stages`` (None:
     every stage), graded by a worker of its own: {"fingerprint", "seed", "tests", "output_capped",
     "confinement", "seconds"}. ``allow_plain``, ``private``: see WorkerProcess. A failure of the grader's own (the
@@ -342,7 +389,7 @@ def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None =
     (never a grade). WorkerRefused (no confinement holds here) is not tried again."""
     sources = S.autograded_sources(folder, graded_stages or ())
     fingerprint = S.fingerprint(sources)
-    job = {"sources": sources, "seed": S.seed_of(fingerprint), "stages": graded_stages}
+    job: Job = {"sources": sources, "seed": S.seed_of(fingerprint), "stages": graded_stages}
     failures = []
     for _ in range(ATTEMPTS):
         worker = WorkerProcess(limits, allow_plain=allow_plain, private=private)

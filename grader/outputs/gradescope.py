@@ -55,6 +55,7 @@ import sys
 import traceback
 import zipfile
 import zlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 import jinja2
@@ -62,6 +63,7 @@ import jinja2
 from suite_runtime.stage_names import module_files, stage_test_file
 
 from ..errors import UploadError
+from ..grading.contracts import Graded, Verdict
 from ..grading.records import write_atomic
 from ..grading.scoring import needs_cuda, stage_report, stage_score
 
@@ -69,6 +71,7 @@ from ..grading.scoring import needs_cuda, stage_report, stage_score
 from ..grading.worker import grade_folder
 from ..kit import KIT, SUITE, assignment_of, plan_points, stage_info
 from ..kit import assignment as assignment_record
+from ..sandbox.confinement import ConfinementRecord
 from ..sandbox.limits import TEST_TIMEOUT, Limits
 from ..submission import MAX_MODULE_BYTES, linked_modules
 from ..suite import public_tests
@@ -134,7 +137,8 @@ def tested_versions(needs=GRADING_NEEDS) -> dict[str, str]:
     from packaging.utils import canonicalize_name
     from packaging.version import Version
 
-    found, todo = {}, list(needs)
+    found: dict[str, str] = {}
+    todo = list(needs)
     while todo:
         dist = distribution(todo.pop())
         name = canonicalize_name(dist.metadata["Name"])
@@ -154,7 +158,8 @@ def python_floor(versions: dict[str, str]) -> tuple[int, int]:
 
     from packaging.specifiers import SpecifierSet
 
-    needs = [SpecifierSet(distribution(name).metadata.get("Requires-Python") or "") for name in versions]
+    metadata = [distribution(name).metadata for name in versions]
+    needs = [SpecifierSet(m["Requires-Python"] if "Requires-Python" in m else "") for m in metadata]
     return next((3, minor) for minor in range(8, 100) if all(f"3.{minor}.99" in spec for spec in needs))
 
 
@@ -193,7 +198,7 @@ def check_worth(points: float, counted: int) -> float:
     return round(points / counted, 4) if counted else 0.0
 
 
-def stage_entries(stage: str, points: float, tests: list[dict], public: set[str]) -> tuple[float, list[dict]]:
+def stage_entries(stage: str, points: float, tests: Sequence[Verdict], public: set[str]) -> tuple[float, list[dict]]:
     """(the stage's score, its results.json entries: its total, then one per counted or non-CUDA skipped check)."""
     score = stage_score(tests, points)
     worth = check_worth(points, sum(t["outcome"] in ("passed", "failed") for t in tests))
@@ -216,7 +221,7 @@ def stage_entries(stage: str, points: float, tests: list[dict], public: set[str]
     return score, entries
 
 
-def total_entry(stage: str, points: float, tests: list[dict]) -> dict:
+def total_entry(stage: str, points: float, tests: Sequence[Verdict]) -> dict:
     """A stage's unscored entry: its total in the name, its report as output, passed when every check did."""
     failed = any(t["outcome"] == "failed" for t in tests)
     return {"name": f"{stage_info(stage).heading} total: {stage_score(tests, points):g} of {points:g} points",
@@ -224,9 +229,11 @@ def total_entry(stage: str, points: float, tests: list[dict]) -> dict:
             "visibility": "after_published"}
 
 
-def results(graded: dict, points: dict[str, float]) -> dict:
+def results(graded: Graded, points: Mapping[str, float]) -> dict:
     """Gradescope's results.json of the verdicts ``graded`` (grader.grading.worker.grade_folder) on ``points``."""
-    tests, rows, total = [], [], 0.0
+    tests: list[dict] = []
+    rows: list[tuple[str, str]] = []
+    total = 0.0
     for stage, max_points in points.items():
         score, entries = stage_entries(stage, max_points, [t for t in graded["tests"] if t["stage"] == stage],
                                        public_names(stage))
@@ -235,20 +242,22 @@ def results(graded: dict, points: dict[str, float]) -> dict:
         rows.append((stage_info(stage).heading, f"{score:>6g} of {max_points:g}"))
     width = max(len(heading) for heading, _ in rows)  # (the stage totals in columns)
     lines = [f"{heading:<{width}} {score}" for heading, score in rows]
-    confinement = graded.get("confinement") or {}
+    confinement = graded["confinement"]
+    mode = confinement["mode"] if confinement else "unknown"
     lines += ["", f"Total: {round(total, 2):g} of {round(sum(points.values()), 2):g} points. Checks marked hidden "
               "show their results when the grades are published.",
-              f"(graded in {graded.get('seconds', 0):.1f} s; sandbox: {confinement.get('mode', 'unknown')})"]
+              f"(graded in {graded.get('seconds', 0):.1f} s; sandbox: {mode})"]
     tests.append(sandbox_entry(confinement))
     return {"score": round(total, 2), "output": "\n".join(lines), "visibility": "visible",
             "stdout_visibility": "hidden", "tests": tests, **TEXT_OUTPUT}
 
 
-def sandbox_entry(confinement: dict) -> dict:
-    """An entry without points, for instructors only (Gradescope's "hidden"): how this submission's code was kept apart,
-    and, when it was not (plain, which the instructor allowed), that the grade rests on trusting it."""
-    mode = confinement.get("mode", "unknown")
-    lacking = ", ".join(confinement.get("missing", [])) or "nothing"
+def sandbox_entry(confinement: ConfinementRecord | None) -> dict:
+    """An entry without points, for instructors only (Gradescope's "hidden"): how this submission's code was kept apart
+    (None: not known), and, when it was not (plain, which the instructor allowed), that the grade rests on trusting
+    it."""
+    mode = confinement["mode"] if confinement else "unknown"
+    lacking = (", ".join(confinement["missing"]) if confinement else "") or "nothing"
     warning = ("UNCONFINED: learner code ran as root beside the grader and could have read the solutions and "
                "hidden tests or changed its own grade; grades are only as good as the submissions are honest. "
                if mode == "plain" else "")
@@ -281,31 +290,33 @@ def upload(submission: Path, stages: list[str]):
     if _ours(submission, wanted):
         yield submission
         return
-    places = {}  # where the assignment's modules are -> their zip members (None: a folder)
+    # where the assignment's modules are, a folder or (a zip, its folder) -> their zip members (a folder: none)
+    places: dict[Path | tuple[Path, str], list[zipfile.ZipInfo]] = {}
     for entry in sorted(Path(submission).iterdir()):
         if entry.is_symlink() or entry.name.startswith(".") or entry.name in IGNORED:
             continue
         if entry.is_dir() and _ours(entry, wanted):
-            places[entry] = None
+            places[entry] = []
         elif entry.suffix.lower() == ".zip" and entry.is_file():
             for folder, members in _zipped(entry, wanted).items():
                 places[(entry, folder)] = members
     if len(places) != 1:
         raise UploadError(_what_to_upload(submission, wanted, places))
     ((place, members),) = places.items()
-    if members is None:
+    if isinstance(place, Path):
         yield place
         return
+    archive, _ = place
     with scratch.Folder("upload") as unpacked:
         try:
-            with zipfile.ZipFile(place[0]) as zf:
+            with zipfile.ZipFile(archive) as zf:
                 for info in members:
                     with zf.open(info) as data:
                         text = data.read(MAX_MODULE_BYTES + 1)
                     if len(text) <= MAX_MODULE_BYTES:  # a larger module is not graded (grader.submission)
                         (unpacked.path / PurePosixPath(info.filename).name).write_bytes(text)
         except (OSError, RuntimeError, EOFError, NotImplementedError, zipfile.BadZipFile, zlib.error) as exc:
-            raise UploadError(f"{printable(place[0].name)} could not be read ({printable(exc)}): upload the "
+            raise UploadError(f"{printable(archive.name)} could not be read ({printable(exc)}): upload the "
                               f"modules themselves ({', '.join(wanted)}); you may submit again") from None
         yield unpacked.path
 
@@ -315,7 +326,7 @@ def _ours(folder: Path, wanted: list[str]) -> bool:
     return bool(({p.name for p in module_files(folder)} | set(linked_modules(folder))) & set(wanted))
 
 
-def _zipped(archive: Path, wanted: list[str]) -> dict[str, list]:
+def _zipped(archive: Path, wanted: list[str]) -> dict[str, list[zipfile.ZipInfo]]:
     """folder of the zip ("" for its top level) -> its members that are stage modules of ``wanted``, regular
     files, at the top level or one folder down; {} for a file that is no zip this reads."""
     try:
@@ -325,7 +336,7 @@ def _zipped(archive: Path, wanted: list[str]) -> dict[str, list]:
             members = zf.infolist()
     except (OSError, zipfile.BadZipFile, ValueError):
         return {}
-    found = {}
+    found: dict[str, list[zipfile.ZipInfo]] = {}
     for info in members:
         path = PurePosixPath(info.filename)
         regular = (info.external_attr >> 16) & 0o170000 in (0, 0o100000)  # not a link, a device, a folder
@@ -335,7 +346,7 @@ def _zipped(archive: Path, wanted: list[str]) -> dict[str, list]:
     return found
 
 
-def _what_to_upload(submission: Path, wanted: list[str], places: dict) -> str:
+def _what_to_upload(submission: Path, wanted: list[str], places: Mapping[Path | tuple[Path, str], object]) -> str:
     where = [f"{place.relative_to(submission)}/" if isinstance(place, Path) else
              f"{place[0].name}" + (f" (in {place[1]}/)" if place[1] else "") for place in places]
     held = sorted(p.name + ("/" if p.is_dir() else "") for p in Path(submission).iterdir())

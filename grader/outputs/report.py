@@ -32,9 +32,11 @@ import re
 import statistics
 import textwrap
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import cast
 
 import jinja2
 
@@ -42,6 +44,7 @@ from suite_runtime.stage_names import teaching_order
 
 from ..errors import ReportError
 from ..grading import records as R
+from ..grading.contracts import Record, TestRecord
 from ..sandbox.limits import LIMITS
 from ..untrusted import printable
 
@@ -56,8 +59,10 @@ BINS = 10  # histogram bins over 0..100 %
 
 # ---------------------------------------------------------------- reading the results
 
-def load_results(folder) -> list[dict]:
-    """The per-student JSON files of ``folder`` (grades.json and other files are skipped), by student."""
+def load_results(folder) -> list[Record]:
+    """The per-student JSON files of ``folder`` (grades.json and other files are skipped), by student. (Typed as
+    records once their schema is known; what follows reads them with care all the same: a missing part is
+    left out of the report, not an error.)"""
     folder = Path(folder)
     if not folder.is_dir():
         raise ReportError(f"{folder} does not exist: grade the class first (`attnkit grade`)")
@@ -71,7 +76,7 @@ def load_results(folder) -> list[dict]:
             continue  # grades.json, or anything else that is not one student's record
         if data.get("schema") != R.SCHEMA:
             raise ReportError(f"{path}: schema {data.get('schema')!r}, this report reads schema {R.SCHEMA}")
-        students.append(data)
+        students.append(cast(Record, data))
     if not students:
         raise ReportError(f"no student results (<student>.json) in {folder}")
     return sorted(students, key=lambda s: s["student"])
@@ -131,7 +136,7 @@ class Limit:
 
 @dataclass
 class ClassReport:
-    assignment: str
+    assignment: str | None  # (None: not given, and the records do not say)
     source: str  # where the numbers came from, for the page
     stages: dict  # stage -> StageSummary, teaching order
     students: dict  # student -> {"total", "max_total", "seconds"}
@@ -152,18 +157,18 @@ def first_line(text: str) -> str:
     return " ".join(text.strip().split("\n")[0].split())
 
 
-def is_stub(test: dict) -> bool:
+def is_stub(test: TestRecord) -> bool:
     """A failed check that ran into code not written yet: the stub's NotImplementedError."""
     return bool(STUB.search(test.get("message") or ""))
 
 
-def could_not_run(test: dict) -> str | None:
+def could_not_run(test: TestRecord) -> str | None:
     """Why a failed check's stage module could not be run at all (the first line of the message), or None."""
     message = (test.get("message") or "").strip()
     return first_line(message) if COULD_NOT_RUN.match(message) else None
 
 
-def summarize(results: list[dict], gradebook: dict | None = None, assignment: str | None = None,
+def summarize(results: Sequence[Record], gradebook: dict | None = None, assignment: str | None = None,
               source: str = "") -> ClassReport:
     """The report's numbers. ``gradebook`` ({student: {stage: (score, max)}}), when given, supplies
     the points; the JSON results supply mistakes and limits (and the points otherwise)."""
@@ -171,7 +176,7 @@ def summarize(results: list[dict], gradebook: dict | None = None, assignment: st
     students, limits, mismatches = {}, [], []
     for record in results:
         student = record["student"]
-        hits = {}  # (stage, kind), or ("budget",) once for all stages -> this student's Limit
+        hits: dict[tuple[str, ...], Limit] = {}  # (stage, kind), or ("budget",) once for all stages -> its Limit
         book = (gradebook or {}).get(student) if gradebook is not None else None
         if gradebook is not None and book is None:
             mismatches.append(f"{student}: has a result file but no submission in the gradebook")
@@ -223,7 +228,8 @@ def summarize(results: list[dict], gradebook: dict | None = None, assignment: st
         for student in sorted(set(gradebook) - set(students)):
             mismatches.append(f"{student}: in the gradebook but has no result file")
     order = sorted(stages, key=teaching_order)
-    unconfined = sorted(r["student"] for r in results if (r.get("confinement") or {}).get("mode") == "plain")
+    unconfined = sorted(r["student"] for r in results
+                        if (confinement := r.get("confinement")) and confinement.get("mode") == "plain")
     return ClassReport(assignment or (results[0].get("assignment") if results else ""), source,
                        {k: stages[k] for k in order}, students, limits, mismatches, unconfined)
 

@@ -19,6 +19,7 @@ import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import TypedDict
 
 from ..errors import AttnkitError
 from .cgroups import BoxGroup
@@ -52,6 +53,13 @@ HOLDS = {  # by the confinement's mode
 MODES = tuple(HOLDS)  # strongest first
 ALLOW_PLAIN = "--allow-plain"  # how an instructor opts into plain confinement (the refusal names it)
 
+
+class ConfinementRecord(TypedDict):
+    """A confinement as a grading record states it (``Confinement.record()``)."""
+    mode: str
+    missing: list[str]
+
+
 @dataclass(frozen=True)
 class Confinement:
     """Which confinement a sandbox runs with, and what it lacks of the strongest."""
@@ -80,7 +88,7 @@ class Confinement:
         private = f" (made private to root first: {', '.join(self.private)})" if self.private else ""
         return f"{head} {lacking}{private}" + (f" [{self.why}]" if self.why else "")
 
-    def record(self) -> dict:
+    def record(self) -> ConfinementRecord:
         return {"mode": self.mode, "missing": self.missing}
 
 

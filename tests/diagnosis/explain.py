@@ -43,7 +43,7 @@ class Searched:
     second: Callable[[], tuple[np.ndarray, Compute]] | None = None
     pairs: bool = True
 
-    def findings(self, actual, rtol, atol):
+    def findings(self, actual: np.ndarray, rtol: float, atol: float) -> list[Finding]:
         found = search(actual, self.compute, self.switches, rtol=rtol, atol=atol, pairs=self.pairs)
         separated = False
         if found and self.second is not None:
@@ -66,7 +66,7 @@ class Probed:
 
     probes: Sequence[Callable[[], list[Finding]]]
 
-    def findings(self, actual, rtol, atol):
+    def findings(self, actual: np.ndarray, rtol: float, atol: float) -> list[Finding]:
         found = []
         for probe in self.probes:
             try:
@@ -84,7 +84,7 @@ class Listed:
     mistakes: Mapping[str, np.ndarray] | Callable[[], Mapping[str, np.ndarray]]
     what: str = "your values"
 
-    def findings(self, actual, rtol, atol):
+    def findings(self, actual: np.ndarray, rtol: float, atol: float) -> list[Finding]:
         mistakes = self.mistakes() if callable(self.mistakes) else self.mistakes
         named = [why for why, values in (mistakes or {}).items() if _matches(actual, values, rtol, atol)]
         if not named:
@@ -102,7 +102,7 @@ class Said:
 
     found: Callable[[np.ndarray], list[Finding]]
 
-    def findings(self, actual, rtol, atol):
+    def findings(self, actual: np.ndarray, rtol: float, atol: float) -> list[Finding]:
         return self.found(actual)
 
 
@@ -116,7 +116,7 @@ class About:
     rtol: float = 1e-4
     atol: float = 1e-6
 
-    def findings(self, actual, rtol, atol):
+    def findings(self, actual: np.ndarray, rtol: float, atol: float) -> list[Finding]:
         found = []
         for source in self.evidence:
             found += source.findings(np.asarray(self.values), self.rtol, self.atol)

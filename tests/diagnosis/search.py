@@ -50,7 +50,7 @@ class Change:
     words: tuple[str, ...]
     mechanisms: tuple[str, ...]
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return dict(self.choices)
 
     @property
