@@ -238,6 +238,17 @@ class GradebookSync:
             self.gb.close()
             self.gb = None
 
+    def state(self) -> list | None:
+        """What changes whenever anything writes the gradebook: a SQLite file's size and time of change (None for
+        a server's gradebook, whose changes cannot be seen from here)."""
+        if not self.db_url.startswith("sqlite:///"):
+            return None
+        try:
+            stat = os.stat(self.db_url[len("sqlite:///"):])
+        except OSError:
+            return None
+        return [stat.st_size, stat.st_mtime_ns]
+
     def write(self, records: list[dict], timestamps: dict[str, str] | None = None, progress=None) -> int:
         """Bring the gradebook in line with ``records``; returns how many grades changed.
 

@@ -16,6 +16,7 @@ flight.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -94,6 +95,11 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
             continue
         jobs.append({"student": student, "fingerprint": fp, "seed": S.seed_of(fp), "sources": sources,
                      "stages": list(target.points)})
+    if not jobs and _gradebook_holds(target):  # nothing left to do: no worker, no gradebook (seconds to open)
+        outcome.records = R.read_records(target.out, set(target.submissions))
+        outcome.files = R.write_summary(target.out, target.assignment, list(outcome.records.values()))
+        outcome.seconds = round(time.monotonic() - started, 3)
+        return outcome
 
     scratch.sweep()  # what killed runs left in TMPDIR
     stream, bar = _start(jobs, Limits(check_seconds=target.test_timeout, budget_seconds=target.time_budget),
@@ -131,8 +137,41 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
         if target.gradebook is not None:
             target.gradebook.close()
         scratch.sweep()  # the workers' folders (they are killed, so they cannot remove them)
+    if target.gradebook is not None:  # (only once every record is in it: a run cut short leaves no note)
+        _note_gradebook(target, outcome.records)
     outcome.seconds = round(time.monotonic() - started, 3)
     return outcome
+
+
+# A note beside the records of what the gradebook holds once a run has brought it in line with them: the next run
+# with nothing to grade finds it true and need not open the gradebook at all (nbgrader's API takes seconds to
+# import). It names the gradebook's state then (a SQLite file's size and time of change): anything that writes
+# the gradebook since (nbgrader's autograde, the formgrader, a rebuild) makes the note stale, and the run brings
+# the gradebook in line again, as every run did before. A gradebook whose state cannot be read (a server's) is
+# always opened.
+GRADEBOOK_NOTE = ".gradebook-in-line.json"
+
+
+def _gradebook_holds(target: Target) -> bool:
+    """Whether the target's gradebook (if any) is known to hold its records as they are now."""
+    if target.gradebook is None:
+        return True
+    try:
+        note = json.loads((target.out / GRADEBOOK_NOTE).read_text())
+    except (OSError, ValueError):
+        return False
+    state = target.gradebook.state()
+    records = R.read_records(target.out, set(target.submissions))
+    return (state is not None and note == {"state": state, "records": {s: r["fingerprint"] for s, r in records.items()}})
+
+
+def _note_gradebook(target: Target, records: dict[str, dict]):
+    note = target.out / GRADEBOOK_NOTE
+    state = target.gradebook.state()
+    if state is None:
+        note.unlink(missing_ok=True)
+        return
+    R.write_atomic(note, json.dumps({"state": state, "records": {s: r["fingerprint"] for s, r in records.items()}}))
 
 
 def _start(jobs, limits: Limits, target: Target, executor: str, scheduler, workers, outcome: Outcome, quiet: bool):

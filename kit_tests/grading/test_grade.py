@@ -760,6 +760,9 @@ def test_the_progress_bar_lasts_from_the_workers_start_to_their_stop(tmp_path, m
             return None  # (no worker starts here)
 
     class Gradebook:
+        def state(self):
+            return None  # (a gradebook whose state cannot be known: always opened)
+
         def __getattr__(self, name):  # check, open, write, close
             return lambda *args, **kwargs: events.append(f"gradebook {name}")
 
@@ -780,3 +783,70 @@ def test_the_progress_bar_lasts_from_the_workers_start_to_their_stop(tmp_path, m
     assert outcome.errors == {"ada": "not graded here"}
     assert events[events.index("bar opens"):] == ["bar opens", "gradebook check", "gradebook open", "result",
                                                    "workers stop", "bar closes", "gradebook close"]
+
+
+def test_with_nothing_left_to_grade_no_worker_starts_and_an_unchanged_gradebook_is_not_opened(tmp_path, monkeypatch):
+    """A course where every submission is graded answers at once: what is left is decided first, so no grading
+    worker (nor sandbox) starts, and a gradebook nothing wrote since a run brought it in line with these records
+    is not even opened (importing nbgrader's API alone took 5 of the 9-11 s such a run took). Anything that writes
+    the gradebook since makes the run bring it in line again, still without a worker."""
+    from grader.course.gradebook import GradebookSync
+    from grader.grading import run as G
+
+    events = []
+
+    class Workers:  # LocalResults without grading: every job comes back graded, with no checks
+        def __init__(self, jobs, limits, count, **confinement):
+            self.jobs = jobs
+            events.append("workers start")
+
+        def __iter__(self):
+            for job in self.jobs:
+                yield job, {"error": None, "tests": [], "confinement": None, "seconds": 0.0}
+
+        def close(self):
+            events.append("workers stop")
+
+        def confinement(self):
+            return None
+
+    class Gradebook:
+        written = [1]  # what a real gradebook's state() gives: changes with every write
+
+        def state(self):
+            return list(self.written)
+
+        def write(self, records, timestamps, progress=None):
+            events.append("gradebook write")
+            self.written[0] += 1
+
+        def __getattr__(self, name):  # check, open, close
+            return lambda *args, **kwargs: events.append(f"gradebook {name}")
+
+    monkeypatch.setattr(G, "LocalResults", Workers)
+    monkeypatch.setattr(G, "probe", lambda **kwargs: events.append("probe"))
+    by_student("reference").write(tmp_path / "submissions" / "ada")
+    by_student("untouched").write(tmp_path / "submissions" / "bob")
+
+    def run():
+        events.clear()
+        target = folder_target(tmp_path / "submissions", tmp_path / "grades", "attention")
+        target.gradebook = Gradebook()
+        return grade(target, quiet=True)
+
+    assert sorted(run().graded) == ["ada", "bob"] and "workers start" in events and "gradebook write" in events
+    again = run()
+    assert sorted(again.skipped) == ["ada", "bob"] and not again.graded and events == [], events
+    assert sorted(again.records) == ["ada", "bob"]
+    Gradebook.written[0] += 1  # e.g. nbgrader autograde wrote it since
+    assert sorted(run().skipped) == ["ada", "bob"]
+    assert "workers start" not in events and "probe" not in events and "gradebook write" in events, events
+    assert run().skipped and events == []
+    # A course's SQLite gradebook says when it was written; a server's cannot, so it is always opened.
+    db = tmp_path / "gradebook.db"
+    db.write_bytes(b"x")
+    book = GradebookSync(f"sqlite:///{db}", "attention", "attention", {})
+    before = book.state()
+    db.write_bytes(b"xy")
+    assert before is not None and book.state() != before
+    assert GradebookSync("postgresql+psycopg://u@h/db", "attention", "attention", {}).state() is None
