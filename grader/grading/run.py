@@ -162,7 +162,7 @@ def _gradebook_holds(target: Target) -> bool:
         return False
     state = target.gradebook.state()
     records = R.read_records(target.out, set(target.submissions))
-    return (state is not None and note == {"state": state, "records": {s: r["fingerprint"] for s, r in records.items()}})
+    return state is not None and note == {"state": state, "records": {s: r["fingerprint"] for s, r in records.items()}}
 
 
 def _note_gradebook(target: Target, records: dict[str, dict]):
@@ -186,9 +186,8 @@ def _start(jobs, limits: Limits, target: Target, executor: str, scheduler, worke
         except ModuleNotFoundError as exc:
             if exc.name not in ("distributed", "dask"):
                 raise
-            raise GradeError("--executor dask needs Dask's distributed, which the kit installs as an extra: "
-                             "pip install 'attention-kit[dask]' (or pip install distributed); nothing was graded "
-                             "or changed") from None
+            raise GradeError("--executor dask needs Dask's distributed: pip install distributed (or, in the kit's "
+                             "folder, pip install -e '.[dask]'); nothing was graded or changed") from None
         try:
             stream = on_dask.DaskResults(jobs, limits, scheduler, target.allow_plain)
         except on_dask.SchedulerError as exc:

@@ -241,6 +241,18 @@ def test_clear_errors(tmp_path, capsys):
     assert "no student results" in capsys.readouterr().err
 
 
+def test_an_assignment_the_gradebook_lacks_is_named_with_those_it_has(graded_class, capsys):
+    """The course has every assignment, its gradebook only the one generated: `attnkit report` on another says
+    which the gradebook has, and how to get the one asked for."""
+    from grader.cli import main
+
+    assert main(["report", "modern-attention", "--course", str(graded_class[0])]) == 2
+    err = capsys.readouterr().err
+    assert ("the gradebook has no assignment 'modern-attention'; its assignments: attention "
+            "(e.g. `attnkit report attention`). To report on modern-attention: `nbgrader generate_assignment "
+            "modern-attention` in the course folder, then grade it") in err, err
+
+
 def test_a_class_without_mistakes_or_limits(tmp_path):
     """All correct: no mistakes or limits plots, the page says so."""
     rng = random.Random(1)
