@@ -62,7 +62,7 @@ def chosen_assignment(found: dict[str, int], what: str, command: str) -> tuple[s
         return None, ""
     (name,) = have
     chosen = "" if len(found) == 1 else (
-        f"{name}: the only assignment with {what} (of {', '.join(found)}); name one to choose: "
+        f"{name}, the only assignment with {what} (of {', '.join(found)}); name one to choose: "
         f"`attnkit {command} ASSIGNMENT`")
     return name, chosen
 

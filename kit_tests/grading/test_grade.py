@@ -726,7 +726,7 @@ def test_with_no_assignment_named_the_one_submitted_is_graded_and_said(tmp_path)
     build(root)
     by_student("reference", "modern-attention").write(root / "submitted" / "ada" / "modern-attention")
     said = attnkit_refuses("grade", "--course", str(root), "--quiet")  # not generated yet: stops before grading
-    assert ("attnkit grade: modern-attention: the only assignment with submissions in "
+    assert ("grading modern-attention, the only assignment with submissions in "
             f"{shlex.quote(str(root / 'submitted'))} (of {', '.join(assignments())})") in said
     assert "nbgrader generate_assignment modern-attention" in said
     by_student("reference").write(root / "submitted" / "bob" / "attention")
@@ -737,13 +737,13 @@ def test_with_no_assignment_named_the_one_submitted_is_graded_and_said(tmp_path)
     by_student("reference", "modern-attention").write(folders / "ada")
     said = attnkit_refuses("grade", "--submissions", str(folders), "--out", str(tmp_path / "grades"),
                            "--test-timeout", "5", "--time-budget", "2")  # refused after the choice, before grading
-    assert "modern-attention: the only assignment with stage modules in" in said
+    assert "grading modern-attention, the only assignment with stage modules in" in said
     (root / R.GRADES_DIR / "modern-attention").mkdir(parents=True)
     R.write_record(root / R.GRADES_DIR / "modern-attention", R.build(
         student="ada", assignment="modern-attention", submission=folders / "ada", fingerprint="0" * 64, tests=[],
         points={"m01_pytorch_attention": 10.0}, seconds=1.0))
     said = attnkit_refuses("report", "--course", str(root))
-    assert "attnkit report: modern-attention: the only assignment with grades in" in said
+    assert "reporting on modern-attention, the only assignment with grades in" in said
 
 
 def test_the_progress_bar_lasts_from_the_workers_start_to_their_stop(tmp_path, monkeypatch):
@@ -861,3 +861,24 @@ def test_with_nothing_left_to_grade_no_worker_starts_and_an_unchanged_gradebook_
     db.write_bytes(b"xy")
     assert before is not None and book.state() != before
     assert GradebookSync("postgresql+psycopg://u@h/db", "attention", "attention", {}).state() is None
+
+
+def test_gradescope_without_an_assignment_takes_the_course_s_only_one_or_asks(tmp_path, monkeypatch, capsys):
+    """As grade and report do: the only assignment of the course in the current folder, said as a note (not an
+    error); anywhere else a choice of several is asked for (exit 2), never chapter 3's zip built unasked."""
+    from grader import cli
+    from grader.outputs import gradescope
+
+    built = []
+    monkeypatch.setattr(gradescope, "build_zip", lambda out, name, *args: built.append(name) or Path(cli.__file__))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["gradescope"]) == 2 and not built
+    assert (f"attnkit gradescope: error: name the assignment to build Gradescope's autograder of, one of "
+            f"{', '.join(assignments())}: e.g. `attnkit gradescope attention --out autograder.zip`"
+            in capsys.readouterr().err)
+    build(tmp_path / "course", assignments=["modern-attention"])
+    monkeypatch.chdir(tmp_path / "course")
+    assert cli.main(["gradescope"]) == 0 and built == ["modern-attention"]
+    err = capsys.readouterr().err
+    assert err.startswith("building the autograder of modern-attention, the only assignment of the course in ") \
+        and "error" not in err, err
