@@ -57,10 +57,11 @@ def _up_to_date(record: dict | None, fp: str, points: dict[str, float]) -> bool:
 
 
 def progress_bar(quiet, **kwargs):
-    """A tqdm progress bar on stderr (none with ``quiet``)."""
+    """A tqdm progress bar on stderr where it is a terminal (none with ``quiet``; none in a log that stderr was
+    redirected to, where each of its frames would be a line: tqdm's disable=None)."""
     from tqdm import tqdm
 
-    return tqdm(disable=quiet, file=sys.stderr, dynamic_ncols=True, **kwargs)
+    return tqdm(disable=True if quiet else None, file=sys.stderr, dynamic_ncols=True, **kwargs)
 
 
 def grade(target: Target, *, students=None, force=False, executor="local", scheduler=None,

@@ -882,3 +882,20 @@ def test_gradescope_without_an_assignment_takes_the_course_s_only_one_or_asks(tm
     err = capsys.readouterr().err
     assert err.startswith("building the autograder of modern-attention, the only assignment of the course in ") \
         and "error" not in err, err
+
+
+def test_the_progress_bar_draws_on_a_terminal_only(monkeypatch):
+    """Redirected to a log, stderr gets no progress-bar frames (each would be a line there); on a terminal the bar
+    shows, unless --quiet."""
+    import io
+
+    from grader.grading.run import progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert progress_bar(False, total=1).disable
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert not progress_bar(False, total=1).disable and progress_bar(True, total=1).disable
