@@ -57,8 +57,8 @@ def stage_summary(terminalreporter, config, no_cuda: int = 0):
     tr = terminalreporter
     tr.section("attention-kit stages")
     if no_cuda:
-        tr.write_line(f"{no_cuda} CUDA case{'s' * (no_cuda > 1)} skipped: no CUDA device on this machine (each one's CPU "
-                      "twin ran; run on a GPU to check them)")
+        tr.write_line(f"{no_cuda} CUDA case{'s' * (no_cuda > 1)} skipped: no CUDA device on this machine (each one's "
+                      "CPU twin ran; run on a GPU to check them)")
     if not counts:
         return
     impl = Path(config.getoption("impl"))
