@@ -96,13 +96,14 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
             continue
         jobs.append({"student": student, "fingerprint": fp, "seed": S.seed_of(fp), "sources": sources,
                      "stages": list(target.points)})
+
+    scratch.sweep()  # what killed runs left in TMPDIR
     if not jobs and _gradebook_holds(target):  # nothing left to do: no worker, no gradebook (seconds to open)
+        target.out.mkdir(parents=True, exist_ok=True)
         outcome.records = R.read_records(target.out, set(target.submissions))
         outcome.files = R.write_summary(target.out, target.assignment, list(outcome.records.values()))
         outcome.seconds = round(time.monotonic() - started, 3)
         return outcome
-
-    scratch.sweep()  # what killed runs left in TMPDIR
     stream, bar = _start(jobs, Limits(check_seconds=target.test_timeout, budget_seconds=target.time_budget),
                          target, executor, scheduler, workers, outcome, quiet), None
     try:
