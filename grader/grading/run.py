@@ -151,7 +151,7 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
 # the gradebook since (nbgrader's autograde, the formgrader, a rebuild) makes the note stale, and the run brings
 # the gradebook in line again, as every run did before. A gradebook whose state cannot be read (a server's) is
 # always opened.
-GRADEBOOK_NOTE = ".gradebook-in-line.json"
+GRADEBOOK_NOTE = ".gradebook-in-line"  # (no .json: the records are the folder's *.json)
 
 
 def _gradebook_holds(target: Target) -> bool:
