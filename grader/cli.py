@@ -7,7 +7,7 @@
     attnkit samples [ASSIGNMENT] [--course DIR]   put those samples into your own course, for a trial run
     attnkit grade [ASSIGNMENT] [--course DIR] [--notebooks]   grade a whole class in parallel (resumable)
     attnkit report [ASSIGNMENT] [--course DIR]   an HTML class report (plots + tables) of the graded class
-    attnkit gradescope [ASSIGNMENT] [--out autograder.zip]   the autograder zip for Gradescope
+    attnkit gradescope [ASSIGNMENT] [--out autograder.zip]   the autograder zip for Gradescope (asked which)
     attnkit doctor     which confinement holds here, what it rests on, what to change for a stronger one
 """
 from __future__ import annotations
@@ -154,8 +154,8 @@ def cmd_report(args):
 
         course = Course.load(args.course)
         assignment, chosen = course_assignment(course, args.assignment, "report")
-        if chosen:
-            print(f"attnkit report: {chosen}", file=sys.stderr)
+        if chosen:  # (a note, not an error: the report goes on)
+            print(f"reporting on {chosen}", file=sys.stderr)
         index, report = class_report(course, assignment, args.out)
     print(f"class report on {len(report.students)} students, {len(report.stages)} stages, "
           f"{report.limit_summary()}: {quote(str(index))}")
@@ -186,8 +186,8 @@ def cmd_grade(args):
             target.time_budget = None  # derived from the new limit, unless given too
         if args.time_budget is not None:
             target.time_budget = args.time_budget
-    if target.chosen:
-        print(f"attnkit grade: {target.chosen}", file=sys.stderr)
+    if target.chosen:  # (a note, not an error: grading goes on)
+        print(f"grading {target.chosen}", file=sys.stderr)
     if budget_problem(target.test_timeout, target.time_budget):
         raise GradeError(budget_problem(target.test_timeout, target.time_budget))
     if args.notebooks:  # (nbconvert and nbgrader's preprocessors: seconds to import, only for notebooks)
@@ -219,9 +219,33 @@ def cmd_grade(args):
     return 1 if outcome.errors or outcome.refused or failed else 0
 
 
+def gradescope_assignment(asked: str | None) -> str:
+    """The assignment ``attnkit gradescope`` builds the autograder of: the one asked for; else the kit's only one, or
+    the only one of the course in the current folder (said); else a GradeError that asks which, as grade and report
+    do when there is a choice (an autograder of the wrong assignment grades every upload 0)."""
+    from .course.settings import Course
+    from .errors import CourseError
+
+    names = list(assignments())
+    if asked or len(names) == 1:
+        return asked or names[0]
+    try:
+        built = [name for name in Course.load(".").assignments if name in names]
+    except CourseError:  # not in a course
+        built = []
+    if len(built) == 1:
+        print(f"building the autograder of {built[0]}, the only assignment of the course in "
+              f"{quote(str(Path.cwd()))} (of {', '.join(names)}); name one to choose: `attnkit gradescope ASSIGNMENT`",
+              file=sys.stderr)
+        return built[0]
+    raise GradeError(f"name the assignment to build Gradescope's autograder of, one of {', '.join(names)}: e.g. "
+                     f"`attnkit gradescope {names[0]} --out autograder.zip`")
+
+
 def cmd_gradescope(args):
     from .outputs.gradescope import build_zip, python_floor, tested_versions
 
+    args.assignment = gradescope_assignment(args.assignment)
     points = plan_points(args.total, None, args.assignment)
     if budget_problem(args.test_timeout, args.time_budget):
         raise GradeError(budget_problem(args.test_timeout, args.time_budget))
@@ -348,8 +372,8 @@ def main(argv=None):
                     "each submission with the same suite and sandbox as `attnkit grade` "
                     "(grader/outputs/gradescope.py).",
     )
-    p.add_argument("assignment", nargs="?", default=assignment().name, choices=list(assignments()),
-                   metavar="ASSIGNMENT", help="%(choices)s (default: %(default)s)")
+    p.add_argument("assignment", nargs="?", choices=list(assignments()), metavar="ASSIGNMENT",
+                   help="%(choices)s (default: the only one of the course in the current folder; asked otherwise)")
     p.add_argument("--out", default="autograder.zip", help="the zip to write (default: %(default)s)")
     p.add_argument("--total", type=_positive(float), default=100, help="total points (default: %(default)s)")
     p.add_argument("--test-timeout", type=_positive(float), default=TEST_TIMEOUT,

@@ -2,6 +2,7 @@
 
     pytest kit_tests                 # all of them (pytest -n 2 --dist loadfile kit_tests: side by side)
     pytest kit_tests -m "not slow"   # without the runs that grade whole classes or drive nbgrader
+    pytest kit_tests/grading/test_catalogue.py -k s05_self_attention   # one stage's catalogue entries alone
 
 They test the grading engine (grader/) and the graded suite (tests/) from outside: through
 ``attnkit``, nbgrader's own commands, and the suite's adapter.

@@ -31,7 +31,7 @@ from grader.course.samples import write_modules
 from grader.kit import EXERCISES, FIXTURES, KIT, SOLUTIONS, marker, stage_info, stages
 
 PAYLOADS = Path(__file__).with_name("tamper_payloads")
-STUB = "this part is still a stub"  # the feedback line under every failure of an untouched stub
+STUB = "Not written yet: write the code"  # the feedback line under every failure of an untouched stub
 BYSTANDERS = ("reference", "tril-for-triu")  # honest samples (grader/course/samples.py): full marks; one real mistake
 LATE = "zz-"  # students are graded in the order of their names: this prefix puts one after every attacker
 

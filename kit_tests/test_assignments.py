@@ -229,3 +229,25 @@ def test_a_new_stage_and_a_new_assignment_need_only_their_own_files(tmp_path):
         assert points["solution"][stage][0] == points["solution"][stage][1] > 0, points["solution"]
         assert records["solution"]["total"] == records["solution"]["max_total"], points["solution"]
         assert points["stub"][stage][0] == 0 and records["stub"]["total"] == 0, points["stub"]
+
+
+def test_the_readme_s_counts_stage_tables_and_lists_are_the_records():
+    """The README's counts of assignments and stages, its table of each assignment's stages, and its lists of the
+    assignments and of their stage modules are those of the records (a stage or an assignment added, the README
+    follows or this fails)."""
+    readme = (KIT / "README.md").read_text()
+    records = assignments()
+    assert f"attention-kit teaches attention in {in_words(len(records))} assignments." in readme
+    paragraphs = re.split(r"\n\s*\n|\n(?=\|)", readme)  # (a table's rows one by one)
+    for a in records.values():
+        said = re.search(rf"`{a.name}`,?\s[^.]*?\sin\s(\w+)\sstages", readme)
+        assert said and said.group(1) == in_words(len(a.stages)), (a.name, said and said.group())
+        rows = re.findall(rf"^\| (\d+) \| `({a.letter}\d\d_\w+)` \|", readme, flags=re.M)
+        assert rows == [(str(s.number), s.module) for s in a.stages], f"the README's table of {a.name}'s stages"
+    letters = {f"`{a.letter}NN_*.py`" for a in records.values()}
+    for paragraph in paragraphs:  # where the README lists stage modules by their letter, it lists every letter
+        listed = set(re.findall(r"`[a-z]NN_\*\.py`", paragraph))
+        assert not listed or listed == letters, paragraph
+    for command in ("| `attnkit course build DIR` |", "| `attnkit demo [--dir DIR]` |"):
+        row = next(line for line in readme.splitlines() if line.startswith(command))
+        assert all(f"`{name}`" in row for name in records), row

@@ -309,3 +309,15 @@ def test_the_readme_gives_the_demo_one_time():
     rows = [line for line in readme.splitlines() if line.startswith("| `attnkit demo")]
     timed = [line for line in rows if re.search(r"\b\d+(\.\d+)? ?(s|min|minutes?)\b", line)]
     assert len(rows) == 2 and len(timed) == 1, timed
+
+
+def test_flex_attention_called_eagerly_as_its_stage_means_warns_nothing():
+    """torch warns "Use torch.compile(flex_attention)" at the first eager call, which contradicts stage f04 (graded
+    code may not compile): the stage's module filters that one warning, so a student's run, a notebook demo and a
+    grading box stay quiet; any other warning still fails this run (-W error)."""
+    import subprocess
+
+    code = ("import sys, torch; sys.path.insert(0, 'solutions'); import f04_flex_attention as f; "
+            "q = torch.randn(1, 2, 8, 4); f.attend(q, q, q, mask_mod=f.causal)")
+    run = subprocess.run([sys.executable, "-W", "error", "-c", code], cwd=KIT, capture_output=True, text=True)
+    assert run.returncode == 0 and "torch.compile" not in run.stderr, run.stderr[-2000:]

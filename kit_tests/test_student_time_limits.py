@@ -171,9 +171,19 @@ def test_a_release_says_what_to_install(release):
         assert set(distributions.get(module, [module])) & installed, f"{module} is imported but not installed by " \
                                                                        "requirements.txt"
     assert "pytest-timeout" not in required  # (the suite's own plugin keeps the limits)
+    # Where a student reads it first (the notebook's first cell, the folder's README.md), a command per platform, the
+    # CPU build of torch the default without an NVIDIA GPU (a plain pip install on Linux fetches the 5.5 GB CUDA build),
+    # with what each costs; requirements.txt's own comment says the same.
     notebook = nbformat.read(release / f"{ASSIGNMENT}.ipynb", as_version=4)
-    first_lines = notebook.cells[0].source.splitlines()[:5]
-    assert any("pip install -r requirements.txt" in line for line in first_lines), first_lines
+    cpu = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    for text in (notebook.cells[0].source, (release / "README.md").read_text()):
+        rows = {row.split(" | ")[0].strip("| "): row for row in text.splitlines() if row.startswith("| ")}
+        assert cpu in rows["Linux or Windows without an NVIDIA GPU (most laptops)"], text
+        assert cpu not in rows["macOS"] and "pip install -r requirements.txt" in rows["macOS"], text
+        assert "190 MB" in text and "5.5 GB" in text, text
+    assert notebook.cells[0].source.index(cpu) < 1000  # (in the cell's first lines, right under the title)
+    said = (release / "requirements.txt").read_text()
+    assert f"#   {cpu}\n#   pip install -r requirements.txt\n# macOS" in said and "190 MB" in said, said
 
 
 def test_pytest_stops_each_looping_stage_once_and_names_it(release, tmp_path):

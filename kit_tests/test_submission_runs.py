@@ -140,6 +140,10 @@ def test_a_stub_failure_is_one_line_at_the_stub_and_the_summary_says_fill_in_las
     # the line of counts, so that it is what a student sees.
     summary = stdout[stdout.index(" attention-kit stages "):]
     assert "SKIPPED" not in summary and "short test summary" not in summary, summary
+    # The CUDA cases skipped for want of a GPU: one line of the summary, not one line each among pytest's skips.
+    if "CUDA case" in stdout:
+        assert "CUDA case" not in stdout[:stdout.index(" attention-kit stages ")], stdout[-5000:]
+        assert re.search(r"\n\d+ CUDA cases skipped: no CUDA device on this machine \(each one's CPU twin ran", summary)
     assert re.fullmatch(r"(=+ )?\d+ failed, \d+ skipped in .*", summary.rstrip().splitlines()[-1]), summary
     assert re.search(r"s09_multihead_wrapper .* \(builds on s08_causal_attention: make that pass first\)", stdout)
     assert re.search(r"Next: stage s01_attention_scores: fill in the TODOs of exercises/s01_attention_scores\.py,"

@@ -35,9 +35,15 @@ softmax, in float32, with values of any width (the probes use values as wide as 
 key gets 0, as flex_attention gives.
 """
 import math
+import warnings
 
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+# flex_attention called as it is here, eagerly, warns once "flex_attention called without torch.compile() ... Use
+# torch.compile(flex_attention)": the eager call is what this stage means (graded code may not compile, see attend),
+# so that advice would only contradict it.
+warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
 
 
 def causal(b, h, q_idx, kv_idx):

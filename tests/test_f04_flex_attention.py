@@ -10,6 +10,8 @@ equals a dense computation of the same scores, mask and softmax.
 
 The eager path computes the full score matrix in float32 as the dense reference does: float32 rounding only.
 """
+import warnings
+
 import numpy as np
 import pytest
 
@@ -21,6 +23,16 @@ from suite_runtime.cases import normal, pairwise_distinct
 
 pytestmark = pytest.mark.flex_attention
 STAGE = "f04_flex_attention"
+
+
+@pytest.fixture(autouse=True)
+def eager_flex_attention_is_meant():
+    """The module's own filter of FlexAttention's "Use torch.compile(flex_attention)" warning, for the checks too:
+    pytest resets warning filters around each check, and the module may be imported in one check and call
+    flex_attention first in another."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        yield
 FLOAT32 = dict(rtol=1e-4, atol=1e-5)  # float32 against a float64 NumPy reference: rounding only
 TOLERANCE = {"float32": FLOAT32, "bfloat16": BFLOAT16}
 

@@ -13,6 +13,7 @@
         pytest.ini                `pytest` there runs the public tests on the student's modules,
                                   each check limited to the course's test_timeout (CPU time)
         requirements.txt          what a student installs (torch, numpy, pytest)
+        README.md                 how to set it up, a command per platform (a CPU build of torch where no GPU)
 
 Rebuilding rewrites the config and the ``source/<assignment>/`` folders it builds, keeps the other
 assignments the course had, and leaves the gradebook, submissions and everything nbgrader made
@@ -135,11 +136,25 @@ def requirements_txt(requires: tuple[str, ...] = ()) -> str:
     """The release's requirements.txt: ``pip install -r requirements.txt`` sets up a student's Python; ``requires``:
     what the assignment needs beyond that (its record's)."""
     return (
-        "# What this folder needs: pip install -r requirements.txt (then `pytest` here runs the public tests).\n"
-        "# Without an NVIDIA GPU, a CPU build of torch is a much smaller download; install it first:\n"
+        "# What this folder needs (then `pytest` here runs the public tests; README.md says the same).\n"
+        "# Linux or Windows without an NVIDIA GPU: PyTorch's CPU build first (about 190 MB, against the CUDA build's\n"
+        "# 5.5 GB that Linux gets otherwise), then the rest:\n"
         "#   pip install torch --index-url https://download.pytorch.org/whl/cpu\n"
+        "#   pip install -r requirements.txt\n"
+        "# macOS, or Linux with an NVIDIA GPU: pip install -r requirements.txt\n"
         + "".join(f"{line}\n" for line in [*student_requirements().values(), *requires])
     )
+
+
+def readme_md(assignment: str, notebook: str) -> str:
+    """The release's README.md: what a student reads first in the folder, how to set it up on each platform (the
+    notebook's first cell says the same, from the same template)."""
+    from .notebook import TEMPLATES
+
+    record = kit.assignment(assignment)
+    return (f"# {record.title}\n\n" + TEMPLATES.get_template("setting_up.md").render()
+            + f"\nThen open `{notebook}.ipynb` (e.g. `pip install jupyterlab`, then `jupyter lab`), which explains "
+              "each stage, or run `pytest` here to test your modules against the public tests.\n")
 
 
 def pytest_ini(test_timeout: float = TEST_TIMEOUT, tests: Path = SUITE) -> str:
@@ -288,6 +303,7 @@ def write_release_source(course: Course):
             shutil.copyfile(npz, src / "fixtures" / "public" / npz.name)
     (src / "pytest.ini").write_text(pytest_ini(course.test_timeout, src / "tests"))
     (src / "requirements.txt").write_text(requirements_txt(kit.assignment(course.assignment).requires))
+    (src / "README.md").write_text(readme_md(course.assignment, course.notebook))
     import nbformat
 
     from .notebook import build_notebook

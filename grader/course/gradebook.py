@@ -16,10 +16,12 @@ from ..errors import GradebookError, ReportError
 from ..grading.records import results_dir
 from ..outputs.report import ClassReport, build_report
 
-# The fix for a gradebook URL whose Python driver is missing, by the module SQLAlchemy could not import.
+# The fix for a gradebook URL whose Python driver is missing, by the module SQLAlchemy could not import. The kit is
+# no package on PyPI: its extras install from its folder only (pip install -e '.[postgres]'), so the hint names the
+# driver's own package first.
 DRIVER_FIX = {
-    "psycopg": "pip install 'attention-kit[postgres]'",
-    "psycopg2": "write the URL as postgresql+psycopg://... and pip install 'attention-kit[postgres]' "
+    "psycopg": "pip install 'psycopg[binary]' (or, in the kit's folder, pip install -e '.[postgres]')",
+    "psycopg2": "write the URL as postgresql+psycopg://... and pip install 'psycopg[binary]' "
                 "(or pip install psycopg2-binary)",
 }
 CONNECT_SECONDS = 10  # a database server that does not answer by then is reported, not waited for
@@ -238,6 +240,17 @@ class GradebookSync:
             self.gb.close()
             self.gb = None
 
+    def state(self) -> list | None:
+        """What changes whenever anything writes the gradebook: a SQLite file's size and time of change (None for
+        a server's gradebook, whose changes cannot be seen from here)."""
+        if not self.db_url.startswith("sqlite:///"):
+            return None
+        try:
+            stat = os.stat(self.db_url[len("sqlite:///"):])
+        except OSError:
+            return None
+        return [stat.st_size, stat.st_mtime_ns]
+
     def write(self, records: list[dict], timestamps: dict[str, str] | None = None, progress=None) -> int:
         """Bring the gradebook in line with ``records``; returns how many grades changed.
 
@@ -352,7 +365,13 @@ def stage_grades(db_url: str, course_id: str, assignment: str) -> dict:
         try:
             gb.find_assignment(assignment)
         except MissingEntry:
-            raise GradebookError(f"the gradebook has no assignment {assignment!r}") from None
+            held = sorted(a.name for a in gb.assignments)
+            raise GradebookError(
+                f"the gradebook has no assignment {assignment!r}"
+                + (f"; its assignments: {', '.join(held)} (e.g. `attnkit report {shlex.quote(held[0])}`)" if held
+                   else " (nor any other)")
+                + f". To report on {assignment}: `nbgrader generate_assignment {shlex.quote(assignment)}` in the "
+                "course folder, then grade it (`attnkit grade`)") from None
         for submission in gb.assignment_submissions(assignment):
             row = scores.setdefault(submission.student_id, {})
             for notebook in submission.notebooks:

@@ -126,7 +126,8 @@ def build_notebook(assignment: str, points: dict[str, float], test_timeout: floa
     order); ``test_timeout`` and ``time_budget`` are the course's time limits (grader.sandbox.limits.Limits)."""
     record = kit.assignment(assignment)
     title, _, text = prose(record.intro, record).partition("\n\n")
-    setting_up = TEMPLATES.get_template("setting_up.md").render()
+    setting_up = TEMPLATES.get_template("setting_up.md").render().rstrip("\n")
+    setting_up += " The next code cell says what is missing.\n"
     cells = [new_markdown_cell(f"{title}\n\n{setting_up}\n{text}"),
              new_code_cell(setup_source(test_timeout), metadata=_meta("setup"))]
     for number, (module, stage_points) in enumerate(points.items(), start=1):

@@ -16,6 +16,7 @@ flight.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -57,10 +58,11 @@ def _up_to_date(record: Record | None, fp: str, points: Mapping[str, float]) -> 
 
 
 def progress_bar(quiet, **kwargs):
-    """A tqdm progress bar on stderr (none with ``quiet``)."""
+    """A tqdm progress bar on stderr where it is a terminal (none with ``quiet``; none in a log that stderr was
+    redirected to, where each of its frames would be a line: tqdm's disable=None)."""
     from tqdm import tqdm
 
-    return tqdm(disable=quiet, file=sys.stderr, dynamic_ncols=True, **kwargs)
+    return tqdm(disable=True if quiet else None, file=sys.stderr, dynamic_ncols=True, **kwargs)
 
 
 def grade(target: Target, *, students=None, force=False, executor="local", scheduler=None,
@@ -97,6 +99,12 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
                      "stages": list(target.points)})
 
     scratch.sweep()  # what killed runs left in TMPDIR
+    if not jobs and _gradebook_holds(target):  # nothing left to do: no worker, no gradebook (seconds to open)
+        target.out.mkdir(parents=True, exist_ok=True)
+        outcome.records = R.read_records(target.out, set(target.submissions))
+        outcome.files = R.write_summary(target.out, target.assignment, list(outcome.records.values()))
+        outcome.seconds = round(time.monotonic() - started, 3)
+        return outcome
     stream, bar = _start(jobs, Limits(check_seconds=target.test_timeout, budget_seconds=target.time_budget),
                          target, executor, scheduler, workers, outcome, quiet), None
     try:
@@ -132,8 +140,41 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
         if target.gradebook is not None:
             target.gradebook.close()
         scratch.sweep()  # the workers' folders (they are killed, so they cannot remove them)
+    if target.gradebook is not None:  # (only once every record is in it: a run cut short leaves no note)
+        _note_gradebook(target, outcome.records)
     outcome.seconds = round(time.monotonic() - started, 3)
     return outcome
+
+
+# A note beside the records of what the gradebook holds once a run has brought it in line with them: the next run
+# with nothing to grade finds it true and need not open the gradebook at all (nbgrader's API takes seconds to
+# import). It names the gradebook's state then (a SQLite file's size and time of change): anything that writes
+# the gradebook since (nbgrader's autograde, the formgrader, a rebuild) makes the note stale, and the run brings
+# the gradebook in line again, as every run did before. A gradebook whose state cannot be read (a server's) is
+# always opened.
+GRADEBOOK_NOTE = ".gradebook-in-line"  # (no .json: the records are the folder's *.json)
+
+
+def _gradebook_holds(target: Target) -> bool:
+    """Whether the target's gradebook (if any) is known to hold its records as they are now."""
+    if target.gradebook is None:
+        return True
+    try:
+        note = json.loads((target.out / GRADEBOOK_NOTE).read_text())
+    except (OSError, ValueError):
+        return False
+    state = target.gradebook.state()
+    records = R.read_records(target.out, set(target.submissions))
+    return state is not None and note == {"state": state, "records": {s: r["fingerprint"] for s, r in records.items()}}
+
+
+def _note_gradebook(target: Target, records: dict[str, dict]):
+    note = target.out / GRADEBOOK_NOTE
+    state = target.gradebook.state()
+    if state is None:
+        note.unlink(missing_ok=True)
+        return
+    R.write_atomic(note, json.dumps({"state": state, "records": {s: r["fingerprint"] for s, r in records.items()}}))
 
 
 def _start(jobs: list[ClassJob], limits: Limits, target: Target, executor: str, scheduler, workers,
@@ -150,9 +191,8 @@ def _start(jobs: list[ClassJob], limits: Limits, target: Target, executor: str, 
         except ModuleNotFoundError as exc:
             if exc.name not in ("distributed", "dask"):
                 raise
-            raise GradeError("--executor dask needs Dask's distributed, which the kit installs as an extra: "
-                             "pip install 'attention-kit[dask]' (or pip install distributed); nothing was graded "
-                             "or changed") from None
+            raise GradeError("--executor dask needs Dask's distributed: pip install distributed (or, in the kit's "
+                             "folder, pip install -e '.[dask]'); nothing was graded or changed") from None
         try:
             cluster = on_dask.DaskResults(jobs, limits, scheduler, target.allow_plain)
         except on_dask.SchedulerError as exc:

@@ -24,6 +24,7 @@ class Gradebook(Protocol):
     def open(self): ...
     def write(self, records: Sequence[Record], timestamps: dict[str, str], progress=None) -> int: ...
     def close(self): ...
+    def state(self) -> object: ...  # what changes whenever anything writes the gradebook (None: not knowable)
 
 
 @dataclass
@@ -63,7 +64,7 @@ def chosen_assignment(found: dict[str, int], what: str, command: str) -> tuple[s
         return None, ""
     (name,) = have
     chosen = "" if len(found) == 1 else (
-        f"{name}: the only assignment with {what} (of {', '.join(found)}); name one to choose: "
+        f"{name}, the only assignment with {what} (of {', '.join(found)}); name one to choose: "
         f"`attnkit {command} ASSIGNMENT`")
     return name, chosen
 

@@ -72,8 +72,10 @@ def graded(tmp_path_factory):
 
     nbgrader = Nbgrader(course)
     start = time.monotonic()
-    nbgrader("generate_assignment", ASSIGNMENT)
+    generated = nbgrader("generate_assignment", ASSIGNMENT)
     release = course / "release" / ASSIGNMENT
+    # No line per file copied (a hundred of them buried nbgrader's other lines); they are there at DEBUG.
+    assert "Copying " not in generated.stdout + generated.stderr and "Updating/creating assignment" in generated.stderr
 
     # 1. the exchange: release, a student fetches and submits, the instructor collects
     nbgrader("release_assignment", ASSIGNMENT)
@@ -104,6 +106,8 @@ def graded(tmp_path_factory):
     t = time.monotonic()
     autograde = nbgrader("autograde", ASSIGNMENT)
     autograde_seconds = time.monotonic() - t
+    said = autograde.stdout + autograde.stderr  # nbgrader's own lines, not a copy line per file nor the kernel's noise
+    assert "without encryption" not in said and "Copying " not in said and "Autograding" in said, said[-3000:]
     nbgrader("generate_feedback", ASSIGNMENT)
     nbgrader("export", "--to", str(tmp / "grades.csv"))
     assert c.assignment == ASSIGNMENT and c.gradebook_url == f"sqlite:///{db}"

@@ -11,9 +11,19 @@ that other (grader/sandbox/backend.py): no module of a pack reaches another's st
 than trusts it: a stage that builds on another is graded beside a mistake in that other in most packs (its
 verdicts are on record), and every reference module a pack holds must get full marks beside the pack's
 mistakes. The demo's samples, graded in the same run as whole submissions, lose points exactly where they break.
+
+One stage's entries alone (an author's loop: seconds, not the whole catalogue's minutes): each entry's tests are
+named after its stage, so
+
+    pytest kit_tests/grading/test_catalogue.py -k s05_self_attention
+
+selects them, and then only that stage's entries are graded, on that stage alone (``selected_stages``). A selection
+that takes in a test of the whole catalogue (the grades on record, the samples, the reference beside each pack)
+grades it all.
 """
 import importlib
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,38 +48,64 @@ def packs(entries) -> list[dict]:
     for entry in entries:
         by_stage[entry.stage].append(entry)
     return [{stage: listed[i] for stage, listed in by_stage.items() if i < len(listed)}
-            for i in range(max(map(len, by_stage.values())))]
+            for i in range(max(map(len, by_stage.values()), default=0))]
 
 
-def packs_of(assignment) -> list[dict]:
-    """The packs of ``assignment``'s catalogue entries."""
-    return packs([entry for entry in BUGS + VARIANTS if entry.assignment == assignment])
+def packs_of(assignment, only=None) -> list[dict]:
+    """The packs of ``assignment``'s catalogue entries (of the stages ``only`` names, if given)."""
+    return packs([entry for entry in BUGS + VARIANTS
+                  if entry.assignment == assignment and (only is None or entry.stage in only)])
+
+
+def entry_id(entry) -> str:
+    """A catalogue entry's test id: its stage, then its name (so that ``-k STAGE`` selects a stage's entries)."""
+    return f"{entry.stage}-{entry.name}"
+
+
+def selected_stages(session) -> set[str] | None:
+    """The stages whose entries the selected tests of this file judge, when each judges one entry (a mistake, a
+    variant); None when one judges the whole catalogue (the grades on record, a sample, the reference beside each
+    pack), which all of it must then be graded for."""
+    only = set()
+    for item in session.items:
+        if item.path != Path(__file__) or not {"records", "graded"} & set(getattr(item, "fixturenames", ())):
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        entry = params.get("bug") or params.get("variant")
+        if entry is None:
+            return None
+        only.add(entry.stage)
+    return only
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
+def records(request, tmp_path_factory):
     """name -> record of every catalogue entry (its own stage), of the reference modules beside each pack's entries
     (BESIDE + assignment + pack) and of every sample, all graded in one run of attnkit grade's warm workers per
-    assignment (torch imported once per worker)."""
+    assignment (torch imported once per worker). Only the entries of ``selected_stages`` when the selected tests
+    judge those alone, each pack graded on those stages only."""
     root = tmp_path_factory.mktemp("catalogue")
+    only = selected_stages(request.session)
     records = {}
     for assignment in assignments():  # each graded on its own assignment's stages, as a course grades it
         folder = root / assignment
-        packed = packs_of(assignment)
+        packed = packs_of(assignment, only)
+        if not packed and only is not None:
+            continue
         for index, pack in enumerate(packed):
             write_modules(folder / "submissions" / f"pack-{index}", assignment=assignment,
                           replaced={stage: entry.modules()[stage] for stage, entry in pack.items()})
-        for sample in samples(assignment):
+        for sample in samples(assignment) if only is None else ():
             sample.write(folder / "submissions" / (SAMPLE + assignment + "-" + sample.student))
         target = folder_target(folder / "submissions", folder / "grades", assignment,
-                               points={stage: 1.0 for stage in stages(assignment)})
+                               points={stage: 1.0 for stage in stages(assignment) if only is None or stage in only})
         outcome = grade(target, quiet=True)
         assert not outcome.errors, outcome.errors
         for index, pack in enumerate(packed):  # each entry's record: its own stage
             record = outcome.records.pop(f"pack-{index}")
             for stage, entry in pack.items():
                 records[entry.name] = dict(record, stages=[s for s in record["stages"] if s["stage"] == stage])
-            if len(pack) < len(stages(assignment)):
+            if len(pack) < len(target.points):
                 records[f"{BESIDE}{assignment}-{index}"] = dict(
                     record, stages=[s for s in record["stages"] if s["stage"] not in pack])
         records |= outcome.records
@@ -149,7 +185,19 @@ def test_each_sample_gets_what_its_record_says(graded, sample):
     assert not wrong, f"{sample.student} ({sample.expected()}): {wrong}"
 
 
-@pytest.mark.parametrize("bug", BUGS, ids=lambda b: b.name)
+def test_a_stage_left_as_its_stub_is_not_written_yet_never_a_mistake(records):
+    """A check that reaches a stub fails saying "Not written yet" (as a student's pytest does), in the message that
+    nbgrader's cells, Gradescope and the feedback show, never "Likely mistake:"; no mistake is recorded."""
+    untouched = [record for name, record in records.items() if name.startswith(SAMPLE) and name.endswith("-untouched")]
+    stubbed = [t for record in untouched for s in record["stages"] for t in s["tests"]
+               if t["outcome"] == "failed" and "NotImplementedError" in t["message"]]
+    assert len(untouched) == len(assignments()) and len(stubbed) > 100
+    for t in stubbed:
+        assert "Not written yet: write the code its TODO describes" in t["message"], t["message"]
+        assert "Likely mistake" not in t["message"] and t["mistakes"] == [], t
+
+
+@pytest.mark.parametrize("bug", BUGS, ids=entry_id)
 def test_mistake_costs_points_on_its_stage_only_and_is_named(graded, bug):
     result = graded[bug.name]
     score, failures = result[bug.stage]
@@ -162,7 +210,7 @@ def test_mistake_costs_points_on_its_stage_only_and_is_named(graded, bug):
         )
 
 
-@pytest.mark.parametrize("bug", [b for b in BUGS if b.not_said], ids=lambda b: b.name)
+@pytest.mark.parametrize("bug", [b for b in BUGS if b.not_said], ids=entry_id)
 def test_no_feedback_sends_a_mistake_to_a_wrong_fix(graded, bug):
     """A hint once shown for this mistake pointed to a fix its code already had (or to another mistake): a
     reading is shown only when the submission's own numbers bear it out, so these words appear nowhere."""
@@ -172,7 +220,7 @@ def test_no_feedback_sends_a_mistake_to_a_wrong_fix(graded, bug):
     assert not said, f"{bug.name} ({bug.why}) was told what does not apply to it: {said}"
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", VARIANTS, ids=entry_id)
 def test_correct_variant_gets_full_marks(graded, variant):
     lost = {s: (score, failures[:1]) for s, (score, failures) in graded[variant.name].items() if score < 1}
     assert not lost, f"{variant.name} ({variant.why}) lost points: {lost}"
@@ -244,8 +292,8 @@ READINGS = [  # (stage module whose readings apply, error text, the failing call
     ("s10_multihead_attention", "RuntimeError: shape '[2, 4, 2, 1]' is invalid for input of size 48",
      forward(4, context_length=6, num_heads=1), None),  # sizes no reading accounts for
     ("s01_attention_scores", "NotImplementedError: s01_attention_scores: attention_scores_loop: see its TODO", None,
-     "still a stub"),
-    ("s01_attention_scores", "NotImplementedError: ", None, "still a stub"),  # nbgrader's stub
+     "Not written yet"),
+    ("s01_attention_scores", "NotImplementedError: ", None, "Not written yet"),  # nbgrader's stub
     ("s01_attention_scores", "NotImplementedError: Could not run 'aten::_foo' with arguments from the 'CUDA' backend",
      None, None),
     # f04's readings of FlexAttention's errors: shown only for a call that ran the learner's mods (named), or compiled

@@ -31,7 +31,7 @@ from grader.grading import records as R
 from grader.grading.run import grade
 from grader.grading.targets import folder_target
 from grader.grading.worker import grade_folder
-from grader.kit import SOLUTIONS, assignments, stage_info, stages
+from grader.kit import KIT, SOLUTIONS, assignments, stage_info, stages
 from grader.sandbox.limits import Limits
 from grader.untrusted import ID_RULE, printable
 from load import cpu_hogs
@@ -694,7 +694,18 @@ def test_dask_not_installed_is_one_plain_line(tmp_path):
                           "--out", str(out), "--quiet", "--executor", "dask", "--scheduler", "tcp://127.0.0.1:1"],
                          capture_output=True, text=True)
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
-    assert "pip install 'attention-kit[dask]'" in run.stderr and not out.exists(), run.stderr
+    assert "pip install distributed (or, in the kit's folder, pip install -e '.[dask]')" in run.stderr, run.stderr
+    assert not out.exists()
+
+
+def test_install_hints_name_what_pip_can_install():
+    """The kit is no package on PyPI: a hint `pip install 'attention-kit[...]'` fails with "No matching
+    distribution found". Hints name the packages themselves, or the extra installed from the kit's folder."""
+    from grader.course.gradebook import DRIVER_FIX
+
+    texts = [path.read_text() for path in (KIT / "grader").rglob("*") if path.suffix in (".py", ".md", ".j2")]
+    assert not [t for t in texts if "attention-kit[" in t]
+    assert "pip install 'psycopg[binary]'" in DRIVER_FIX["psycopg"]
 
 
 def test_an_unreachable_dask_scheduler_is_one_plain_line(tmp_path):
@@ -720,7 +731,7 @@ def test_with_no_assignment_named_the_one_submitted_is_graded_and_said(tmp_path)
     build(root)
     by_student("reference", "modern-attention").write(root / "submitted" / "ada" / "modern-attention")
     said = attnkit_refuses("grade", "--course", str(root), "--quiet")  # not generated yet: stops before grading
-    assert ("attnkit grade: modern-attention: the only assignment with submissions in "
+    assert ("grading modern-attention, the only assignment with submissions in "
             f"{shlex.quote(str(root / 'submitted'))} (of {', '.join(assignments())})") in said
     assert "nbgrader generate_assignment modern-attention" in said
     by_student("reference").write(root / "submitted" / "bob" / "attention")
@@ -731,13 +742,13 @@ def test_with_no_assignment_named_the_one_submitted_is_graded_and_said(tmp_path)
     by_student("reference", "modern-attention").write(folders / "ada")
     said = attnkit_refuses("grade", "--submissions", str(folders), "--out", str(tmp_path / "grades"),
                            "--test-timeout", "5", "--time-budget", "2")  # refused after the choice, before grading
-    assert "modern-attention: the only assignment with stage modules in" in said
+    assert "grading modern-attention, the only assignment with stage modules in" in said
     (root / R.GRADES_DIR / "modern-attention").mkdir(parents=True)
     R.write_record(root / R.GRADES_DIR / "modern-attention", R.build(
         student="ada", assignment="modern-attention", submission=folders / "ada", fingerprint="0" * 64, tests=[],
         points={"m01_pytorch_attention": 10.0}, seconds=1.0))
     said = attnkit_refuses("report", "--course", str(root))
-    assert "attnkit report: modern-attention: the only assignment with grades in" in said
+    assert "reporting on modern-attention, the only assignment with grades in" in said
 
 
 def test_the_progress_bar_lasts_from_the_workers_start_to_their_stop(tmp_path, monkeypatch):
@@ -765,6 +776,9 @@ def test_the_progress_bar_lasts_from_the_workers_start_to_their_stop(tmp_path, m
             return None  # (no worker starts here)
 
     class Gradebook:
+        def state(self):
+            return None  # (a gradebook whose state cannot be known: always opened)
+
         def __getattr__(self, name):  # check, open, write, close
             return lambda *args, **kwargs: events.append(f"gradebook {name}")
 
@@ -785,3 +799,108 @@ def test_the_progress_bar_lasts_from_the_workers_start_to_their_stop(tmp_path, m
     assert outcome.errors == {"ada": "not graded here"}
     assert events[events.index("bar opens"):] == ["bar opens", "gradebook check", "gradebook open", "result",
                                                    "workers stop", "bar closes", "gradebook close"]
+
+
+def test_with_nothing_left_to_grade_no_worker_starts_and_an_unchanged_gradebook_is_not_opened(tmp_path, monkeypatch):
+    """A course where every submission is graded answers at once: what is left is decided first, so no grading
+    worker (nor sandbox) starts, and a gradebook nothing wrote since a run brought it in line with these records
+    is not even opened (importing nbgrader's API alone took 5 of the 9-11 s such a run took). Anything that writes
+    the gradebook since makes the run bring it in line again, still without a worker."""
+    from grader.course.gradebook import GradebookSync
+    from grader.grading import run as G
+
+    events = []
+
+    class Workers:  # LocalResults without grading: every job comes back graded, with no checks
+        def __init__(self, jobs, limits, count, **confinement):
+            self.jobs = jobs
+            events.append("workers start")
+
+        def __iter__(self):
+            for job in self.jobs:
+                yield job, {"error": None, "tests": [], "confinement": None, "seconds": 0.0}
+
+        def close(self):
+            events.append("workers stop")
+
+        def confinement(self):
+            return None
+
+    class Gradebook:
+        written = [1]  # what a real gradebook's state() gives: changes with every write
+
+        def state(self):
+            return list(self.written)
+
+        def write(self, records, timestamps, progress=None):
+            events.append("gradebook write")
+            self.written[0] += 1
+
+        def __getattr__(self, name):  # check, open, close
+            return lambda *args, **kwargs: events.append(f"gradebook {name}")
+
+    monkeypatch.setattr(G, "LocalResults", Workers)
+    monkeypatch.setattr(G, "probe", lambda **kwargs: events.append("probe"))
+    by_student("reference").write(tmp_path / "submissions" / "ada")
+    by_student("untouched").write(tmp_path / "submissions" / "bob")
+
+    def run():
+        events.clear()
+        target = folder_target(tmp_path / "submissions", tmp_path / "grades", "attention")
+        target.gradebook = Gradebook()
+        return grade(target, quiet=True)
+
+    assert sorted(run().graded) == ["ada", "bob"] and "workers start" in events and "gradebook write" in events
+    again = run()
+    assert sorted(again.skipped) == ["ada", "bob"] and not again.graded and events == [], events
+    assert sorted(again.records) == ["ada", "bob"]
+    Gradebook.written[0] += 1  # e.g. nbgrader autograde wrote it since
+    assert sorted(run().skipped) == ["ada", "bob"]
+    assert "workers start" not in events and "probe" not in events and "gradebook write" in events, events
+    assert run().skipped and events == []
+    # A course's SQLite gradebook says when it was written; a server's cannot, so it is always opened.
+    db = tmp_path / "gradebook.db"
+    db.write_bytes(b"x")
+    book = GradebookSync(f"sqlite:///{db}", "attention", "attention", {})
+    before = book.state()
+    db.write_bytes(b"xy")
+    assert before is not None and book.state() != before
+    assert GradebookSync("postgresql+psycopg://u@h/db", "attention", "attention", {}).state() is None
+
+
+def test_gradescope_without_an_assignment_takes_the_course_s_only_one_or_asks(tmp_path, monkeypatch, capsys):
+    """As grade and report do: the only assignment of the course in the current folder, said as a note (not an
+    error); anywhere else a choice of several is asked for (exit 2), never chapter 3's zip built unasked."""
+    from grader import cli
+    from grader.outputs import gradescope
+
+    built = []
+    monkeypatch.setattr(gradescope, "build_zip", lambda out, name, *args: built.append(name) or Path(cli.__file__))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["gradescope"]) == 2 and not built
+    assert (f"attnkit gradescope: error: name the assignment to build Gradescope's autograder of, one of "
+            f"{', '.join(assignments())}: e.g. `attnkit gradescope attention --out autograder.zip`"
+            in capsys.readouterr().err)
+    build(tmp_path / "course", assignments=["modern-attention"])
+    monkeypatch.chdir(tmp_path / "course")
+    assert cli.main(["gradescope"]) == 0 and built == ["modern-attention"]
+    err = capsys.readouterr().err
+    assert err.startswith("building the autograder of modern-attention, the only assignment of the course in ") \
+        and "error" not in err, err
+
+
+def test_the_progress_bar_draws_on_a_terminal_only(monkeypatch):
+    """Redirected to a log, stderr gets no progress-bar frames (each would be a line there); on a terminal the bar
+    shows, unless --quiet."""
+    import io
+
+    from grader.grading.run import progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert progress_bar(False, total=1).disable
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert not progress_bar(False, total=1).disable and progress_bar(True, total=1).disable

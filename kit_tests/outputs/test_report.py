@@ -41,8 +41,7 @@ MISTAKES = {  # stage -> mistakes a failed test may name
                                 "scaled by sqrt(d_out) instead of sqrt(head_dim)"],
 }
 LIMITS = ("time", "memory", "crash", "exit", "output")
-STUB_MESSAGE = ("NotImplementedError: {stage}: f: see its TODO\n"
-                "Likely mistake: this part is still a stub: write the code its TODO describes")
+STUB_MESSAGE = "NotImplementedError: {stage}: f: see its TODO\nNot written yet: write the code its TODO describes"
 STUBBORN = {"student07": "*", "student21": "s10_multihead_attention"}  # who left which stages as stubs
 
 
@@ -56,7 +55,7 @@ def synthetic_record(student: str, points: dict, rng: random.Random) -> dict:
             if STUBBORN.get(student) in ("*", stage):
                 tests.append({"nodeid": f"tests/test_{stage}.py::test_{i}", "label": f"case {i}", "outcome": "failed",
                               "message": STUB_MESSAGE.format(stage=stage),
-                              "mistakes": ["this part is still a stub: write the code its TODO describes"],
+                              "mistakes": [],
                               "limit": None})
                 continue
             failed = rng.random() < 0.3
@@ -239,6 +238,18 @@ def test_clear_errors(tmp_path, capsys):
     assert "not an attnkit course" in capsys.readouterr().err
     assert main(["report", "--results", str(tmp_path)]) == 2
     assert "no student results" in capsys.readouterr().err
+
+
+def test_an_assignment_the_gradebook_lacks_is_named_with_those_it_has(graded_class, capsys):
+    """The course has every assignment, its gradebook only the one generated: `attnkit report` on another says
+    which the gradebook has, and how to get the one asked for."""
+    from grader.cli import main
+
+    assert main(["report", "modern-attention", "--course", str(graded_class[0])]) == 2
+    err = capsys.readouterr().err
+    assert ("the gradebook has no assignment 'modern-attention'; its assignments: attention "
+            "(e.g. `attnkit report attention`). To report on modern-attention: `nbgrader generate_assignment "
+            "modern-attention` in the course folder, then grade it") in err, err
 
 
 def test_a_class_without_mistakes_or_limits(tmp_path):

@@ -15,7 +15,9 @@ import numpy as np
 # raised (``Call``: the constructor arguments and the sizes of the inputs the test gave), and one the
 # evidence does not bear out is not shown. A message that says nothing specific beats a wrong one.
 
-STUB = "this part is still a stub: write the code its TODO describes"
+# What a stub's NotImplementedError means: no mistake, a part not written yet (a report shows it as such, never as a
+# "Likely mistake:"; a student's pytest says it in one line at the stub, its summary "fill in the TODOs").
+STUB = "Not written yet: write the code its TODO describes"
 BOOK_LENGTH = 6  # tokens in the book's example ("Your journey starts with one step"): a tell of a hard-coded size
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from diagnosis import Finding, error_text, explain_error
+from diagnosis import STUB, Finding, error_text, explain_error
 from suite_runtime.stage_names import stage_of
 
 from . import shown
@@ -62,11 +62,12 @@ def pytest_runtest_makereport(item, call):
         hints = explain_error(error_text(call.excinfo.typename, str(call.excinfo.value)),
                               _call_that_raised(item, call.excinfo.value),
                               getattr(getattr(item, "module", None), "ERROR_READINGS", None))
-        findings = [Finding("", (hint,), "", "error") for hint in hints]
+        # A stub's error is no mistake (none is recorded, none counted in a class report): its line says so.
+        findings = [Finding("", (hint,), "", "error") for hint in hints if hint != STUB]
         report.attnkit_findings = [f.record() for f in findings]
         if hints and hasattr(report.longrepr, "addsection"):
-            text = "\n".join(line for f in findings for line in f.lines())
-            report.longrepr.addsection("Likely mistake", text)  # for the terminal
+            text = "\n".join([line for f in findings for line in f.lines()] + [STUB] * (STUB in hints))
+            report.longrepr.addsection("Likely mistake" if findings else "Not written yet", text)  # for the terminal
             crash = getattr(report.longrepr, "reprcrash", None)
             if crash is not None:  # for one-line reports (grading feedback, -rf summaries)
                 crash.message += f"\n{text}"

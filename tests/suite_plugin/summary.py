@@ -10,6 +10,7 @@ import pytest
 from suite_runtime.stage_names import builds_on, stage_command, stage_of, teaching_order
 
 from . import ROOT, SUITE, shown
+from .devices import NO_CUDA
 
 STAGE_TEST_FILES = tuple(sorted(p.name for p in SUITE.glob("test_*.py") if stage_of(p.name)))
 
@@ -18,12 +19,26 @@ STAGE_TEST_FILES = tuple(sorted(p.name for p in SUITE.glob("test_*.py") if stage
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Per stage: how many tests pass, and which stage to work on next, in what words. Written last, after
-    pytest's own summaries (the reasons for skipped CUDA cases ...), right above the line of counts."""
-    yield
-    stage_summary(terminalreporter, config)
+    pytest's own summaries (the reasons for other skips ...), right above the line of counts. The CUDA cases
+    skipped for want of a GPU (dozens, one line each in pytest's list of skips) are one line of it instead; they
+    are back in pytest's counts."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    no_cuda = [report for report in skipped if _no_cuda(report)]
+    skipped[:] = [report for report in skipped if not _no_cuda(report)]
+    try:
+        yield
+    finally:
+        skipped.extend(no_cuda)
+    stage_summary(terminalreporter, config, len(no_cuda))
 
 
-def stage_summary(terminalreporter, config):
+def _no_cuda(report) -> bool:
+    """Whether ``report`` is of a CUDA case skipped because this machine has no CUDA device."""
+    longrepr = getattr(report, "longrepr", None)
+    return isinstance(longrepr, tuple) and len(longrepr) == 3 and NO_CUDA in str(longrepr[2])
+
+
+def stage_summary(terminalreporter, config, no_cuda: int = 0):
     counts = defaultdict(lambda: [0, 0])  # stage -> [passed, total]
     failing = {}  # failing stage -> True while every failure is its own stub's NotImplementedError
     for outcome in ("passed", "failed", "error"):
@@ -37,6 +52,13 @@ def stage_summary(terminalreporter, config):
                 if outcome != "passed":
                     own = getattr(report, "not_written_yet", None) == stage
                     failing[stage] = failing.get(stage, True) and own
+    if not counts and not no_cuda:
+        return
+    tr = terminalreporter
+    tr.section("attention-kit stages")
+    if no_cuda:
+        tr.write_line(f"{no_cuda} CUDA case{'s' * (no_cuda > 1)} skipped: no CUDA device on this machine (each one's "
+                      "CPU twin ran; run on a GPU to check them)")
     if not counts:
         return
     impl = Path(config.getoption("impl"))
@@ -45,8 +67,6 @@ def stage_summary(terminalreporter, config):
     def command(stage=None):
         return stage_command(stage, option) if stage else f"pytest --impl={option}" if option else "pytest"
 
-    tr = terminalreporter
-    tr.section("attention-kit stages")
     tr.write_line(f"implementation: {impl}")
     unchecked = {}  # failing stage -> the stages it builds on that this run did not check
     for stage in sorted(counts, key=teaching_order):

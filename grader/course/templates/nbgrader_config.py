@@ -1,6 +1,7 @@
 """nbgrader's configuration of an attention-kit course. This file is the same in every course (`attnkit course
 build` copies it here): what is this course's own (its id, gradebook, exchange, assignments, time limits) is in
 attnkit-course.json beside it. Change those by rebuilding the course, not by editing this file."""
+import logging
 import os
 import sys
 
@@ -25,8 +26,22 @@ c.Exchange.root = str(course.exchange)
 # Students write code in the stage modules; the notebook has no solution cells.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 
+# nbgrader logs "Copying SRC -> DEST" at INFO for every file it copies (the suite's support files: a hundred lines at
+# each generate_assignment and autograde), which buries its other lines; they still show with --log-level=DEBUG.
+def _not_a_file_copied(record):
+    shown = min((handler.level for handler in logging.getLogger(record.name).handlers), default=logging.INFO)
+    return record.msg != "Copying %s -> %s" or shown <= logging.DEBUG
+
+
+for _app in ("GenerateAssignmentApp", "AutogradeApp"):
+    logging.getLogger(_app).addFilter(_not_a_file_copied)
+
 # Autograde: the kernel is python3; each autograder cell may run the whole suite (first cell).
 c.Execute.kernel_name = "python3"
+# The kernel's own warnings at start: ipykernel warns "Kernel is running over TCP without encryption" at every
+# autograde, though its ports listen on this machine only and each kernel has a key of its own; no learner code runs
+# in the kernel (grader.course.cells grades in the sandbox). Its errors still show.
+c.Execute.extra_arguments = ["--IPKernelApp.log_level=ERROR"]
 c.Execute.timeout = course.execute_timeout
 c.OverwriteCells.add_missing_cells = True
 # Keep the student's modules: nbgrader otherwise overwrites every file with the source's.
