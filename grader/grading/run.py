@@ -168,9 +168,9 @@ def _gradebook_holds(target: Target) -> bool:
     return state is not None and note == {"state": state, "records": {s: r["fingerprint"] for s, r in records.items()}}
 
 
-def _note_gradebook(target: Target, records: dict[str, dict]):
+def _note_gradebook(target: Target, records: Mapping[str, Record]):
     note = target.out / GRADEBOOK_NOTE
-    state = target.gradebook.state()
+    state = target.gradebook.state() if target.gradebook is not None else None
     if state is None:
         note.unlink(missing_ok=True)
         return
