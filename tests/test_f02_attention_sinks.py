@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from diagnosis import BFLOAT16, Attention, AttentionModule, Probed, Said, Searched, assert_close, assert_mask
+from diagnosis import caches as C
 from diagnosis import sinks as S
 from diagnosis.modules import module_probes
 from diagnosis.probes import ExposedWeights, weight_findings
@@ -86,12 +87,26 @@ def diagnosis(stage, init, x, weights, chunks=None, rows=slice(None)):
             return stage.session(CLS, init, weights, steps=[{"method": "forward", "args": [a]}], dtype=dtype)[0]
 
         switches = S.switches(spec, init["d_in"], init["d_out"], chunks, bias=bool(init.get("qkv_bias")))
+        cached = [lambda: cache_findings(stage, spec, init, x, weights, chunks, run)] if chunks else []
         return [Searched(compute, switches, "your output", second),
-                Probed([lambda: exposed_findings(stage, spec),
+                Probed([*cached, lambda: exposed_findings(stage, spec),
                         *module_probes(run, x, may_see=S.allowed(spec, np.arange(x.shape[1]), np.arange(x.shape[1])),
                                        run64=lambda: run(x, "float64"))])]
 
     return [Deferred(make)]
+
+
+def cache_findings(stage, spec, init, x, weights, chunks, run):
+    """The cache's probes (diagnosis.caches): the learner's cached steps against its own forward without the cache
+    (which step goes wrong first, and whether it is the first after the cache dropped positions), and the positions
+    cache_positions records against those of the tokens the cache holds."""
+    *outputs, recorded = stage.session(CLS, init, weights, steps=[*cached_steps(x, chunks), {"get": "cache_positions"}])
+    fed = np.cumsum(chunks)
+    kept = [len(S.kept_positions(spec, int(n))) for n in fed]
+    found = C.session_findings(outputs, run(x), S.forward(spec, x, weights), chunks, kept=kept)
+    if recorded is not None:
+        found += C.positions_findings(recorded, S.kept_positions(spec, int(fed[-1])), int(fed[-1]))
+    return found
 
 
 def exposed_findings(stage, spec):
