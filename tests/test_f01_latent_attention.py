@@ -170,7 +170,7 @@ def test_the_cache_holds_the_latent_and_the_rotary_key(stage, public_fx):
     for part, (name, value, expected) in enumerate((("cache_latent", cache_latent, latent),
                                                     ("cache_k_rope", cache_k_rope, k_rope))):
         switches = [L.NORM] if part == 0 else [L.CACHED_ROPE, L.rope_switch().without("none"),
-                                               L.D.POSITIONS.only("restart")]
+                                               L.C.POSITIONS.only("restart")]
         assert_close(name, value, expected, **FLOAT32, diagnosis=[Searched(
             lambda choices, part=part: L.cache(spec, x, weights, chunks, choices)[part], switches, f"your {name}")])
 
