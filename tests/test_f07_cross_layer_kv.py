@@ -63,7 +63,8 @@ def diagnosis(stage, init, x, weights, chunks=None, rows=slice(None)):
             return stage.session(CLS, init, weights, steps=[{"method": "forward", "args": [a]}], dtype=dtype)[0]
 
         def steps():
-            cached = [{"method": "forward", "args": [x[:, a:e]], "kwargs": {"use_cache": True}} for a, e in spans(chunks)]
+            cached = [{"method": "forward", "args": [x[:, a:e]], "kwargs": {"use_cache": True}}
+                      for a, e in spans(chunks)]
             return C.session_findings(stage.session(CLS, init, weights, steps=cached), run(x),
                                       H.stack(x, weights, spec), chunks)
 

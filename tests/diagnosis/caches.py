@@ -307,7 +307,8 @@ def session_findings(cached, own, right, chunks, *, kept=None, causes=(), what="
             return [Finding(shows + ", whose cache was empty: the cached path computes the new tokens differently.",
                             tuple(causes), mechanism, "probe", weight=9)]
         fed = [end for _, end in spans_]
-        if kept is not None and all(kept[k] == fed[k] for k in range(first - 1)) and kept[first - 1] < fed[first - 1]:
+        dropped = kept is not None and kept[first - 1] < fed[first - 1]
+        if dropped and all(kept[k] == fed[k] for k in range(first - 1)):
             return [Finding(shows + f", the first step after the cache dropped entries (after step {first - 1} it holds "
                             f"{kept[first - 1]} of the {fed[first - 1]} tokens fed); the steps before are right.",
                             (FROM_LENGTH, DROPPED), mechanism, "probe", weight=9)]
