@@ -309,8 +309,8 @@ def session_findings(cached, own, right, chunks, *, kept=None, causes=(), what="
         fed = [end for _, end in spans_]
         dropped = kept is not None and kept[first - 1] < fed[first - 1]
         if dropped and all(kept[k] == fed[k] for k in range(first - 1)):
-            return [Finding(shows + f", the first step after the cache dropped entries (after step {first - 1} it holds "
-                            f"{kept[first - 1]} of the {fed[first - 1]} tokens fed); the steps before are right.",
+            return [Finding(shows + f", the first step after the cache dropped entries (after step {first - 1} it "
+                            f"holds {kept[first - 1]} of the {fed[first - 1]} tokens fed); the steps before are right.",
                             (FROM_LENGTH, DROPPED), mechanism, "probe", weight=9)]
         return [Finding(shows + ": the first step (an empty cache) is right, what goes wrong is carried from one step "
                         "to the next.", tuple(causes) or (CARRIED,), mechanism, "probe", weight=9)]
