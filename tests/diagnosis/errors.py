@@ -215,7 +215,7 @@ def parameter_rows(match, call):
     if not (h and g and d_out and given and built and given[0] != built[0] and given[1:] == built[1:]):
         return None
     head_dim = d_out // h
-    if given[0] == g * head_dim and built[0] == (h // g) * head_dim != g * head_dim:
+    if g not in (1, h) and given[0] == g * head_dim and built[0] == (h // g) * head_dim:  # (else d_out's, a head's)
         return (f"{name} has {built[0]} rows = (num_heads / num_kv_groups) * head_dim = ({h} / {g}) * {head_dim}, "
                 f"where num_kv_groups * head_dim = {given[0]} is documented: num_kv_groups was read as the group size "
                 "(query heads per key/value head); it is the number of key/value heads, so W_key and W_value give "
