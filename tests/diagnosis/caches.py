@@ -276,13 +276,14 @@ def _tokens(positions) -> str:
     return runs.replace("keys", "tokens", 1).replace("no key", "no token")
 
 
-def session_findings(cached, own, right, chunks, *, kept=None, causes=(), what="your cached steps",
+def session_findings(cached, own, right, chunks, *, kept=None, newest=None, causes=(), what="your cached steps",
                      mechanism="KV cache") -> list[Finding]:
     """The learner's cached steps (``cached``: one output (b, num_new, ...) per step of feeding a sequence in
     ``chunks``) against its own forward without the cache on the whole sequence (``own``, (b, T, ...)) and the right
     full forward (``right``): which tokens the cached path gets wrong, and which step first. ``kept``: the number of
     entries the cache must hold after each step (a cache that drops some), to tell whether the first wrong step is the
-    first after it dropped one; ``causes``: what the stage's cached path does that its forward does not."""
+    first after it dropped one, and ``newest``: (the newest position the module records, the newest token's), which
+    tells the two causes of that apart; ``causes``: what the stage's cached path does that its forward does not."""
     cached = [np.asarray(c, np.float64) for c in cached]
     own, right = np.asarray(own, np.float64), np.asarray(right, np.float64)
     spans_ = spans(chunks)
@@ -309,9 +310,12 @@ def session_findings(cached, own, right, chunks, *, kept=None, causes=(), what="
         fed = [end for _, end in spans_]
         dropped = kept is not None and kept[first - 1] < fed[first - 1]
         if dropped and all(kept[k] == fed[k] for k in range(first - 1)):
+            both = (FROM_LENGTH, DROPPED)
+            if newest is not None:  # the positions recorded say which: too small, or right (then what was kept)
+                both = (FROM_LENGTH,) if newest[0] < newest[1] else (DROPPED,) if newest[0] == newest[1] else both
             return [Finding(shows + f", the first step after the cache dropped entries (after step {first - 1} it "
                             f"holds {kept[first - 1]} of the {fed[first - 1]} tokens fed); the steps before are right.",
-                            (FROM_LENGTH, DROPPED), mechanism, "probe", weight=9)]
+                            both, mechanism, "probe", weight=9)]
         return [Finding(shows + ": the first step (an empty cache) is right, what goes wrong is carried from one step "
                         "to the next.", tuple(causes) or (CARRIED,), mechanism, "probe", weight=9)]
     full = np.concatenate(cached, axis=1)
@@ -323,19 +327,49 @@ def session_findings(cached, own, right, chunks, *, kept=None, causes=(), what="
                     mechanism, "probe", weight=9)]
 
 
-def positions_findings(recorded, expected, fed: int, *, name="cache_positions", mechanism="KV cache") -> list[Finding]:
-    """The positions a cache records for its entries (``recorded``) against those of the tokens it holds
-    (``expected``) after ``fed`` tokens: too small by the number of entries dropped says the new tokens' positions
-    were counted from the cache's length."""
-    recorded, expected = np.asarray(recorded).ravel(), np.asarray(expected).ravel()
-    if recorded.shape == expected.shape and np.array_equal(recorded, expected):
+def positions_findings(recorded, expected, chunks, *, name="cache_positions", mechanism="KV cache") -> list[Finding]:
+    """The positions a cache records for its entries after each step of feeding a sequence in ``chunks``
+    (``recorded``) against those of the tokens it must hold then (``expected``): where the newest token's position
+    first goes wrong and by how much each step (counted from the cache's length, one off each step, wrong from the
+    start), or, the positions right, which ones the cache dropped or kept beside the right ones."""
+    recorded = [np.asarray(r).ravel() for r in recorded]
+    expected = [np.asarray(e).ravel() for e in expected]
+    fed = [end for _, end in spans(chunks)]
+    off = [int(r[-1]) - int(e[-1]) if r.size and e.size else None for r, e in zip(recorded, expected)]
+    if None in off:
         return []
-    shows = (f"after {fed} tokens fed, your {name} are {recorded.tolist()}; the tokens the cache holds are at "
-             f"positions {expected.tolist()}")
-    if recorded.size and expected.size and recorded[-1] < expected[-1]:
-        return [Finding(shows + f": the newest is {int(expected[-1] - recorded[-1])} too small.", (FROM_LENGTH,),
-                        mechanism, "probe", weight=3)]
-    return [Finding(shows + ".", (), mechanism, "probe", weight=3)]
+    wrong = [k for k, d in enumerate(off) if d]
+    if wrong:
+        k = wrong[0]
+        shows = (f"after step {k} ({fed[k]} tokens fed) your {name} are {recorded[k].tolist()}; the tokens the cache "
+                 f"holds are at positions {expected[k].tolist()}: the newest is {abs(off[k])} too "
+                 f"{'small' if off[k] < 0 else 'large'}")
+        held = [len(r) for r in recorded]  # (the learner's own cache's lengths)
+        if k > 0 and all(off[j] == held[j - 1] - fed[j - 1] for j in range(k, len(off))):
+            return [Finding(shows + f": by the {fed[k - 1] - held[k - 1]} entries your cache had dropped before the "
+                            "step, its length then being less than the tokens fed.", (FROM_LENGTH,), mechanism,
+                            "probe", weight=3)]
+        if k == 0:
+            return [Finding(shows + ", from the first step.", (f"the positions do not start at 0: the first step's "
+                            f"tokens are at 0 .. num_new - 1 (yours start at {off[0]})",), mechanism, "probe",
+                            weight=3)]
+        step = off[k] // max(k, 1)
+        if step and all(off[j] == (j - k + 1) * step + (off[k] - step) for j in range(k, len(off))):
+            start = "itself (which then stands for two tokens)" if step == -1 else f"+ {1 + step}"
+            return [Finding(shows + f", and {abs(step)} more with each step.", (
+                f"each step's new tokens were numbered from the newest cached position {start}: they continue right "
+                "after it, at the newest cached position + 1",), mechanism, "probe", weight=3)]
+        return [Finding(shows + ".", (), mechanism, "probe", weight=3)]
+    for k, (r, e) in enumerate(zip(recorded, expected)):
+        if set(r.tolist()) == set(e.tolist()):
+            continue
+        lost, extra = sorted(set(e.tolist()) - set(r.tolist())), sorted(set(r.tolist()) - set(e.tolist()))
+        shows = (f"after step {k} ({fed[k]} tokens fed) your cache holds positions {r.tolist()}; it must hold "
+                 f"{e.tolist()}")
+        if lost and not extra:
+            return [Finding(shows + f": {lost} were dropped.", (DROPPED,), mechanism, "probe", weight=3)]
+        return [Finding(shows + ".", (), mechanism, "probe", weight=3)]
+    return []
 
 
 def entries_findings(entries, made: dict, sources, *, name="cache_k", mechanism="KV cache") -> list[Finding]:
