@@ -162,16 +162,14 @@ def state_findings(stage, init, x, weights, form, chunks, run):
     found = C.session_findings(mine, run(x), right, chunks, causes=(STATE,), what=f"your {form} form's cached steps",
                                mechanism="recurrence")
     other = "chunked" if form == "recurrent" else "recurrent"
-    spans_ = C.spans(chunks)
-    if all(np.allclose(o, right[:, a:e], **FLOAT32) for o, (a, e) in zip(steps_of(other), spans_)) and found:
+    decided = C.other_path_findings(
+        f"{form} form", f"{other} form", steps_of(other), right, chunks,
+        f"the {form} path of forward(use_cache=True) does not start from the cached state or does not keep the one it "
+        f"leaves: give self.state to the {form} form as its initial_state, and store the state it returns",
+        mechanism="recurrence")
+    if decided:  # (it decides what the steps' reading leaves open)
         found = [C.Finding(f.shows, (), f.mechanism, f.source, f.weight) for f in found]
-        found.append(C.Finding(
-            f"your {other} form's cached steps are right, your {form} form's are not: the state is carried on one "
-            "path and not on the other.",
-            (f"the {form} path of forward(use_cache=True) does not start from the cached state or does not keep the "
-             f"one it leaves: give self.state to the {form} form as its initial_state, and store the state it "
-             "returns",), "recurrence", "probe", weight=8))
-    return found
+    return found + decided
 
 
 def check_layer(stage, init, x, weights, chunks, form, what="", **options):

@@ -327,6 +327,17 @@ def session_findings(cached, own, right, chunks, *, kept=None, newest=None, caus
                     mechanism, "probe", weight=9)]
 
 
+def other_path_findings(this: str, other: str, other_steps, right, chunks, cause: str,
+                        mechanism="KV cache") -> list[Finding]:
+    """A module with two code paths for a cached step (two forms of one computation): when the ``other`` path's
+    cached steps (``other_steps``) all equal the right rows, what goes wrong is in ``this`` path's handling of the
+    cache (``cause``)."""
+    if not all(_close(o, np.asarray(right)[:, a:e]) for o, (a, e) in zip(other_steps, spans(chunks))):
+        return []
+    return [Finding(f"your {other}'s cached steps are right, your {this}'s are not: the cache is handled on one path "
+                    "and not on the other.", (cause,), mechanism, "probe", weight=8)]
+
+
 def positions_findings(recorded, expected, chunks, *, name="cache_positions", mechanism="KV cache") -> list[Finding]:
     """The positions a cache records for its entries after each step of feeding a sequence in ``chunks``
     (``recorded``) against those of the tokens it must hold then (``expected``): where the newest token's position
