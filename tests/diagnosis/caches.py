@@ -70,15 +70,33 @@ NEW_ONLY = ("each cached step attended to its new tokens alone: the keys and val
 Choices = Mapping[str, Hashable]
 NONE: Choices = {}
 
+FROM_LENGTH = ("the new tokens' positions were counted from the number of entries the cache holds (its length), which "
+               "is the number of tokens fed only until the cache drops an entry: continue after the newest cached "
+               "position (its last recorded position + 1)")
+ONE_LATE_POSITIONS = ("the new tokens' positions start one too late in cached steps: they sit at positions cached .. "
+                      "cached + num_new - 1 (offset = the number of tokens cached, not that + 1)")
+ONE_EARLY_POSITIONS = ("the new tokens' positions start one too early in cached steps: they sit at positions cached .. "
+                       "cached + num_new - 1 (offset = the number of tokens cached, not that - 1)")
+KEYS_RESTART = ("the new keys were rotated from position 0 in each cached step, the new queries at their true "
+                "positions: rotate a step's new keys at the same positions as its new queries (offset = the number of "
+                "tokens cached)")
+OVERWRITTEN = ("each step replaced the cache with its own keys and values instead of appending them: the next step saw "
+               "the previous step's tokens only (torch.cat([cache, new], dim=<the token axis>) and store the result)")
 POSITIONS = Switch("positions", "KV cache", {
     "restart": RESTART,
     "unrotated": "the cached keys were stored before RoPE and read back unrotated: rotate each key at its own "
                  "position when it is made, and cache it rotated",
+    "one_late": ONE_LATE_POSITIONS,
+    "one_early": ONE_EARLY_POSITIONS,
+    "keys_restart": KEYS_RESTART,
+    "from_length": "the new tokens' positions were counted from the number of entries the cache holds (its length), "
+                   "which is the number of tokens fed only while the cache holds every one of them",
 })
 CACHE = Switch("cache", "KV cache", {
     "new_only": NEW_ONLY,
     "first_only": "the cache kept the first step's keys and values only: later steps were not appended to it "
                   "(torch.cat([cache, new], dim=<the token axis>) and store the result)",
+    "last_only": OVERWRITTEN,
 })
 
 
@@ -104,16 +122,22 @@ def steps(num_tokens: int, chunks=None, choices: Choices = NONE) -> list[Step]:
     position = choices.get("positions")
     rotated_at = rotation_positions(num_tokens, chunks, choices)
     found = []
+    previous = np.arange(0)  # the tokens of the step before
+    turned = {}  # token -> the position it was rotated at when it was new
     for a, e in spans(chunks):
         new = np.arange(a, e)
         cache = choices.get("cache")
         keys = new if cache == "new_only" else np.concatenate([np.arange(chunks[0] if a else 0), new]) \
-            if cache == "first_only" else np.arange(e)
-        key_rotary = rotated_at[keys].copy()
-        old = keys < a
+            if cache == "first_only" else np.concatenate([previous, new]) if cache == "last_only" else np.arange(e)
+        # from_length: the new tokens numbered from the number of entries the cache holds (as the choices make it)
+        rotated = len(keys) - len(new) + np.arange(len(new)) if position == "from_length" else rotated_at[new]
+        turned.update(zip(new.tolist(), rotated.tolist()))
+        key_rotary = np.asarray([turned[k] for k in keys.tolist()])
         if position == "unrotated":
-            key_rotary[old] = 0  # (a rotation at position 0 is none)
-        found.append(Step(new, keys, rotated_at[new], key_rotary))
+            key_rotary[keys < a] = 0  # (a rotation at position 0 is none)
+        # (keys_restart: the keys, cached ones too, rotated as each was when new; the queries at their own positions)
+        found.append(Step(new, keys, new if position == "keys_restart" else rotated, key_rotary))
+        previous = new
     return found
 
 
@@ -122,14 +146,15 @@ def rotation_positions(num_tokens: int, chunks=None, choices: Choices = NONE) ->
     chunks = list(chunks) if chunks else [num_tokens]
     starts = np.concatenate([np.full(e - a, a) for a, e in spans(chunks)]).astype(int)
     tokens = np.arange(num_tokens)
-    return tokens - starts if choices.get("positions") == "restart" else tokens
+    shift = {"one_late": 1, "one_early": -1}.get(choices.get("positions"), 0) * (starts > 0)
+    return tokens - starts if choices.get("positions") in ("restart", "keys_restart") else tokens + shift
 
 
 def switches(chunks, *, rotary: bool) -> list[Switch]:
     """The cache's switches that a decoding in ``chunks`` can show (none for a single step)."""
     if not chunks or len(chunks) < 2:
         return []
-    found = [CACHE if len(chunks) > 2 else CACHE.without("first_only")]
+    found = [CACHE if len(chunks) > 2 else CACHE.without("first_only", "last_only")]
     if rotary:
         found.append(POSITIONS)
     return found
@@ -251,9 +276,6 @@ def steps_of(x, chunks) -> list[dict]:
 
 # ---------------------------------------------------------------- probes of a cached module (every cached stage)
 
-FROM_LENGTH = ("the new tokens' positions were counted from the number of entries the cache holds (its length), which "
-               "is the number of tokens fed only until the cache drops an entry: continue after the newest cached "
-               "position (its last recorded position + 1)")
 DROPPED = ("the cache dropped entries that later queries still see, or kept others in their place: keep exactly what a "
            "later query can reach")
 CARRIED = ("what the cache carries from one step to the next: the keys and values appended (and kept), the position "

@@ -137,6 +137,11 @@ def mask_not_cut(match, call):
         if num_keys != num_tokens:
             continue
         if length and length > num_tokens and sizes == {num_tokens, length}:
+            if any(k in call.init for k in ("rope_dim", "theta_base")):  # (RoPE's tables have context_length rows)
+                return (f"a tensor of context_length = {length} rows met one of num_tokens = {num_tokens}: if it is "
+                        "the causal mask, cut it to the sequence (mask[:num_tokens, :num_tokens]); if it is RoPE's "
+                        "cos and sin, a slice of them came out of another length than the tokens it rotates "
+                        "(cos[offset:offset + num_tokens] with an offset that runs past the table's end, say)")
             return (f"the causal mask is context_length x context_length ({length} x {length}) and met the scores of "
                     f"num_tokens = {num_tokens} tokens: cut it to the sequence, self.mask.bool()[:num_tokens, "
                     ":num_tokens] with num_tokens = x.shape[1] (never hard-code the sequence length)")
