@@ -176,12 +176,14 @@ def cached_mask(spec: A.Attention) -> Switch:
 
 def cache_switches(spec: A.Attention, *, reset: bool = False) -> list[Switch]:
     """What a cache holds and where its new tokens' positions start: the switches a cached step adds."""
-    held = {"own_only": OWN_ONLY}
+    held = {"own_only": OWN_ONLY, "last_only": OVERWRITTEN}
     if spec.window is not None:  # a bounded cache: which window positions it keeps
         held |= {"oldest": OLDEST, "cut_window": cut_before("window"), "cut_short": cut_before("window - 1")}
     found = [Switch("cache", "KV cache", held)]
     if spec.rope_theta is not None:
-        found.append(Switch("positions", "rotary positions", {"restart": RESTART}))
+        found.append(Switch("positions", "rotary positions", {
+            "restart": RESTART, "one_late": ONE_LATE_POSITIONS, "one_early": ONE_EARLY_POSITIONS,
+            "keys_restart": KEYS_RESTART, "from_length": POSITIONS.wrong["from_length"]}))
     if reset:
         found.append(Switch("reset", "KV cache", {"missing": NOT_RESET}))
     return found
@@ -200,14 +202,23 @@ def held(spec: A.Attention, chunks, choices: A.Choices = A.NONE):
     the positions they were rotated at). A module masks its cache by index: the cached keys are taken to be the
     positions right before the new ones (true while it keeps the most recent ones)."""
     kept = turned = np.arange(0)  # the tokens the cache holds, and the positions they were rotated at
-    cache, window, start = choices.get("cache"), spec.window, 0
+    previous = previous_turned = np.arange(0)  # the step before's new tokens (a cache overwritten by each step)
+    cache, window, start, position = choices.get("cache"), spec.window, 0, choices.get("positions")
     for size in chunks:
         new = np.arange(start, start + size)
-        turn = np.arange(size) if choices.get("positions") == "restart" else new
+        # The positions the new keys are rotated at (the shared position switches of ``steps``), and the queries'.
+        later = int(start > 0)
+        turn = {"restart": np.arange(size), "keys_restart": np.arange(size), "one_late": new + later,
+                "one_early": new - later, "from_length": len(kept) + np.arange(size)}.get(position, new)
         if cache == "own_only":
             keys, turn_keys = new, turn
+        elif cache == "last_only":
+            keys, turn_keys = np.concatenate([previous, new]), np.concatenate([previous_turned, turn])
         else:
             keys, turn_keys = np.concatenate([kept, new]), np.concatenate([turned, turn])
+        previous, previous_turned = new, turn
+        if position == "keys_restart":
+            turn = new
         at = np.arange(start + size - len(keys), start + size)  # where the mask takes them: by index
         if window is not None and cache in ("cut_window", "cut_short"):
             last = window if cache == "cut_window" else max(window - 1, 1)
