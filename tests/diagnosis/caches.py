@@ -436,6 +436,25 @@ def entries_findings(entries, made: dict, sources, *, name="cache_k", mechanism=
     return [Finding(shows + ".", (), mechanism, "probe", weight=2)]
 
 
+def deciding(probe, others):
+    """Probes where ``probe`` reads the cache itself: when it names a cause, what ``others`` (general probes of the
+    module's outputs) find stays as evidence, their causes left to it."""
+    def run():
+        first = probe()
+        rest = [f for other in others for f in _tried(other)]
+        if any(f.causes for f in first):
+            rest = [Finding(f.shows, (), f.mechanism, f.source, f.weight) for f in rest]
+        return first + rest
+    return run
+
+
+def _tried(probe) -> list[Finding]:
+    try:
+        return probe()
+    except Exception:  # a probe that cannot run on this code says nothing
+        return []
+
+
 def write_findings(before, after, places, new, *, name="k_pool", mechanism="KV cache") -> list[Finding]:
     """Which slots a write into a cache reached: ``before`` / ``after`` the cache (a pool laid out (blocks, slots,
     ...)) around a step that must put ``new[i]`` at ``places[i]`` ((block, slot) for each new token)."""
@@ -450,12 +469,25 @@ def write_findings(before, after, places, new, *, name="k_pool", mechanism="KV c
         return [Finding(f"your {name} is the same before and after a step that must write {len(places)} new tokens "
                         f"at {where} (block, slot): the write did not reach it.", (COPY,), mechanism, "probe",
                         weight=1)]
-    missed = [w for w, r in zip(where, reached) if not r]
-    changed = np.argwhere(~np.isclose(before, after, rtol=1e-4, atol=1e-5).reshape(
-        *after.shape[:len(where[0])], -1).all(axis=-1))
-    return [Finding(f"after a step that must write its new tokens at {where} (block, slot) of your {name}, {missed} "
-                    f"do not hold them; the step changed {[tuple(int(i) for i in c) for c in changed[:8]]}.", (),
-                    mechanism, "probe", weight=1)]
+    # Where each new token's keys landed: the slots of the pool after the step that hold them.
+    slots = after.reshape(after.shape[0] * after.shape[1], -1)
+    landed = []
+    for v in new:
+        hits = np.flatnonzero(np.all(np.isclose(slots, np.asarray(v, np.float64).ravel(), rtol=1e-4, atol=1e-5),
+                                     axis=-1))
+        landed.append(tuple(int(i) for i in np.unravel_index(hits[0], after.shape[:2])) if hits.size else None)
+    shows = (f"after a step that must write its new tokens at {where} (block, slot) of your {name}, they are at "
+             f"{[w if w is not None else 'nowhere' for w in landed]}")
+    if None not in landed:
+        size = after.shape[1]
+        shift = {(s - w[1]) % size for (b, s), w in zip(landed, where)}
+        if len(shift) == 1 and all(b == w[0] for (b, _), w in zip(landed, where)):
+            d = shift.pop()
+            return [Finding(shows + ".", (f"each token was written {d} slot{'s' if d > 1 else ''} after its own (in "
+                                         "its block, wrapping round): the token at position p goes to slot "
+                                         "p % block_size of block table[p // block_size]",), mechanism, "probe",
+                            weight=1)]
+    return [Finding(shows + ".", (), mechanism, "probe", weight=1)]
 
 
 # ---------------------------------------------------------------- the learner's module with a cache
