@@ -85,12 +85,11 @@ def diagnosis(stage, init, x, weights, chunks=None, absorbed=False, rows=slice(N
 def cache_findings(stage, init, x, weights, chunks, absorbed):
     """The cache's probes (diagnosis.caches): this form's cached steps against its own forward without the cache, and
     against the other form's cached steps (each form reads the cache on its own path)."""
-    right = reference_of(init, x, weights)
-    found = C.session_findings(decode(stage, init, weights, x, chunks, absorbed),
-                               full(stage, init, weights, x, absorbed), right, chunks,
+    right, own = reference_of(init, x, weights), full(stage, init, weights, x, absorbed)
+    found = C.session_findings(decode(stage, init, weights, x, chunks, absorbed), own, right, chunks,
                                what=f"your {form(absorbed)}'s cached steps")
     decided = C.other_path_findings(form(absorbed), form(not absorbed), decode(stage, init, weights, x, chunks,
-                                                                               not absorbed), right, chunks,
+                                                                               not absorbed), own, right, chunks,
                                     f"the {form(absorbed)}'s cached path: the latents and rotary keys it reads from "
                                     "the cache, or the positions it rotates the new tokens at")
     if decided:

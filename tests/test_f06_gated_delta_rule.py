@@ -158,12 +158,12 @@ def state_findings(stage, init, x, weights, form, chunks, run):
         size = None if which == "recurrent" else 2
         return stage.session(CLS, init, weights, steps=cached(x, chunks, chunk_size=size))
 
-    mine = steps_of(form)
-    found = C.session_findings(mine, run(x), right, chunks, causes=(STATE,), what=f"your {form} form's cached steps",
+    mine, own = steps_of(form), run(x)
+    found = C.session_findings(mine, own, right, chunks, causes=(STATE,), what=f"your {form} form's cached steps",
                                mechanism="recurrence")
     other = "chunked" if form == "recurrent" else "recurrent"
     decided = C.other_path_findings(
-        f"{form} form", f"{other} form", steps_of(other), right, chunks,
+        f"{form} form", f"{other} form", steps_of(other), own, right, chunks,
         f"the {form} path of forward(use_cache=True) does not start from the cached state or does not keep the one it "
         f"leaves: give self.state to the {form} form as its initial_state, and store the state it returns",
         mechanism="recurrence")

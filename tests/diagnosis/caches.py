@@ -360,11 +360,13 @@ def session_findings(cached, own, right, chunks, *, kept=None, newest=None, caus
                     mechanism, "probe", weight=9)]
 
 
-def other_path_findings(this: str, other: str, other_steps, right, chunks, cause: str,
+def other_path_findings(this: str, other: str, other_steps, own, right, chunks, cause: str,
                         mechanism="KV cache") -> list[Finding]:
-    """A module with two code paths for a cached step (two forms of one computation): when the ``other`` path's
-    cached steps (``other_steps``) all equal the right rows, what goes wrong is in ``this`` path's handling of the
-    cache (``cause``)."""
+    """A module with two code paths for a cached step (two forms of one computation): when ``this`` path's own
+    forward without the cache (``own``) is right and the ``other`` path's cached steps (``other_steps``) all equal
+    the right rows, what goes wrong is in ``this`` path's handling of the cache (``cause``)."""
+    if not _close(own, right):
+        return []  # (this path is wrong without the cache too: its mistake need not be the cache's)
     if not all(_close(o, np.asarray(right)[:, a:e]) for o, (a, e) in zip(other_steps, spans(chunks))):
         return []
     return [Finding(f"your {other}'s cached steps are right, your {this}'s are not: the cache is handled on one path "
