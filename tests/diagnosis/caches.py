@@ -162,6 +162,9 @@ def switches(chunks, *, rotary: bool) -> list[Switch]:
 
 # ---------------------------------------------------------------- chapter 3's cache: its switches
 
+CACHED_ONLY = "in your cached steps only (your forward without the cache gets this right): "
+
+
 def cut_before(kept: str) -> str:
     return (f"the cache was cut to the last {kept} positions before the new queries attended, so some of them lost "
             "keys they must see (the query at position p attends to keys p - window + 1 .. p); attend over the "
@@ -531,7 +534,14 @@ class CachedModule(AttentionModule):
         switches = A.switches(self.spec, d_in, d_out, kv_width, cached=True, values_from_inputs=d_in == kv_width)
         if not any(k.endswith(".bias") and k.startswith("W_") for k in weights):
             switches = [s for s in switches if s.name != "bias"]
-        switches = with_cached_mask(self.spec, switches) + cache_switches(self.spec, reset=past is not None)
+        switches = with_cached_mask(self.spec, switches)
+        end = int(np.sum(chunks))
+        if _close(self.run(x[:, :end], weights), A.forward(self.spec, x[:, :end], weights)):
+            # Your forward without the cache is right: a change of the attention both compute gives these steps only
+            # where the cached path computes it on its own (its own mask, its own call): it is said of that path.
+            switches = [Switch(w.name, w.mechanism, {v: CACHED_ONLY + words for v, words in w.wrong.items()})
+                        for w in switches]
+        switches += cache_switches(self.spec, reset=past is not None)
         if self.adjust is not None:
             switches = self.adjust(switches)
 
