@@ -36,7 +36,8 @@ def sources(folder, linked: list[str] | None = None, expected=()) -> dict[str, b
     for name in (f"{stage}.py" for stage in expected):
         if name not in found:  # (the suite's adapter shows a SubmissionError's words as they are)
             note = missing_note(folder, name)
-            found[name] = f"from suite_runtime.adapters import SubmissionError\nraise SubmissionError({note!r})\n".encode()
+            found[name] = (f"from suite_runtime.adapters import SubmissionError\n"
+                           f"raise SubmissionError({note!r})\n").encode()
     return dict(sorted(found.items()))
 
 
