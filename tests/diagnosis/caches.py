@@ -671,7 +671,16 @@ def cache_mask_sizes(match, call):
 
     sizes, dim = broadcast_sizes(match)
     length = call.init.get("context_length")
-    for _, num_new, num_keys in call.forwards():
+    runs = call.forwards()
+    first = [n for _, n, k in runs if n == k and sizes == {0, n}]  # (steps with nothing cached before them)
+    if first and dim == 2:
+        # The first step's mask rows, mask[num_keys - num_new:num_keys], are empty only when num_keys is 0.
+        return (f"the mask gave 0 rows for the {first[0]} new queries of the first step, whose keys are its own "
+                f"tokens: its rows mask[num_keys - num_new:num_keys] are empty when num_keys is 0, so the step "
+                "attended to no key at all: if the keys were read from the cache before the new ones were appended "
+                "(the cache's old contents only), append first and attend to everything cached, the new tokens "
+                "included")
+    for _, num_new, num_keys in runs:
         uncut = {length, num_keys} if num_keys != length else {length, num_new}
         if length and sizes == uncut and dim == (3 if num_keys != length else 2):
             return (f"the mask buffer is context_length x context_length ({length} x {length}) and met the scores "
