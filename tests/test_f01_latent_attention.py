@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from diagnosis import BFLOAT16, Listed, Probed, Searched, assert_close
+from diagnosis import caches as C
 from diagnosis import latent as L
 from diagnosis.modules import module_probes
 from diagnosis.subjects import Deferred
@@ -72,11 +73,28 @@ def diagnosis(stage, init, x, weights, chunks=None, absorbed=False, rows=slice(N
         def exposed(sizes, xe, we):
             return full(stage, sizes, we, xe, absorbed)
 
+        cached = [lambda: cache_findings(stage, init, x, weights, chunks, absorbed)] if chunks and len(chunks) > 1 \
+            else []
         return [Searched(compute, L.switches(spec, head_dim, init["kv_latent_dim"], chunks), "your output", second),
-                Probed([lambda: L.weight_probe(spec, exposed) or [],
+                Probed([*cached, lambda: L.weight_probe(spec, exposed) or [],
                         *module_probes(run, x, run64=lambda: run(x, "float64"))])]
 
     return [Deferred(make)]
+
+
+def cache_findings(stage, init, x, weights, chunks, absorbed):
+    """The cache's probes (diagnosis.caches): this form's cached steps against its own forward without the cache, and
+    against the other form's cached steps (each form reads the cache on its own path)."""
+    right, own = reference_of(init, x, weights), full(stage, init, weights, x, absorbed)
+    found = C.session_findings(decode(stage, init, weights, x, chunks, absorbed), own, right, chunks,
+                               what=f"your {form(absorbed)}'s cached steps")
+    decided = C.other_path_findings(form(absorbed), form(not absorbed), decode(stage, init, weights, x, chunks,
+                                                                               not absorbed), own, right, chunks,
+                                    f"the {form(absorbed)}'s cached path: the latents and rotary keys it reads from "
+                                    "the cache, or the positions it rotates the new tokens at")
+    if decided:
+        found = [C.Finding(f.shows, (), f.mechanism, f.source, f.weight) for f in found]
+    return found + decided
 
 
 def full(stage, init, weights, x, absorbed=False, **options):
@@ -170,7 +188,7 @@ def test_the_cache_holds_the_latent_and_the_rotary_key(stage, public_fx):
     for part, (name, value, expected) in enumerate((("cache_latent", cache_latent, latent),
                                                     ("cache_k_rope", cache_k_rope, k_rope))):
         switches = [L.NORM] if part == 0 else [L.CACHED_ROPE, L.rope_switch().without("none"),
-                                               L.D.POSITIONS.only("restart")]
+                                               L.C.POSITIONS.only("restart")]
         assert_close(name, value, expected, **FLOAT32, diagnosis=[Searched(
             lambda choices, part=part: L.cache(spec, x, weights, chunks, choices)[part], switches, f"your {name}")])
 

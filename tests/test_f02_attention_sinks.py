@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from diagnosis import BFLOAT16, Attention, AttentionModule, Probed, Said, Searched, assert_close, assert_mask
+from diagnosis import caches as C
 from diagnosis import sinks as S
 from diagnosis.modules import module_probes
 from diagnosis.probes import ExposedWeights, weight_findings
@@ -86,12 +87,42 @@ def diagnosis(stage, init, x, weights, chunks=None, rows=slice(None)):
             return stage.session(CLS, init, weights, steps=[{"method": "forward", "args": [a]}], dtype=dtype)[0]
 
         switches = S.switches(spec, init["d_in"], init["d_out"], chunks, bias=bool(init.get("qkv_bias")))
+        if chunks and len(chunks) > 1 and np.allclose(run(x), S.forward(spec, x, weights), **FLOAT32):
+            # Your forward without the cache is right: a mistake in what both paths share (the mask, the softmax)
+            # cannot give these steps; only the cache's own switches are searched.
+            switches = [s for s in switches if s.name in CACHED]
+        cached = [lambda: cache_findings(stage, spec, init, x, weights, chunks, run)] if chunks else []
         return [Searched(compute, switches, "your output", second),
-                Probed([lambda: exposed_findings(stage, spec),
+                Probed([*cached, lambda: exposed_findings(stage, spec),
                         *module_probes(run, x, may_see=S.allowed(spec, np.arange(x.shape[1]), np.arange(x.shape[1])),
                                        run64=lambda: run(x, "float64"))])]
 
     return [Deferred(make)]
+
+
+CACHED = {"cache", "positions", "evict", "causal"}  # the switches of a sink module's cached path
+
+
+def cache_findings(stage, spec, init, x, weights, chunks, run):
+    """The cache's probes (diagnosis.caches): the learner's cached steps against its own forward without the cache
+    (which step goes wrong first, and whether it is the first after the cache dropped positions), and the positions
+    cache_positions records against those of the tokens the cache holds."""
+    steps = []
+    for step in cached_steps(x, chunks):
+        steps += [step, {"get": "cache_positions"}]
+    results = stage.session(CLS, init, weights, steps=steps)
+    outputs, recorded = results[0::2], results[1::2]
+    fed = np.cumsum(chunks)
+    holds = [S.kept_positions(spec, int(n)) for n in fed]
+    newest = None
+    if recorded[-1] is not None and np.size(recorded[-1]):
+        newest = (int(np.asarray(recorded[-1]).ravel()[-1]), int(holds[-1][-1]))
+    found = C.session_findings(outputs, run(x), S.forward(spec, x, weights), chunks, kept=[len(h) for h in holds],
+                               newest=newest)
+    read = C.positions_findings(recorded, holds, chunks) if all(r is not None for r in recorded) else []
+    if any(f.causes for f in read):  # (what the positions show decides what the steps' reading leaves open)
+        found = [C.Finding(f.shows, (), f.mechanism, f.source, f.weight) for f in found]
+    return found + read
 
 
 def exposed_findings(stage, spec):

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from diagnosis import BFLOAT16, Attention, Probed, Searched, assert_close, diagnosed
+from diagnosis import attention as A
+from diagnosis import caches as C
 from diagnosis import paging as P
 from diagnosis.attention import forward as attention_forward
 from diagnosis.modules import module_probes
@@ -146,10 +148,42 @@ def output_diagnosis(stage, init, weights, ops, report, index):
             return stage.session(CLS, fresh, weights, steps=[forward_step(a, range(a.shape[0]))])[0]
 
         switches = P.switches(init["d_in"], init["d_out"], init["num_heads"], bool(init.get("qkv_bias")))
+        written = pool_findings(stage, init, weights, ops, report, index)
+        if not any(C.COPY in f.causes for f in written):  # (the pool read says whether a write was lost)
+            switches = [s.without("lost") if s.name == "write" else s for s in switches]
         return [Searched(compute, switches, "your output"),
-                Probed(module_probes(run, x, future=FUTURE_KEYS, mechanism="block tables"))]
+                Probed([C.deciding(lambda: written, module_probes(run, x, future=FUTURE_KEYS,
+                                                                  mechanism="block tables"))])]
 
     return [Deferred(make)]
+
+
+def pool_findings(stage, init, weights, ops, report, index):
+    """Which slots of k_pool the keys of op ``index`` reached (diagnosis.caches.write_findings): the pool read before
+    and after the op, against the new keys at (table[p // block_size], p % block_size) of each new token p (the
+    module's own tables)."""
+    steps = [forward_step(op[2], op[1]) if op[0] == "forward" else {"method": "free", "args": [op[1]]}
+             for op in ops[:index + 1]]
+    # (two sessions: a student's pytest runs the module in its own process, where a get returns the live tensor)
+    before = stage.session(CLS, init, weights, steps=[*steps[:-1], {"get": "k_pool"}])[-1]
+    after = stage.session(CLS, init, weights, steps=[*steps, {"get": "k_pool"}])[-1]
+    _, lengths = sequences_of(ops[:index])
+    op, bs, h = ops[index], init["block_size"], init["num_heads"]
+    places, new = [], []
+    for r, seq in enumerate(op[1]):
+        keys = A.split(A.linear(np.asarray(op[2][r:r + 1], np.float64), weights, "W_key"), h)[0]
+        table, start = report[index][2][seq], (lengths[-1] if lengths else {}).get(seq, 0)
+        for t in range(op[2].shape[1]):
+            p = start + t
+            if p // bs >= len(table):
+                return []  # the module's table has no block for it: the tables' own check says so
+            places.append((table[p // bs], p % bs))
+            new.append(keys[:, t])
+
+    def by_slot(pool):  # (num_blocks, num_heads, block_size, head_dim) -> (num_blocks, block_size, num_heads, ...)
+        return np.swapaxes(np.asarray(pool, np.float64), 1, 2)
+
+    return C.write_findings(by_slot(before), by_slot(after), places, new, name="k_pool")
 
 
 def check_scenario(stage, init, weights, ops, what="", probe=True, **options):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from diagnosis import BFLOAT16, Probed, Said, Searched, assert_close
+from diagnosis import caches as C
 from diagnosis import recurrence as R
 from diagnosis.modules import module_probes
 from diagnosis.subjects import Deferred
@@ -133,11 +134,42 @@ def layer_diagnosis(stage, init, x, weights, form, chunks=None, rows=slice(None)
             return stage.session(CLS, init, weights, steps=[step], dtype=dtype)[0]
 
         switches = R.layer_switches(init["num_heads"], form == "chunked", bool(chunks and len(chunks) > 1))
+        cache = [lambda: state_findings(stage, init, x, weights, form, chunks, run)] if chunks and len(chunks) > 1 \
+            else []
         return [Searched(compute, switches, "your output"),
-                Probed(module_probes(run, x, run64=lambda: run(x, "float64"), future=FUTURE, mechanism="recurrence",
-                                     must_see=False))]  # (a token's trace may decay below any tolerance)
+                Probed([*cache, *module_probes(run, x, run64=lambda: run(x, "float64"), future=FUTURE,
+                                               mechanism="recurrence", must_see=False)])]
+        # (must_see False: a token's trace may decay below any tolerance)
 
     return [Deferred(make)]
+
+
+STATE = ("the state a cached step starts from: the one the last step left (self.state), given to the form as its "
+         "initial_state, and the one it leaves")
+
+
+def state_findings(stage, init, x, weights, form, chunks, run):
+    """The cache's probes (diagnosis.caches) of a recurrence, whose cache is its state: the form's cached steps
+    against its own forward without the cache, and against the other form's cached steps (each form is its own code
+    path: one that carries the state while the other does not says which path drops it)."""
+    right = R.layer(x, weights, init["num_heads"])[0]
+
+    def steps_of(which):
+        size = None if which == "recurrent" else 2
+        return stage.session(CLS, init, weights, steps=cached(x, chunks, chunk_size=size))
+
+    mine, own = steps_of(form), run(x)
+    found = C.session_findings(mine, own, right, chunks, causes=(STATE,), what=f"your {form} form's cached steps",
+                               mechanism="recurrence")
+    other = "chunked" if form == "recurrent" else "recurrent"
+    decided = C.other_path_findings(
+        f"{form} form", f"{other} form", steps_of(other), own, right, chunks,
+        f"the {form} path of forward(use_cache=True) does not start from the cached state or does not keep the one it "
+        f"leaves: give self.state to the {form} form as its initial_state, and store the state it returns",
+        mechanism="recurrence")
+    if decided:  # (it decides what the steps' reading leaves open)
+        found = [C.Finding(f.shows, (), f.mechanism, f.source, f.weight) for f in found]
+    return found + decided
 
 
 def check_layer(stage, init, x, weights, chunks, form, what="", **options):

@@ -12,7 +12,8 @@ and values layer kv_sources[l] made from ITS input; forward(x, use_cache=False);
 import numpy as np
 import pytest
 
-from diagnosis import Listed, Probed, Said, Searched, assert_close
+from diagnosis import Listed, Probed, Said, Searched, assert_close, diagnosed
+from diagnosis import caches as C
 from diagnosis import sharing as H
 from diagnosis.modules import module_probes
 from diagnosis.subjects import Deferred
@@ -61,9 +62,16 @@ def diagnosis(stage, init, x, weights, chunks=None, rows=slice(None)):
         def run(a, dtype="float32"):
             return stage.session(CLS, init, weights, steps=[{"method": "forward", "args": [a]}], dtype=dtype)[0]
 
+        def steps():
+            cached = [{"method": "forward", "args": [x[:, a:e]], "kwargs": {"use_cache": True}}
+                      for a, e in spans(chunks)]
+            return C.session_findings(stage.session(CLS, init, weights, steps=cached), run(x),
+                                      H.stack(x, weights, spec), chunks)
+
         return [Searched(lambda choices: H.stack(x, weights, spec, choices, chunks)[:, rows],
                          H.switches(spec, chunks), "your output"),
-                Probed(module_probes(run, x, run64=lambda: run(x, "float64")))]
+                Probed([*([steps] if chunks and len(chunks) > 1 else []),
+                        *module_probes(run, x, run64=lambda: run(x, "float64"))])]
 
     return [Deferred(make)]
 
@@ -109,12 +117,17 @@ def check_decoding(stage, init, x, weights, chunks, what="", **options):
     computing = [layer for layer, source in enumerate(init["kv_sources"]) if source == layer]
     h = init["num_heads"]
     shape = (x.shape[0], init.get("num_kv_groups") or h, x.shape[1], init["d_model"] // h)
-    for name, cache in (("cache_k", cache_k), ("cache_v", cache_v)):
+    for part, (name, cache) in enumerate((("cache_k", cache_k), ("cache_v", cache_v))):
         shapes = [np.shape(c) for c in (cache or ())]
-        assert len(shapes) == len(computing) and all(s == shape for s in shapes), (
-            f"{what}{name} holds {len(shapes)} tensors of shapes {shapes}; expected one per layer that computes keys "
-            f"and values ({len(computing)}: layers {computing}), each (b, num_kv_groups, tokens, head_dim) = {shape}"
-            + (": the layers that reuse keys and values cache nothing" if len(shapes) > len(computing) else ""))
+        if not (len(shapes) == len(computing) and all(s == shape for s in shapes)):
+            message = (f"{what}{name} holds {len(shapes)} tensors of shapes {shapes}; expected one per layer that "
+                       f"computes keys and values ({len(computing)}: layers {computing}), each (b, num_kv_groups, "
+                       f"tokens, head_dim) = {shape}")
+            made = {}
+            H.stack(x, weights, spec_of(init), cached=made)
+            found = C.entries_findings(list(cache or ()), {layer: kv[part] for layer, kv in made.items()},
+                                       list(init["kv_sources"]), name=name)
+            raise diagnosed("\n".join([message, *(line for f in found for line in f.lines())]), found)
 
 
 def fx_case(fx, prefix=""):

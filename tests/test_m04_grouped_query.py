@@ -226,6 +226,11 @@ def test_parameters_shrink_with_the_groups(stage, num_kv_groups):
             f"{CLS}({init}): {name} has shape {params.get(name)}, expected (num_kv_groups * head_dim, d_in) = "
             f"({kv_width}, {d_in}): keys and values get num_kv_groups heads, not num_heads, so W_key and W_value "
             f"are num_heads / num_kv_groups = {num_heads // num_kv_groups} times smaller than multi-head attention's"
+            + (f"; yours has (num_heads / num_kv_groups) * head_dim = {params.get(name)[0]} rows: num_kv_groups was "
+               "read as the group size, where it is the number of key/value heads"
+               if num_kv_groups not in (1, num_heads) and params.get(name)
+               and params[name][0] == (num_heads // num_kv_groups) * (d_out // num_heads) else "")
+            # (with 1 group or num_heads groups, that size is also d_out's or one head's: no reading)
         )
     expected = d_out * d_in + 2 * kv_width * d_in + d_out * d_out + d_out
     count = parameter_count({"parameters": params})

@@ -1,17 +1,28 @@
-"""KV caches: a module fed a sequence a chunk at a time (a prompt, then tokens one by one), each step's new queries
-attending to the keys and values the cache holds.
+"""KV caches, the one mechanism of every stage whose module is fed a sequence a chunk at a time (a prompt, then
+tokens one by one), each step's new queries attending to what the cache holds: chapter 3's keys and values (m03-m06),
+latent attention's latents (f01), a sink cache that drops old positions (f02), a paged pool (f03), a recurrence's
+state (f06), a stack's shared keys and values (f07).
 
-The reference of a cached step is ``attention.forward`` on the step's new tokens with, as keys and values, the
-tokens the cache holds at that step (``decode``): a cache's own switches (which tokens it holds: all of them, the
-step's own only, a sequence never emptied, a window's oldest positions, its last ones cut before attending; where
-the new tokens' rotary positions start; which rows of the mask the new queries take) are searched together with
-those of the attention it does, in every stage with a cache. ``CachedModule`` is a stage's module with a cache;
-its ``step_evidence`` diagnoses a failed check of a cached step: the search on that step (and on a second case of
-other sizes), and probes of the module: its cached steps against its own forward without the cache on the same
-tokens, and the attention weights of its cached steps, exposed.
+Three parts, written once for all of them:
+
+- *The steps* (``steps``, ``Step``, ``switches``): for each step of a decoding, which tokens its queries are, which
+  tokens its keys are and at which positions each was rotated, as a cache's switches make them (the new tokens
+  alone, the first step's only, positions restarting at 0, keys cached unrotated). A stage's reference computation
+  loops over these steps, so that the switches change every cached stage the same way.
+- *Probes of a cached module* (``session_findings``, ``positions_findings``, ``entries_findings``,
+  ``write_findings``): its cached steps against its own forward without the cache on the same tokens (which steps and
+  tokens differ, and whether the first wrong step is the first after the cache dropped entries), the positions a
+  cache records against those of the tokens it holds, which layers' keys a cache's entries hold, and which slots a
+  write into a cache reached.
+- *Chapter 3's cache* (``decode``, ``CachedModule``): ``attention.forward`` on a step's new tokens with, as keys and
+  values, the tokens the cache holds at that step; its own switches (which tokens it holds: all of them, the step's
+  own only, a sequence never emptied, a window's oldest positions, its last ones cut before attending; where the new
+  tokens' rotary positions start; which rows of the mask the new queries take) are searched with those of the
+  attention, and ``CachedModule.step_evidence`` adds the probes above.
 """
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +61,108 @@ UNBOUNDED = ("the cache is not bounded: it grows with the sequence, but no query
              "window positions; keep only the last window positions (keys[:, :, -window:])")
 RESTART = ("positions restart at 0 in each cached step: the new tokens' positions continue after the cached "
            "ones, offset = the number of tokens in the cache")
+NEW_ONLY = ("each cached step attended to its new tokens alone: the keys and values cached by the earlier steps were "
+            "not read (append the new ones to the cache, then attend to all of it)")
+
+
+# ---------------------------------------------------------------- the steps of a decoding (every cached stage)
+
+Choices = Mapping[str, Hashable]
+NONE: Choices = {}
+
+FROM_LENGTH = ("the new tokens' positions were counted from the number of entries the cache holds (its length), which "
+               "is the number of tokens fed only until the cache drops an entry: continue after the newest cached "
+               "position (its last recorded position + 1)")
+ONE_LATE_POSITIONS = ("the new tokens' positions start one too late in cached steps: they sit at positions cached .. "
+                      "cached + num_new - 1 (offset = the number of tokens cached, not that + 1)")
+ONE_EARLY_POSITIONS = ("the new tokens' positions start one too early in cached steps: they sit at positions cached .. "
+                       "cached + num_new - 1 (offset = the number of tokens cached, not that - 1)")
+KEYS_RESTART = ("the new keys were rotated from position 0 in each cached step, the new queries at their true "
+                "positions: rotate a step's new keys at the same positions as its new queries (offset = the number of "
+                "tokens cached)")
+OVERWRITTEN = ("each step replaced the cache with its own keys and values instead of appending them: the next step saw "
+               "the previous step's tokens only (torch.cat([cache, new], dim=<the token axis>) and store the result)")
+POSITIONS = Switch("positions", "KV cache", {
+    "restart": RESTART,
+    "unrotated": "the cached keys were stored before RoPE and read back unrotated: rotate each key at its own "
+                 "position when it is made, and cache it rotated",
+    "one_late": ONE_LATE_POSITIONS,
+    "one_early": ONE_EARLY_POSITIONS,
+    "keys_restart": KEYS_RESTART,
+    "from_length": "the new tokens' positions were counted from the number of entries the cache holds (its length), "
+                   "which is the number of tokens fed only while the cache holds every one of them",
+})
+CACHE = Switch("cache", "KV cache", {
+    "new_only": NEW_ONLY,
+    "first_only": "the cache kept the first step's keys and values only: later steps were not appended to it "
+                  "(torch.cat([cache, new], dim=<the token axis>) and store the result)",
+    "last_only": OVERWRITTEN,
+})
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a cached decoding: ``queries`` the token indices of its new tokens, ``keys`` those of the keys it
+    attends to (its new tokens last), and the positions each was rotated at."""
+
+    queries: np.ndarray
+    keys: np.ndarray
+    query_rotary: np.ndarray
+    key_rotary: np.ndarray
+
+
+def spans(chunks) -> list[tuple[int, int]]:
+    ends = np.cumsum(chunks).tolist()
+    return list(zip([0, *ends[:-1]], ends))
+
+
+def steps(num_tokens: int, chunks=None, choices: Choices = NONE) -> list[Step]:
+    """The steps of feeding ``num_tokens`` tokens in ``chunks`` (None: one full forward), as ``choices`` make them."""
+    chunks = list(chunks) if chunks else [num_tokens]
+    position = choices.get("positions")
+    rotated_at = rotation_positions(num_tokens, chunks, choices)
+    found = []
+    previous = np.arange(0)  # the tokens of the step before
+    turned = {}  # token -> the position it was rotated at when it was new
+    for a, e in spans(chunks):
+        new = np.arange(a, e)
+        cache = choices.get("cache")
+        keys = new if cache == "new_only" else np.concatenate([np.arange(chunks[0] if a else 0), new]) \
+            if cache == "first_only" else np.concatenate([previous, new]) if cache == "last_only" else np.arange(e)
+        # from_length: the new tokens numbered from the number of entries the cache holds (as the choices make it)
+        rotated = len(keys) - len(new) + np.arange(len(new)) if position == "from_length" else rotated_at[new]
+        turned.update(zip(new.tolist(), rotated.tolist()))
+        key_rotary = np.asarray([turned[k] for k in keys.tolist()])
+        if position == "unrotated":
+            key_rotary[keys < a] = 0  # (a rotation at position 0 is none)
+        # (keys_restart: the keys, cached ones too, rotated as each was when new; the queries at their own positions)
+        found.append(Step(new, keys, new if position == "keys_restart" else rotated, key_rotary))
+        previous = new
+    return found
+
+
+def rotation_positions(num_tokens: int, chunks=None, choices: Choices = NONE) -> np.ndarray:
+    """The position each token is rotated at when it is new (its own, or counted from its step's start)."""
+    chunks = list(chunks) if chunks else [num_tokens]
+    starts = np.concatenate([np.full(e - a, a) for a, e in spans(chunks)]).astype(int)
+    tokens = np.arange(num_tokens)
+    shift = {"one_late": 1, "one_early": -1}.get(choices.get("positions"), 0) * (starts > 0)
+    return tokens - starts if choices.get("positions") in ("restart", "keys_restart") else tokens + shift
+
+
+def switches(chunks, *, rotary: bool) -> list[Switch]:
+    """The cache's switches that a decoding in ``chunks`` can show (none for a single step)."""
+    if not chunks or len(chunks) < 2:
+        return []
+    found = [CACHE if len(chunks) > 2 else CACHE.without("first_only", "last_only")]
+    if rotary:
+        found.append(POSITIONS)
+    return found
+
+
+# ---------------------------------------------------------------- chapter 3's cache: its switches
+
+CACHED_ONLY = "in your cached steps only (your forward without the cache gets this right): "
 
 
 def cut_before(kept: str) -> str:
@@ -66,14 +179,16 @@ def cached_mask(spec: A.Attention) -> Switch:
 
 def cache_switches(spec: A.Attention, *, reset: bool = False) -> list[Switch]:
     """What a cache holds and where its new tokens' positions start: the switches a cached step adds."""
-    held = {"own_only": OWN_ONLY}
+    held = {"own_only": OWN_ONLY, "last_only": OVERWRITTEN}
     if spec.window is not None:  # a bounded cache: which window positions it keeps
         held |= {"oldest": OLDEST, "cut_window": cut_before("window"), "cut_short": cut_before("window - 1")}
-    found = [Switch("cache", "caches", held)]
+    found = [Switch("cache", "KV cache", held)]
     if spec.rope_theta is not None:
-        found.append(Switch("positions", "rotary positions", {"restart": RESTART}))
+        found.append(Switch("positions", "rotary positions", {
+            "restart": RESTART, "one_late": ONE_LATE_POSITIONS, "one_early": ONE_EARLY_POSITIONS,
+            "keys_restart": KEYS_RESTART, "from_length": POSITIONS.wrong["from_length"]}))
     if reset:
-        found.append(Switch("reset", "caches", {"missing": NOT_RESET}))
+        found.append(Switch("reset", "KV cache", {"missing": NOT_RESET}))
     return found
 
 
@@ -90,14 +205,23 @@ def held(spec: A.Attention, chunks, choices: A.Choices = A.NONE):
     the positions they were rotated at). A module masks its cache by index: the cached keys are taken to be the
     positions right before the new ones (true while it keeps the most recent ones)."""
     kept = turned = np.arange(0)  # the tokens the cache holds, and the positions they were rotated at
-    cache, window, start = choices.get("cache"), spec.window, 0
+    previous = previous_turned = np.arange(0)  # the step before's new tokens (a cache overwritten by each step)
+    cache, window, start, position = choices.get("cache"), spec.window, 0, choices.get("positions")
     for size in chunks:
         new = np.arange(start, start + size)
-        turn = np.arange(size) if choices.get("positions") == "restart" else new
+        # The positions the new keys are rotated at (the shared position switches of ``steps``), and the queries'.
+        later = int(start > 0)
+        turn = {"restart": np.arange(size), "keys_restart": np.arange(size), "one_late": new + later,
+                "one_early": new - later, "from_length": len(kept) + np.arange(size)}.get(position, new)
         if cache == "own_only":
             keys, turn_keys = new, turn
+        elif cache == "last_only":
+            keys, turn_keys = np.concatenate([previous, new]), np.concatenate([previous_turned, turn])
         else:
             keys, turn_keys = np.concatenate([kept, new]), np.concatenate([turned, turn])
+        previous, previous_turned = new, turn
+        if position == "keys_restart":
+            turn = new
         at = np.arange(start + size - len(keys), start + size)  # where the mask takes them: by index
         if window is not None and cache in ("cut_window", "cut_short"):
             last = window if cache == "cut_window" else max(window - 1, 1)
@@ -126,7 +250,7 @@ def decode(spec: A.Attention, x, weights, chunks, choices: A.Choices = A.NONE, *
     return outputs[1:] if first else outputs
 
 
-STORED = Switch("stored", "caches", {
+STORED = Switch("stored", "KV cache", {
     "W_query": "the cache holds the queries' projection (W_query) where the keys' (W_key) belong in cache_k",
     "W_value": "cache_k holds the values (W_value) and cache_v the keys: they are swapped",
     "W_key": "cache_v holds the keys (W_key) and cache_k the values: they are swapped"})
@@ -162,6 +286,213 @@ def steps_of(x, chunks) -> list[dict]:
     ends = np.cumsum(chunks)
     return [{"method": "forward", "args": [np.asarray(x)[:, e - n:e]], "kwargs": {"use_cache": True}}
             for n, e in zip(chunks, ends)]
+
+
+# ---------------------------------------------------------------- probes of a cached module (every cached stage)
+
+DROPPED = ("the cache dropped entries that later queries still see, or kept others in their place: keep exactly what a "
+           "later query can reach")
+CARRIED = ("what the cache carries from one step to the next: the keys and values appended (and kept), the position "
+           "the next step starts at, or a recurrence's state")
+COPY = ("the write went to a copy, not to the cache: indexing with tensors (pool[blocks, :, slots]) returns a copy, so "
+        ".copy_(), .fill_() or any in-place op on it leaves the pool as it was (as on a .clone() or .to() of it); "
+        "write through the index itself: pool[blocks, :, slots] = keys")
+REUSED_ENTRIES = ("the layers that reuse another layer's keys and values stored a copy of them in the cache: only a "
+                  "layer l with kv_sources[l] == l appends to cache_k / cache_v; a reusing layer reads its source's "
+                  "entry")
+
+
+def _close(a, b) -> bool:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True))
+
+
+def _tokens(positions) -> str:
+    runs = _keys(np.isin(np.arange(max(positions) + 1), positions))
+    return runs.replace("keys", "tokens", 1).replace("no key", "no token")
+
+
+def session_findings(cached, own, right, chunks, *, kept=None, newest=None, causes=(), what="your cached steps",
+                     mechanism="KV cache") -> list[Finding]:
+    """The learner's cached steps (``cached``: one output (b, num_new, ...) per step of feeding a sequence in
+    ``chunks``) against its own forward without the cache on the whole sequence (``own``, (b, T, ...)) and the right
+    full forward (``right``): which tokens the cached path gets wrong, and which step first. ``kept``: the number of
+    entries the cache must hold after each step (a cache that drops some), to tell whether the first wrong step is the
+    first after it dropped one, and ``newest``: (the newest position the module records, the newest token's), which
+    tells the two causes of that apart; ``causes``: what the stage's cached path does that its forward does not."""
+    cached = [np.asarray(c, np.float64) for c in cached]
+    own, right = np.asarray(own, np.float64), np.asarray(right, np.float64)
+    spans_ = spans(chunks)
+    if own.shape != right.shape or any(c.shape != right[:, a:e].shape for c, (a, e) in zip(cached, spans_)):
+        return []
+    wrong = [k for k, (c, (a, e)) in enumerate(zip(cached, spans_)) if not _close(c, right[:, a:e])]
+    if not wrong:
+        return []
+
+    def bad_tokens(k):
+        a, e = spans_[k]
+        diff = ~np.isclose(cached[k], right[:, a:e], rtol=1e-4, atol=1e-5, equal_nan=True)
+        return [a + int(t) for t in np.flatnonzero(diff.reshape(diff.shape[0], diff.shape[1], -1).any(axis=(0, 2)))]
+
+    tokens = [t for k in wrong for t in bad_tokens(k)]
+    first = wrong[0]
+    a, e = spans_[first]
+    if _close(own, right):
+        shows = (f"your forward without the cache gives the right outputs for every token; {what} get "
+                 f"{_tokens(tokens)} wrong, the first at step {first} (tokens {a}..{e - 1})")
+        if first == 0:
+            return [Finding(shows + ", whose cache was empty: the cached path computes the new tokens differently.",
+                            tuple(causes), mechanism, "probe", weight=9)]
+        fed = [end for _, end in spans_]
+        dropped = kept is not None and kept[first - 1] < fed[first - 1]
+        if dropped and all(kept[k] == fed[k] for k in range(first - 1)):
+            both = (FROM_LENGTH, DROPPED)
+            if newest is not None:  # the positions recorded say which: too small, or right (then what was kept)
+                both = (FROM_LENGTH,) if newest[0] < newest[1] else (DROPPED,) if newest[0] == newest[1] else both
+            return [Finding(shows + f", the first step after the cache dropped entries (after step {first - 1} it "
+                            f"holds {kept[first - 1]} of the {fed[first - 1]} tokens fed); the steps before are right.",
+                            both, mechanism, "probe", weight=9)]
+        return [Finding(shows + ": the first step (an empty cache) is right, what goes wrong is carried from one step "
+                        "to the next.", tuple(causes) or (CARRIED,), mechanism, "probe", weight=9)]
+    full = np.concatenate(cached, axis=1)
+    if full.shape == own.shape and _close(full, own):
+        return [Finding(f"{what} give what your own forward without the cache gives, and both are wrong (at "
+                        f"{_tokens(tokens)}): the mistake is in what both compute, not in the cache.", (),
+                        mechanism, "probe", weight=9)]
+    return [Finding(f"your forward without the cache and {what} are both wrong, and differ from each other.", (),
+                    mechanism, "probe", weight=9)]
+
+
+def other_path_findings(this: str, other: str, other_steps, own, right, chunks, cause: str,
+                        mechanism="KV cache") -> list[Finding]:
+    """A module with two code paths for a cached step (two forms of one computation): when ``this`` path's own
+    forward without the cache (``own``) is right and the ``other`` path's cached steps (``other_steps``) all equal
+    the right rows, what goes wrong is in ``this`` path's handling of the cache (``cause``)."""
+    if not _close(own, right):
+        return []  # (this path is wrong without the cache too: its mistake need not be the cache's)
+    if not all(_close(o, np.asarray(right)[:, a:e]) for o, (a, e) in zip(other_steps, spans(chunks))):
+        return []
+    return [Finding(f"your {other}'s cached steps are right, your {this}'s are not: the cache is handled on one path "
+                    "and not on the other.", (cause,), mechanism, "probe", weight=8)]
+
+
+def positions_findings(recorded, expected, chunks, *, name="cache_positions", mechanism="KV cache") -> list[Finding]:
+    """The positions a cache records for its entries after each step of feeding a sequence in ``chunks``
+    (``recorded``) against those of the tokens it must hold then (``expected``): where the newest token's position
+    first goes wrong and by how much each step (counted from the cache's length, one off each step, wrong from the
+    start), or, the positions right, which ones the cache dropped or kept beside the right ones."""
+    recorded = [np.asarray(r).ravel() for r in recorded]
+    expected = [np.asarray(e).ravel() for e in expected]
+    fed = [end for _, end in spans(chunks)]
+    off = [int(r[-1]) - int(e[-1]) if r.size and e.size else None for r, e in zip(recorded, expected)]
+    if None in off:
+        return []
+    wrong = [k for k, d in enumerate(off) if d]
+    if wrong:
+        k = wrong[0]
+        shows = (f"after step {k} ({fed[k]} tokens fed) your {name} are {recorded[k].tolist()}; the tokens the cache "
+                 f"holds are at positions {expected[k].tolist()}: the newest is {abs(off[k])} too "
+                 f"{'small' if off[k] < 0 else 'large'}")
+        held = [len(r) for r in recorded]  # (the learner's own cache's lengths)
+        if k > 0 and all(off[j] == held[j - 1] - fed[j - 1] for j in range(k, len(off))):
+            return [Finding(shows + f": by the {fed[k - 1] - held[k - 1]} entries your cache had dropped before the "
+                            "step, its length then being less than the tokens fed.", (FROM_LENGTH,), mechanism,
+                            "probe", weight=3)]
+        if k == 0:
+            return [Finding(shows + ", from the first step.", (f"the positions do not start at 0: the first step's "
+                            f"tokens are at 0 .. num_new - 1 (yours start at {off[0]})",), mechanism, "probe",
+                            weight=3)]
+        step = off[k] // max(k, 1)
+        if step and all(off[j] == (j - k + 1) * step + (off[k] - step) for j in range(k, len(off))):
+            start = "itself (which then stands for two tokens)" if step == -1 else f"+ {1 + step}"
+            return [Finding(shows + f", and {abs(step)} more with each step.", (
+                f"each step's new tokens were numbered from the newest cached position {start}: they continue right "
+                "after it, at the newest cached position + 1",), mechanism, "probe", weight=3)]
+        return [Finding(shows + ".", (), mechanism, "probe", weight=3)]
+    for k, (r, e) in enumerate(zip(recorded, expected)):
+        if set(r.tolist()) == set(e.tolist()):
+            continue
+        lost, extra = sorted(set(e.tolist()) - set(r.tolist())), sorted(set(r.tolist()) - set(e.tolist()))
+        shows = (f"after step {k} ({fed[k]} tokens fed) your cache holds positions {r.tolist()}; it must hold "
+                 f"{e.tolist()}")
+        if lost and not extra:
+            return [Finding(shows + f": {lost} were dropped.", (DROPPED,), mechanism, "probe", weight=3)]
+        return [Finding(shows + ".", (), mechanism, "probe", weight=3)]
+    return []
+
+
+def entries_findings(entries, made: dict, sources, *, name="cache_k", mechanism="KV cache") -> list[Finding]:
+    """Which layers' keys each entry of a layered cache holds: ``entries`` the learner's list, ``made`` {computing
+    layer: the keys it makes}, ``sources`` each layer's source (kv_sources). Copies of a source's keys besides its own
+    entry are the reusing layers' own entries."""
+    found = []
+    for entry in entries:
+        owners = [layer for layer, keys in made.items() if _close(entry, keys)]
+        found.append(owners[0] if owners else None)
+    computing = [layer for layer, source in enumerate(sources) if source == layer]
+    said = ", ".join(f"entry {i}: " + (f"layer {o}'s keys" if o is not None else "no layer's keys")
+                     for i, o in enumerate(found))
+    if found == computing:
+        return []
+    shows = f"your {name} holds {len(found)} entries ({said}); the computing layers are {computing}"
+    if len(found) == len(sources) and found == [sources[layer] for layer in range(len(sources))]:
+        return [Finding(shows + ": every layer has an entry, the reusing ones a copy of their source's.",
+                        (REUSED_ENTRIES,), mechanism, "probe", weight=2)]
+    return [Finding(shows + ".", (), mechanism, "probe", weight=2)]
+
+
+def deciding(probe, others):
+    """Probes where ``probe`` reads the cache itself: when it names a cause, what ``others`` (general probes of the
+    module's outputs) find stays as evidence, their causes left to it."""
+    def run():
+        first = probe()
+        rest = [f for other in others for f in _tried(other)]
+        if any(f.causes for f in first):
+            rest = [Finding(f.shows, (), f.mechanism, f.source, f.weight) for f in rest]
+        return first + rest
+    return run
+
+
+def _tried(probe) -> list[Finding]:
+    try:
+        return probe()
+    except Exception:  # a probe that cannot run on this code says nothing
+        return []
+
+
+def write_findings(before, after, places, new, *, name="k_pool", mechanism="KV cache") -> list[Finding]:
+    """Which slots a write into a cache reached: ``before`` / ``after`` the cache (a pool laid out (blocks, slots,
+    ...)) around a step that must put ``new[i]`` at ``places[i]`` ((block, slot) for each new token)."""
+    before, after = np.asarray(before, np.float64), np.asarray(after, np.float64)
+    if before.shape != after.shape:
+        return []
+    reached = [_close(after[p], v) for p, v in zip(places, new)]
+    if all(reached):
+        return []
+    where = [tuple(int(i) for i in p) for p in places]
+    if _close(before, after):
+        return [Finding(f"your {name} is the same before and after a step that must write {len(places)} new tokens "
+                        f"at {where} (block, slot): the write did not reach it.", (COPY,), mechanism, "probe",
+                        weight=1)]
+    # Where each new token's keys landed: the slots of the pool after the step that hold them.
+    slots = after.reshape(after.shape[0] * after.shape[1], -1)
+    landed = []
+    for v in new:
+        hits = np.flatnonzero(np.all(np.isclose(slots, np.asarray(v, np.float64).ravel(), rtol=1e-4, atol=1e-5),
+                                     axis=-1))
+        landed.append(tuple(int(i) for i in np.unravel_index(hits[0], after.shape[:2])) if hits.size else None)
+    shows = (f"after a step that must write its new tokens at {where} (block, slot) of your {name}, they are at "
+             f"{[w if w is not None else 'nowhere' for w in landed]}")
+    if None not in landed:
+        size = after.shape[1]
+        shift = {(s - w[1]) % size for (b, s), w in zip(landed, where)}
+        if len(shift) == 1 and all(b == w[0] for (b, _), w in zip(landed, where)):
+            d = shift.pop()
+            return [Finding(shows + ".", (f"each token was written {d} slot{'s' if d > 1 else ''} after its own (in "
+                                         "its block, wrapping round): the token at position p goes to slot "
+                                         "p % block_size of block table[p // block_size]",), mechanism, "probe",
+                            weight=1)]
+    return [Finding(shows + ".", (), mechanism, "probe", weight=1)]
 
 
 # ---------------------------------------------------------------- the learner's module with a cache
@@ -203,7 +534,14 @@ class CachedModule(AttentionModule):
         switches = A.switches(self.spec, d_in, d_out, kv_width, cached=True, values_from_inputs=d_in == kv_width)
         if not any(k.endswith(".bias") and k.startswith("W_") for k in weights):
             switches = [s for s in switches if s.name != "bias"]
-        switches = with_cached_mask(self.spec, switches) + cache_switches(self.spec, reset=past is not None)
+        switches = with_cached_mask(self.spec, switches)
+        end = int(np.sum(chunks))
+        if _close(self.run(x[:, :end], weights), A.forward(self.spec, x[:, :end], weights)):
+            # Your forward without the cache is right: a change of the attention both compute gives these steps only
+            # where the cached path computes it on its own (its own mask, its own call): it is said of that path.
+            switches = [Switch(w.name, w.mechanism, {v: CACHED_ONLY + words for v, words in w.wrong.items()})
+                        for w in switches]
+        switches += cache_switches(self.spec, reset=past is not None)
         if self.adjust is not None:
             switches = self.adjust(switches)
 
@@ -254,7 +592,7 @@ class CachedModule(AttentionModule):
         return [Finding("your cached step gives another output when a forward without the cache ran before it: that "
                         "forward changed the cache.",
                         ("forward(x) without use_cache touched cache_k / cache_v (or the position it counts): only a "
-                         "call with use_cache=True may append to the cache",), "caches", "probe", weight=1)]
+                         "call with use_cache=True may append to the cache",), "KV cache", "probe", weight=1)]
 
     def probe_forward_after_steps(self, x, weights, chunks):
         """A forward without the cache after cached steps must give what it gives on a fresh module."""
@@ -268,41 +606,23 @@ class CachedModule(AttentionModule):
         return [Finding("your forward(x) without the cache gives another output after cached steps than on a fresh "
                         "module: it reads the cache.",
                         ("without use_cache, forward(x) attends over x alone from position 0: neither the cached keys "
-                         "nor the cache's length (an offset, a mask's rows) may enter it",), "caches", "probe",
+                         "nor the cache's length (an offset, a mask's rows) may enter it",), "KV cache", "probe",
                         weight=1)]
 
     def probe_own_forward(self, x, weights, chunks, step, past):
-        """The learner's cached step against its own forward without the cache on the same tokens: where the two
-        disagree and which of them is right says whether the mistake is in the cached path or in what both share."""
-        end = int(np.sum(chunks[:step + 1]))
-        start = end - chunks[step]
-        cached = np.asarray(self.run_steps(x, weights, chunks, past=past)[step], dtype=np.float64)
-        own = np.asarray(self.run(x[:, :end], weights), dtype=np.float64)[:, start:end]
-        right = A.forward(self.spec, x[:, :end], weights)[:, start:end]
-        if cached.shape != own.shape or own.shape != right.shape:
-            return []
-
-        def close(a, b):
-            return bool(np.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True))
-
-        tokens = f"tokens {start}..{end - 1}" if end - start > 1 else f"token {start}"
-        if close(cached, right):
-            return []
-        if close(own, right):
-            causes = ["the rows of the mask the new queries take (they sit at positions start .. start + num_new - 1, "
-                      "start = the number of tokens cached before this step)",
-                      "the keys and values the new queries attend to (the cache: appended, kept, emptied)"]
-            if self.spec.rope_theta is not None:
-                causes.append("the positions the new tokens are rotated at (offset = the number of cached tokens)")
-            return [Finding(f"your forward without the cache gives the right outputs for {tokens}, your cached step "
-                            f"{step} does not: what goes wrong is in the cached path.", tuple(causes), "caches",
-                            "probe", weight=9)]
-        if close(cached, own):
-            return [Finding(f"your cached step {step} gives what your own forward without the cache gives for "
-                            f"{tokens}, and both are wrong: the mistake is in the attention both compute, not in the "
-                            "cache.", (), "caches", "probe", weight=9)]
-        return [Finding(f"your forward without the cache and your cached step {step} are both wrong for {tokens}, "
-                        "and differ from each other.", (), "caches", "probe", weight=9)]
+        """The learner's cached steps against its own forward without the cache on the same tokens (``caches``'
+        ``session_findings``): which tokens the cached path gets wrong, and from which step."""
+        end = int(np.sum(chunks))
+        cached = self.run_steps(x[:, :end], weights, chunks[:len(chunks)], past=past)
+        own = self.run(x[:, :end], weights)
+        right = A.forward(self.spec, x[:, :end], weights)
+        causes = ["the rows of the mask the new queries take (they sit at positions start .. start + num_new - 1, "
+                  "start = the number of tokens cached before this step)",
+                  "the keys and values the new queries attend to (the cache: appended, kept, emptied)"]
+        if self.spec.rope_theta is not None:
+            causes.append("the positions the new tokens are rotated at (offset = the number of cached tokens)")
+        return session_findings(cached, own, right, chunks, causes=causes, what="your cached steps",
+                                mechanism="KV cache")
 
     def probe_cached_weights(self):
         """The attention weights of a cached session, exposed (one-hot tokens whose values are those one-hot
@@ -351,7 +671,16 @@ def cache_mask_sizes(match, call):
 
     sizes, dim = broadcast_sizes(match)
     length = call.init.get("context_length")
-    for _, num_new, num_keys in call.forwards():
+    runs = call.forwards()
+    first = [n for _, n, k in runs if n == k and sizes == {0, n}]  # (steps with nothing cached before them)
+    if first and dim == 2:
+        # The first step's mask rows, mask[num_keys - num_new:num_keys], are empty only when num_keys is 0.
+        return (f"the mask gave 0 rows for the {first[0]} new queries of the first step, whose keys are its own "
+                f"tokens: its rows mask[num_keys - num_new:num_keys] are empty when num_keys is 0, so the step "
+                "attended to no key at all: if the keys were read from the cache before the new ones were appended "
+                "(the cache's old contents only), append first and attend to everything cached, the new tokens "
+                "included")
+    for _, num_new, num_keys in runs:
         uncut = {length, num_keys} if num_keys != length else {length, num_new}
         if length and sizes == uncut and dim == (3 if num_keys != length else 2):
             return (f"the mask buffer is context_length x context_length ({length} x {length}) and met the scores "
@@ -388,13 +717,13 @@ def step_rows_findings(observed, allowed, chunks, spec: A.Attention) -> list[Fin
             if np.array_equal(got, np.broadcast_to(keys, got.shape)):
                 return [Finding(f"the new queries of a cached step, at positions {start}..{end - 1} after {start} "
                                 f"cached tokens, see {_keys(keys[0])} (query {start}) where they must see "
-                                f"{_keys(allowed[start])}.", (cause,), "caches", "probe", weight=2)]
+                                f"{_keys(allowed[start])}.", (cause,), "KV cache", "probe", weight=2)]
         if not got[..., :start].any() and must[..., :start].any():
             return [Finding(f"the new queries of a cached step, at positions {start}..{end - 1}, put no weight on "
-                            f"the {start} cached tokens before them.", (OWN_ONLY,), "caches", "probe", weight=2)]
+                            f"the {start} cached tokens before them.", (OWN_ONLY,), "KV cache", "probe", weight=2)]
         index = tuple(int(i) for i in np.argwhere(got != must)[0])
         return [Finding(f"query {rows[index[-2]]}, a new token of a cached step after {start} cached tokens, sees "
-                        f"{_keys(got[index[:-1]])} where it must see {_keys(must[index[:-1]])}.", (), "caches",
+                        f"{_keys(got[index[:-1]])} where it must see {_keys(must[index[:-1]])}.", (), "KV cache",
                         "probe", weight=2)]
     return []
 

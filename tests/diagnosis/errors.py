@@ -139,6 +139,11 @@ def mask_not_cut(match, call):
         if num_keys != num_tokens:
             continue
         if length and length > num_tokens and sizes == {num_tokens, length}:
+            if any(k in call.init for k in ("rope_dim", "theta_base")):  # (RoPE's tables have context_length rows)
+                return (f"a tensor of context_length = {length} rows met one of num_tokens = {num_tokens}: if it is "
+                        "the causal mask, cut it to the sequence (mask[:num_tokens, :num_tokens]); if it is RoPE's "
+                        "cos and sin, a slice of them came out of another length than the tokens it rotates "
+                        "(cos[offset:offset + num_tokens] with an offset that runs past the table's end, say)")
             return (f"the causal mask is context_length x context_length ({length} x {length}) and met the scores of "
                     f"num_tokens = {num_tokens} tokens: cut it to the sequence, self.mask.bool()[:num_tokens, "
                     ":num_tokens] with num_tokens = x.shape[1] (never hard-code the sequence length)")
@@ -207,6 +212,40 @@ def parameter_sizes(match, call):
             "or the book's example")
 
 
+def parameter_rows(match, call):
+    """A key or value projection built with another number of heads than num_kv_groups: its rows read as the
+    constructor's arguments give them, (num_heads / num_kv_groups) * head_dim being the group size taken for the
+    number of key/value heads."""
+    name = match[1]
+    given, built = ([int(s) for s in re.findall(r"\d+", group)] for group in (match[2], match[3]))
+    h, g, d_out = (call.init.get(k) for k in ("num_heads", "num_kv_groups", "d_out"))
+    if not (h and g and d_out and given and built and given[0] != built[0] and given[1:] == built[1:]):
+        return None
+    head_dim = d_out // h
+    if g not in (1, h) and given[0] == g * head_dim and built[0] == (h // g) * head_dim:  # (else d_out's, a head's)
+        return (f"{name} has {built[0]} rows = (num_heads / num_kv_groups) * head_dim = ({h} / {g}) * {head_dim}, "
+                f"where num_kv_groups * head_dim = {given[0]} is documented: num_kv_groups was read as the group size "
+                "(query heads per key/value head); it is the number of key/value heads, so W_key and W_value give "
+                "num_kv_groups * head_dim features and each serves num_heads // num_kv_groups query heads")
+    return None
+
+
+def not_batch_first(match, call):
+    """nn.MultiheadAttention without batch_first=True reads x (b, num_tokens, d) as (num_tokens, b, d): a mask of
+    num_tokens x num_tokens then meets what it takes for b x b."""
+    mask, wanted = {int(match[1]), int(match[2])}, {int(match[3]), int(match[4])}
+    steps = [a for step in call.kwargs.get("steps") or () for a in step.get("args") or ()]
+    for value in [*call.kwargs.get("args", ()), *(call.kwargs.get("kwargs") or {}).values(), call.kwargs.get("x"),
+                  *steps]:
+        shape = np.shape(value)
+        if len(shape) == 3 and shape[0] != shape[1] and mask == {shape[1]} and wanted == {shape[0]}:
+            return (f"the attention took x {tuple(shape)} for (num_tokens, b, d) = ({shape[0]}, {shape[1]}, "
+                    f"{shape[2]}): a mask for x's {shape[1]} tokens met what it expected for {shape[0]}, the batch "
+                    "size. nn.MultiheadAttention reads (seq, batch, embed) unless built with batch_first=True: pass "
+                    "batch_first=True (or transpose x to (num_tokens, b, d) and the output back)")
+    return None
+
+
 def parameters_not_registered(match, call):
     """The module's parameters, as the test found them, against the documented ones: none at all, or only some
     (the others kept where nn.Module does not look)."""
@@ -270,6 +309,10 @@ ERROR_READINGS = [
     ErrorReading(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", matmul_sizes),
     ErrorReading(r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) from "
                  r"checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)", parameter_sizes),
+    ErrorReading(r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) from "
+                 r"checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)", parameter_rows),
+    ErrorReading(r"The shape of the 2D attn_mask is torch\.Size\(\[(\d+), (\d+)\]\), but should be \((\d+), (\d+)\)",
+                 not_batch_first),
     ErrorReading(r"'(\w+)' object has no attribute '(\w+)'", attribute_never_set),
     ErrorReading(r"Expected all tensors to be on the same device",
                  "tensors on two devices met: create every new tensor on x.device, and keep constant tensors such as "

@@ -9,7 +9,7 @@ after the mix) computes the same numbers: one reference stands for both forms, a
 of it (a wrong split of the up-projections into heads is the same mistake in both).
 
 ``forward(spec, x, weights, choices, chunks=...)`` computes the output of a decoding in ``chunks`` (the steps and
-their cache switches are ``decoding``'s); ``switches(spec, ...)`` lists the choices a learner makes here, with the
+their cache switches are ``caches``'s); ``switches(spec, ...)`` lists the choices a learner makes here, with the
 attention switches that apply (``attention``'s causal mask, softmax, fill and RoPE layouts); ``exposure`` makes
 weights and inputs whose output IS the attention weights, for ``probes.weight_findings``.
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import attention as A
-from . import decoding as D
+from . import caches as C
 from .probes import ExposedWeights, weight_findings
 from .search import Switch
 
@@ -95,7 +95,7 @@ def forward(spec: Latent, x, weights, choices: Choices = NONE, chunks=None):
     rope = choices.get("rope")
     causal = A.Attention(num_heads=h)
     outputs = []
-    for step in D.steps(t, chunks, choices):
+    for step in C.steps(t, chunks, choices):
         qc, qr = q_content[:, :, step.queries], q_rope[:, :, step.queries]
         kr = k_rope[:, step.keys]
         if rope != "none":
@@ -118,7 +118,7 @@ def cache(spec: Latent, x, weights, chunks, choices: Choices = NONE):
     k_rope = A.linear(x, weights, "W_key_rope")
     if choices.get("cached_rope") == "unrotated" or choices.get("rope") == "none":
         return latent, k_rope
-    return latent, A.rope(k_rope, D.rotation_positions(x.shape[1], chunks, choices), spec.theta, choices.get("rope"))
+    return latent, A.rope(k_rope, C.rotation_positions(x.shape[1], chunks, choices), spec.theta, choices.get("rope"))
 
 
 CACHED_ROPE = Switch("cached_rope", "KV cache", {
@@ -184,7 +184,7 @@ def switches(spec: Latent, head_dim: int, latent_dim: int, chunks=None) -> list[
             scaling[value] = words
     found = [Switch("scale", "scaling", scaling), NORM, ROPE_SCORE, QUERY_LAYOUT, VALUES, rope_switch(),
              A.CAUSAL.plus(A.CACHED_ROWS) if chunks and len(chunks) > 1 else A.CAUSAL, A.SOFTMAX, A.FILL,
-             A.HEADS["merge"], *D.switches(chunks, rotary=True)]
+             A.HEADS["merge"], *C.switches(chunks, rotary=True)]
     if spec.num_heads > 1 and head_dim > 1:
         found.append(UP_SPLIT)
     if spec.rope_dim == head_dim:

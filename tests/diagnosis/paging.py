@@ -16,6 +16,7 @@ from collections.abc import Hashable, Mapping
 import numpy as np
 
 from . import attention as A
+from . import caches as C
 from .findings import Finding
 from .search import Switch
 
@@ -69,7 +70,7 @@ def replay(weights, num_heads: int, block_size: int, num_blocks: int, ops, table
             start = 0 if choices.get("write") == "from_zero" else lengths.get(seq, 0)
             while len(table) * block_size < start + n:
                 table.append(next(virtual))
-            for t in range(n):
+            for t in range(n if choices.get("write") != "lost" else 0):
                 block, slot = where(table, start + t, block_size, choices)
                 k_pool[block, :, slot] = k[:, t]
                 v_pool[block, :, slot] = v[:, t]
@@ -106,7 +107,8 @@ WRITE = Switch("write", "block tables", {
     "swapped": "block and slot were swapped: the token at position p goes to block table[p // block_size], slot "
                "p % block_size",
     "no_table": "the token was written to block p // block_size of the pool itself: the sequence's block table says "
-                "which block that is (table[p // block_size])"})
+                "which block that is (table[p // block_size])",
+    "lost": C.COPY})
 
 
 def switches(d_in: int, d_out: int, num_heads: int, bias: bool) -> list:

@@ -98,7 +98,9 @@ def _nan_rows(w, observed, finite, allowed, qpos, kpos):
     index = tuple(int(i) for i in np.argwhere(bad)[0])
     shows = f"{w.what} of query {qpos[index[-1]]} are NaN, although it must see {_tokens(kpos[allowed[index]])}."
     cause = ("a softmax gives NaN where every score of its row is -inf (every key masked: 0 / 0), or where a score "
-             "is inf or NaN (an overflow, or a NaN made earlier)")
+             "is inf or NaN (an overflow, or a NaN made earlier); and a -inf put into the weights after the softmax "
+             "(masked_fill(..., -inf) on the weights) gives NaN when the weights meet the values (-inf and +inf "
+             "summed): mask the scores before the softmax, or fill masked weights with 0")
     own = allowed & (qpos[:, None] == kpos[None, :]) & finite[..., None]  # readable rows' own tokens
     later = finite[..., None] & (np.nan_to_num(observed) > TINY) & (kpos[None, :] > qpos[:, None])
     if np.any(own) and np.all(observed[own] <= TINY) and not (w.causal and np.any(later)):

@@ -144,7 +144,9 @@ def angle_findings(cos_and_sin, head_dim: int, theta: float) -> list[Finding]:
         freqs = a[0::2]
     else:
         freqs = a[:half]
-    if np.any(freqs <= 0) or not np.isclose(freqs[0], 1.0, atol=1e-4):
+    if not np.isclose(freqs[0], 1.0, atol=1e-4):
+        return found + shifted_index_findings(freqs, head_dim, theta)
+    if np.any(freqs <= 0):
         return found
     ratio = freqs[1] / freqs[0]  # theta ** (-step / head_dim)
     exponent = -np.log(ratio) * head_dim  # step * ln(theta)
@@ -163,6 +165,29 @@ def angle_findings(cos_and_sin, head_dim: int, theta: float) -> list[Finding]:
     return found + [Finding(f"at position 1 your angles are {np.round(freqs[:3], 4).tolist()}...: frequencies "
                             f"theta ** (-2i / head_dim) with theta = {np.exp(exponent / 2):.4g}, not theta_base = "
                             f"{theta:g}.", (), MECHANISM, "probe", weight=2)]
+
+
+def shifted_index_findings(freqs, head_dim: int, theta: float) -> list[Finding]:
+    """Frequencies whose first is not 1 (pair 0 must turn by 1 radian per position): the angles one position turns
+    (``freqs``, wrapped to (-pi, pi]) tried against theta_base ** (-(s i + c) / head_dim) for the exponents a learner
+    writes instead of 2i (i / head_dim, or the pair index shifted: 2(i - 1), 2(i + 1), ...)."""
+    i = np.arange(freqs.size)
+    shows = f"at position 1 your angles are {np.round(freqs[:3], 4).tolist()}..."
+    right = np.round(theta ** (-2 * np.arange(3) / head_dim), 4).tolist()
+    for slope in (2, 1):
+        for c in (-2, 2, -1, 1, -4, 4):
+            made = np.angle(np.exp(1j * theta ** (-(slope * i + c) / head_dim)))
+            if np.allclose(made, freqs, atol=1e-4):
+                said = f"{slope} i {'+' if c > 0 else '-'} {abs(c)}"
+                shift = (f"the pair index in the exponent is shifted ({'i + ' if c > 0 else 'i - '}{abs(c) // slope} "
+                         "where i is meant): " if c % slope == 0 else "the exponent is not 2i / head_dim: ")
+                return [Finding(f"{shows}: frequencies theta_base ** (-({said}) / head_dim) for pair i = 0, 1, ..., "
+                                f"where theta_base ** (-2i / head_dim) gives {right}...",
+                                (shift + "pair i = 0 .. head_dim/2 - 1 turns by theta_base ** (-2i / head_dim) per "
+                                 "position, so pair 0 by 1 radian (torch.arange(0, head_dim, 2) / head_dim)",),
+                                MECHANISM, "probe", weight=2)]
+    return [Finding(f"{shows}: pair 0 must turn by 1 radian per position (theta_base ** 0), and pair i by "
+                    f"theta_base ** (-2i / head_dim), {right}...", (), MECHANISM, "probe", weight=2)]
 
 
 # ---------------------------------------------------------------- a check's evidence

@@ -3,7 +3,7 @@ written once with its switches: a stack of attention layers with a residual stre
 its keys and values from its own input or attends to those an earlier layer computed from ITS input.
 
 ``stack(x, weights, spec, choices, chunks)`` gives the stack's outputs for a decoding in ``chunks`` (each step's new
-tokens attending to everything each computing layer cached, ``decoding``'s steps); ``switches`` lists what a learner
+tokens attending to everything each computing layer cached, ``caches``'s steps); ``switches`` lists what a learner
 chooses there with attention's switches that apply. ``sources(kind, num_layers, n, choices)`` are the sharing
 patterns, ``source_findings`` reads a learner's pattern (a layer reading a later layer, or one that computes none).
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import attention as A
-from . import decoding as D
+from . import caches as C
 from .findings import Finding
 from .search import Switch
 
@@ -36,8 +36,9 @@ class Sharing:
         return self.num_kv_groups or self.num_heads
 
 
-def stack(x, weights, spec: Sharing, choices: Choices = NONE, chunks=None):
-    """The stack's outputs for x (b, T, d_model) fed in ``chunks`` (None: one full forward), concatenated."""
+def stack(x, weights, spec: Sharing, choices: Choices = NONE, chunks=None, cached: dict | None = None):
+    """The stack's outputs for x (b, T, d_model) fed in ``chunks`` (None: one full forward), concatenated; ``cached``
+    (a dict) receives what the cache holds at the end, {computing layer: [keys, values]}."""
     x = np.asarray(x, np.float64)
     h, g = spec.num_heads, spec.groups
     sharing = choices.get("sharing")
@@ -47,7 +48,7 @@ def stack(x, weights, spec: Sharing, choices: Choices = NONE, chunks=None):
         return [A.split(A.linear(inputs, weights, f"layers.{owner}.{n}"), g, choices) for n in ("W_key", "W_value")]
 
     outputs = []
-    for step in D.steps(x.shape[1], chunks, choices):
+    for step in C.steps(x.shape[1], chunks, choices):
         stream = x[:, step.queries]
         fresh = {}
         for layer, source in enumerate(spec.kv_sources):
@@ -81,6 +82,8 @@ def stack(x, weights, spec: Sharing, choices: Choices = NONE, chunks=None):
                 out = A.linear(out, weights, f"layers.{layer}.out_proj")
             stream = out if choices.get("residual") == "missing" else stream + out
         outputs.append(stream)
+    if cached is not None:
+        cached.update(cache)
     return np.concatenate(outputs, axis=1)
 
 
@@ -114,7 +117,7 @@ def switches(spec: Sharing, chunks=None) -> list[Switch]:
     causal = A.CAUSAL.only("none", "diagonal").plus(A.CACHED_ROWS if cached else {})
     found = [sharing, *([REPROJECTED] if reusing else []), RESIDUAL, causal,
              A.scaling_switch(A.Attention(num_heads=spec.num_heads), 1, 1, 1).only("none", "times", "no_sqrt"),
-             A.FILL.only("zero"), A.PROJECTIONS["out_proj"], *[c.only("new_only") for c in D.switches(chunks,
+             A.FILL.only("zero"), A.PROJECTIONS["out_proj"], *[c.only("new_only") for c in C.switches(chunks,
                                                                                                     rotary=False)]]
     if spec.num_heads > 1:
         found += list(A.HEADS.values())

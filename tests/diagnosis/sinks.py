@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import attention as A
-from . import decoding as D
+from . import caches as C
 from .findings import Finding
 from .search import Switch
 
@@ -97,15 +97,20 @@ def forward(spec: Sinks, x, weights, choices: Choices = NONE, chunks=None):
     head_dim = q.shape[-1]
     scale = A.scale_of(A.Attention(num_heads=h), head_dim, d_in, weights["W_query.weight"].shape[0], choices)
     sinks = np.asarray(weights["sinks"], np.float64) * (scale if choices.get("sinks") == "scaled" else 1.0)
-    kept = np.zeros(0, int)
+    kept = np.zeros(0, int)  # the tokens the cache holds
+    position = {}  # token -> the position the module gave it (its own, unless its step's offset is another)
     outputs = []
-    for step in D.steps(t, chunks, choices):
+    for step in C.steps(t, chunks, choices):
         a = int(step.queries[0])
+        offset = len(kept) if a and choices.get("positions") == "kept_count" else a
+        position.update({int(p): offset + i for i, p in enumerate(step.queries)})
         keys = np.asarray([p for p in step.keys if p >= a or p in set(kept.tolist())], int)
+        at = np.asarray([position[int(p)] for p in keys], int)
         if spec.window is not None and choices.get("evict") == "early":
-            newest = int(step.queries[-1])
-            keys = np.asarray([p for p in keys if p >= a or p < spec.num_sink_tokens or newest - p < spec.window])
-        mask = allowed(spec, step.queries, keys, choices)
+            newest = position[int(step.queries[-1])]
+            keep = (keys >= a) | (at < spec.num_sink_tokens) | (newest - at < spec.window)
+            keys, at = keys[keep], at[keep]
+        mask = allowed(spec, np.asarray([position[int(p)] for p in step.queries]), at, choices)
         s = q[:, :, step.queries] @ np.swapaxes(k[:, :, keys], -1, -2) * scale
         if choices.get("scores") == "transposed":
             s = np.swapaxes(s, -1, -2)
@@ -114,13 +119,13 @@ def forward(spec: Sinks, x, weights, choices: Choices = NONE, chunks=None):
         if fill == "after":
             w = w * mask
         outputs.append(A.merge(w @ v[:, :, keys], choices))
-        newest = keys[-1]
+        newest = at[-1]
         if spec.window is None:
             kept = keys
         elif choices.get("evict") == "sinks":
-            kept = keys[newest - keys < spec.window]
+            kept = keys[newest - at < spec.window]
         else:
-            kept = keys[(keys < spec.num_sink_tokens) | (newest - keys < spec.window)]
+            kept = keys[(at < spec.num_sink_tokens) | (newest - at < spec.window)]
     out = np.concatenate(outputs, axis=1)
     return out if choices.get("out_proj") == "missing" else A.linear(out, weights, "out_proj")
 
@@ -168,6 +173,15 @@ NOT_CAUSAL = "the mask lets queries see later keys: j <= i must hold as well"
 CAUSAL = A.CAUSAL.plus({"none": NOT_CAUSAL})
 
 
+OFFSET = Switch("positions", "KV cache", {"kept_count": C.FROM_LENGTH})
+
+
+def kept_positions(spec: Sinks, fed: int) -> np.ndarray:
+    """The positions a sink cache holds after ``fed`` tokens: the sink tokens and the last ``window``."""
+    p = np.arange(fed)
+    return p if spec.window is None else p[(p < spec.num_sink_tokens) | (fed - 1 - p < spec.window)]
+
+
 def mask_switches(spec: Sinks, cached: bool = False) -> list[Switch]:
     causal = CAUSAL.only("none", "diagonal", "next")
     found = [causal.plus(A.CACHED_ROWS) if cached else causal]
@@ -200,9 +214,10 @@ def switches(spec: Sinks, d_in: int, d_out: int, chunks=None, *, bias: bool) -> 
     if spec.groups not in (1, spec.num_heads):
         found.append(A.KV_REPEAT)
     if cached:
-        found += D.switches(chunks, rotary=False)
+        found += C.switches(chunks, rotary=False)
         if spec.window is not None:
             found.append(EVICT if spec.num_sink_tokens else EVICT.only("early"))
+            found.append(OFFSET)
     return found
 
 
