@@ -169,9 +169,9 @@ def reconcile(found: list[Finding]) -> list[Finding]:
             if f.source == "probe" and f.causes and (settled or f.mechanism in specific) else f for f in kept]
     # A probe's open list of possibilities gives way to the changes the search reproduced the numbers with, even
     # where the search could not tell its own apart: those are the narrower reading of the same evidence.
-    matched = any(f.source in ("mutation", "listed") and f.causes for f in kept)
+    reproduced = any(f.source in ("mutation", "listed") and f.causes for f in kept)
     kept = [Finding(f.shows, (), f.mechanism, f.source, f.weight)
-            if matched and f.source == "probe" and len(f.causes) > 1 else f for f in kept]
+            if reproduced and f.source == "probe" and len(f.causes) > 1 else f for f in kept]
     # Probes of different mechanisms that each name one cause, with nothing that reproduced the learner's numbers:
     # each reads its mechanism as if the others were right, so where two of them name different causes neither is a
     # fact. Their evidence stays; their causes are given together as possibilities.
