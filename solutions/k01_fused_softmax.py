@@ -108,7 +108,7 @@ def softmax(x, block_size=None):
     rows = x.reshape(-1, n_cols)  # (n_rows, n_cols): every leading axis is rows
     if rows.stride(-1) != 1:
         rows = rows.contiguous()  # the kernel reads a row's values one after another
-    out = torch.empty_like(rows)
+    out = torch.full_like(rows, float("nan"))  # (a lane the kernel never writes stays NaN: it cannot pass by chance)
     block = block_size or min(triton.next_power_of_2(n_cols), 1024)
     # Launch: a grid of one program per row, each given the row length, the row strides of x and out (in elements)
     # and the chunk length as the constexpr BLOCK_SIZE.
