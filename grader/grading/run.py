@@ -139,7 +139,7 @@ def grade(target: Target, *, students=None, force=False, executor="local", sched
             bar.close()
         if target.gradebook is not None:
             target.gradebook.close()
-        scratch.sweep()  # the workers' folders (they are killed, so they cannot remove them)
+        _sweep_workers()  # the workers' folders (they are killed, so they cannot remove them)
     if target.gradebook is not None:  # (only once every record is in it: a run cut short leaves no note)
         _note_gradebook(target, outcome.records)
     outcome.seconds = round(time.monotonic() - started, 3)
@@ -166,6 +166,17 @@ def _gradebook_holds(target: Target) -> bool:
     state = target.gradebook.state()
     records = R.read_records(target.out, set(target.submissions))
     return state is not None and note == {"state": state, "records": {s: r["fingerprint"] for s, r in records.items()}}
+
+
+def _sweep_workers(seconds: float = 3.0):
+    """Remove the folders of the workers this run stopped. A killed worker's lock is dropped only once the last of
+    its processes has gone (its sandbox follows it by a parent-death signal, a moment later): sweep again for a few
+    seconds while a worker folder is still held, so that none is left behind for the next run to find."""
+    deadline = time.monotonic() + seconds
+    scratch.sweep()
+    while time.monotonic() < deadline and scratch.held(scratch.PREFIX + "worker-"):
+        time.sleep(0.05)
+        scratch.sweep()
 
 
 def _note_gradebook(target: Target, records: Mapping[str, Record]):

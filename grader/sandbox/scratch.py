@@ -78,6 +78,15 @@ def sweep(root: Path | None = None) -> list[Path]:
     return removed
 
 
+def held(prefix: str, root: Path | None = None) -> bool:
+    """Whether a folder named ``prefix...`` in TMPDIR (or ``root``) is still held by a living process."""
+    root = Path(root or tempfile.gettempdir())
+    try:
+        return any(p.name.startswith(prefix) and p.is_dir() and not _abandoned(p) for p in root.iterdir())
+    except OSError:
+        return False
+
+
 def _abandoned(folder: Path) -> bool:
     try:
         lock = os.open(folder / LOCK, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
