@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from shlex import quote
 
+from suite_runtime import SPEED_CHECK_POLICIES
 from suite_runtime.stage_names import is_stage_module
 
 from .errors import AttnkitError, GradeError, SampleError
@@ -79,6 +80,9 @@ def _positive(kind):
 
 UNCONFINED_HELP = ("grade even where no confinement for learner code holds (UNCONFINED: it could read the "
                    "solutions and hidden tests); without it such a machine is refused")
+SPEED_CHECKS_HELP = ("the kernels' speed checks that cannot run where grading runs (no GPU, or kernels in Triton's "
+                     "interpreter, as in every grading box today): skip leaves them out of a stage's count, so a "
+                     "grade made without a GPU can reach full marks; count fails them, so it cannot")
 
 
 def cmd_course_build(args):
@@ -88,6 +92,7 @@ def cmd_course_build(args):
         args.dir, course_id=args.course_id, assignments=args.assignment, total=args.total,
         points=dict(args.points or []), test_timeout=args.test_timeout, time_budget=args.time_budget,
         exchange_root=args.exchange, db_url=args.db_url, allow_plain=args.allow_plain,
+        speed_checks=args.speed_checks,
     )
     print(f"built course {course.course_id!r} in {course.root}")
     built = list(dict.fromkeys(args.assignment or course.assignments))
@@ -186,6 +191,8 @@ def cmd_grade(args):
             target.time_budget = None  # derived from the new limit, unless given too
         if args.time_budget is not None:
             target.time_budget = args.time_budget
+    if args.speed_checks is not None:
+        target.speed_checks = args.speed_checks
     if target.chosen:  # (a note, not an error: grading goes on)
         print(f"grading {target.chosen}", file=sys.stderr)
     if budget_problem(target.test_timeout, target.time_budget):
@@ -249,12 +256,27 @@ def cmd_gradescope(args):
     points = plan_points(args.total, None, args.assignment)
     if budget_problem(args.test_timeout, args.time_budget):
         raise GradeError(budget_problem(args.test_timeout, args.time_budget))
-    out = build_zip(args.out, args.assignment, points, args.test_timeout, args.time_budget, args.allow_plain)
+    speed_checks = args.speed_checks or course_speed_checks()
+    out = build_zip(args.out, args.assignment, points, args.test_timeout, args.time_budget, args.allow_plain,
+                    speed_checks)
     floor = ".".join(map(str, python_floor(tested_versions())))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): Gradescope's autograder for {args.assignment}, "
           f"{len(points)} stages, {sum(points.values()):g} points; upload it as a zip-file autograder "
-          f"(an Ubuntu base image with Python {floor} or later, e.g. Ubuntu 24.04; no GPU)")
+          f"(an Ubuntu base image with Python {floor} or later, e.g. Ubuntu 24.04; no GPU)"
+          + ("; the speed checks, which cannot run there, count as failed" if speed_checks == "count" else ""))
     return 0
+
+
+def course_speed_checks() -> str:
+    """The speed_checks of the course in the current folder (an instructor builds Gradescope's zip there, as
+    ``gradescope_assignment`` assumes), else "skip"."""
+    from .course.settings import Course
+    from .errors import CourseError
+
+    try:
+        return Course.load(".").speed_checks
+    except CourseError:  # not in a course
+        return SPEED_CHECK_POLICIES[0]
 
 
 def cmd_doctor(args):
@@ -301,6 +323,9 @@ def main(argv=None):
     b.add_argument("--exchange", help="nbgrader Exchange.root (default: DIR/exchange)")
     b.add_argument("--db-url", help="nbgrader gradebook URL (default: sqlite DIR/gradebook.db)")
     b.add_argument(ALLOW_PLAIN, action="store_true", help=f"the autograder cells {UNCONFINED_HELP}")
+    b.add_argument("--speed-checks", choices=SPEED_CHECK_POLICIES, default=SPEED_CHECK_POLICIES[0],
+                   help=f"{SPEED_CHECKS_HELP}; kept in attnkit-course.json for every way the course grades "
+                        "(default: %(default)s)")
     b.set_defaults(func=cmd_course_build, said_as="course build")
 
     p = sub.add_parser("demo", help="grade the built-in sample submissions with nbgrader, print a table")
@@ -363,6 +388,8 @@ def main(argv=None):
                    help="also write autograded/ notebooks from the grades (through nbgrader's autograde, without "
                         "running them), so that the formgrader shows them and `nbgrader generate_feedback` works")
     p.add_argument("--quiet", action="store_true", help="no progress bars (CI)")
+    p.add_argument("--speed-checks", choices=SPEED_CHECK_POLICIES,
+                   help=f"{SPEED_CHECKS_HELP} (default: the course's, or {SPEED_CHECK_POLICIES[0]})")
     p.add_argument(ALLOW_PLAIN, action="store_true", help=UNCONFINED_HELP)
     p.set_defaults(func=cmd_grade, said_as="grade", interrupted="what was graded is kept: run again to grade the rest")
 
@@ -380,6 +407,9 @@ def main(argv=None):
                    help="CPU seconds per check (default: %(default)s)")
     p.add_argument("--time-budget", type=_positive(float),
                    help=f"CPU seconds per submission (default: {BUDGET_CHECKS} x --test-timeout)")
+    p.add_argument("--speed-checks", choices=SPEED_CHECK_POLICIES,
+                   help=f"{SPEED_CHECKS_HELP} (Gradescope has no GPU; default: the speed_checks of the course in the "
+                        f"current folder, or {SPEED_CHECK_POLICIES[0]})")
     p.add_argument(ALLOW_PLAIN, action="store_true", help=f"the autograder: {UNCONFINED_HELP}")
     p.set_defaults(func=cmd_gradescope, said_as="gradescope")
 

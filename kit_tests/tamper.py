@@ -526,12 +526,12 @@ def kernels_corpus() -> list[Tamper]:
                "holds proxies of the reference, no code of it), so k06 gets its full marks",
                fixed(k06_paged_decoding=attacked(solution("k06_paged_decoding"), "leak_reference_kernel")),
                reason=heading("k06_paged_decoding")),
-        Tamper("k-compile-to-ptx", "not an attack: a k01 that tries to compile a kernel for an H100 down to PTX in "
-               "its box as the first GPU design would (docs/kernels-sandbox.md: Triton's cache in memory files, the "
-               "PTX given to the driver instead of ptxas), and raises what happened in every check: the learner's "
-               "filter refuses the memory files (anonymous files are memory no limit counts without cgroups), so it "
-               "is not compiled",
-               fixed(k01_fused_softmax=payload("compile_to_ptx")), reason="NOT COMPILED: Permission",
+        Tamper("k-compile-to-ptx", "not an attack: a k01 that compiles a kernel for an H100 down to PTX in its box "
+               "as a box on a GPU would (docs/kernels-sandbox.md: the kit's suite_runtime.triton_compile keeps "
+               "Triton's cache as bytes in the process's memory and gives the driver the PTX instead of running "
+               "ptxas), and raises what happened in every check: compiled, with no program run, no file made and "
+               "no memory file",
+               fixed(k01_fused_softmax=payload("compile_to_ptx")), reason="COMPILED in the box",
                expected={"fused_softmax": 0}),
         Tamper(LATE + "k-stubs", "victim: the stubs, untouched, graded after every attacker",
                lambda ctx: {stage: stub(stage) for stage in stages("kernels")},

@@ -64,11 +64,14 @@ from ..kit import (
 from ..sandbox.limits import TEST_TIMEOUT, budget_problem
 from ..suite import public_tests
 from .gradebook import GradebookError, check_database, has_password
-from .settings import MARKER_FILE, Course
+from .settings import MARKER_FILE, Course, speed_checks_problem
 
 # What a release's tests/ holds besides the public test files: the suite's conftest and its three packages (its
 # runtime, the diagnosis engine, its pytest plugin), every module of them.
 SUPPORT_PACKAGES = ("suite_runtime", "diagnosis", "suite_plugin")
+# ... less what only a grading box runs: how a box compiles a kernel for a GPU (it imports Triton, which only the
+# kernels assignment's release installs, and no student needs it: a GPU compiles kernels the usual way).
+GRADING_ONLY = ("suite_runtime/triton_compile.py",)
 NOTEBOOK_TOOLS = Path(__file__).with_name("notebook_tools.py")  # the release's copy: notebook_tools.py
 NBGRADER_CONFIG = Path(__file__).parent / "templates" / "nbgrader_config.py"  # every course's
 
@@ -183,9 +186,10 @@ def pytest_ini(test_timeout: float = TEST_TIMEOUT, tests: Path = SUITE) -> str:
 
 
 def support_files() -> list[str]:
-    """The support files students need, relative to tests/: its conftest.py and every module of SUPPORT_PACKAGES."""
-    return ["conftest.py"] + sorted(str(path.relative_to(SUITE)) for package in SUPPORT_PACKAGES
-                                    for path in (SUITE / package).glob("*.py"))
+    """The support files students need, relative to tests/: its conftest.py and every module of SUPPORT_PACKAGES
+    but those GRADING_ONLY."""
+    return ["conftest.py"] + sorted(name for package in SUPPORT_PACKAGES for path in (SUITE / package).glob("*.py")
+                                    if (name := str(path.relative_to(SUITE))) not in GRADING_ONLY)
 
 
 def _check_target(root: Path):
@@ -199,10 +203,12 @@ def _check_target(root: Path):
 
 
 def build(root, *, course_id="attention-kit", assignments=None, total=100, points=None,
-          test_timeout=TEST_TIMEOUT, time_budget=None, exchange_root=None, db_url=None, allow_plain=False) -> Course:
+          test_timeout=TEST_TIMEOUT, time_budget=None, exchange_root=None, db_url=None, allow_plain=False,
+          speed_checks="skip") -> Course:
     """(Re)create the course at ``root`` with ``assignments`` (names of the kit's assignments; default: all of
     them), keeping any other assignment it had; returns it, describing the first assignment built.
-    ``total`` and ``points`` (marker -> points) apply to each assignment. Raises CourseError on bad input."""
+    ``total`` and ``points`` (marker -> points) apply to each assignment; ``speed_checks``: "skip" or "count" (see
+    Course). Raises CourseError on bad input."""
     root = Path(root).expanduser().resolve()
     _check_target(root)
     chosen = list(dict.fromkeys(assignments or kit.assignments()))
@@ -214,6 +220,8 @@ def build(root, *, course_id="attention-kit", assignments=None, total=100, point
         raise CourseError("test_timeout must be positive")
     if budget_problem(test_timeout, time_budget):
         raise CourseError(budget_problem(test_timeout, time_budget))
+    if speed_checks_problem(speed_checks):
+        raise CourseError(speed_checks_problem(speed_checks))
     stale = out_of_sync(assignments=chosen)
     if stale:
         raise CourseError(f"exercises/ is out of date with solutions/ ({', '.join(stale)}): run `attnkit stubs`")
@@ -239,7 +247,8 @@ def build(root, *, course_id="attention-kit", assignments=None, total=100, point
                     assignments={name: every[name] for name in kit.assignments() if name in every},
                     test_timeout=float(test_timeout),
                     time_budget=None if time_budget is None else float(time_budget),
-                    exchange_root=exchange_root, db_url=db_url, allow_plain=bool(allow_plain))
+                    exchange_root=exchange_root, db_url=db_url, allow_plain=bool(allow_plain),
+                    speed_checks=speed_checks)
     root.mkdir(parents=True, exist_ok=True)
     for name in chosen:
         write_release_source(course.of(name))
@@ -308,7 +317,8 @@ def write_release_source(course: Course):
 
     from .notebook import build_notebook
 
-    nbformat.write(build_notebook(course.assignment, course.points, course.test_timeout, course.time_budget),
+    nbformat.write(build_notebook(course.assignment, course.points, course.test_timeout, course.time_budget,
+                                  course.speed_checks),
                    src / f"{course.notebook}.ipynb")
     shutil.copyfile(NOTEBOOK_TOOLS, src / NOTEBOOK_TOOLS.name)  # what the notebook's setup cell imports
 

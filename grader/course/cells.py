@@ -7,6 +7,9 @@ reports one stage of it:
     grading = Grading("ASSIGNMENT", test_timeout=10.0)   # the first autograder cell only
     grading.stage("MARKER", points=12)                   # a stage's marker, and its points
 
+In a course that counts the speed checks that cannot run (grader.course.settings.Course), the first cell
+also says ``speed_checks="count"``.
+
 ``Grading`` grades the folder nbgrader runs the notebook in (the autograded copy of the
 submission) once, through a grading worker (``grader.grading.worker``): the same suite, sandbox and seed as
 ``attnkit grade``. The kernel never imports learner code. Each ``stage`` call prints the stage's
@@ -42,10 +45,11 @@ class GradingFailed(RuntimeError):
 
 class Grading:
     """The grades of the submission in ``folder`` (default: the working folder, where nbgrader runs
-    the notebook). ``test_timeout``: CPU seconds per check; ``time_budget``: for the whole submission."""
+    the notebook). ``test_timeout``: CPU seconds per check; ``time_budget``: for the whole submission;
+    ``speed_checks``: the course's choice for speed checks that cannot run here ("skip" or "count")."""
 
     def __init__(self, assignment: str, test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None,
-                 folder=None):
+                 folder=None, speed_checks: str = "skip"):
         self.folder = Path(folder or os.getcwd()).resolve()
         self.error: WorkerError | None = None
         course = course_of(self.folder)
@@ -55,7 +59,7 @@ class Grading:
             try:
                 self.graded = grade_folder(self.folder, Limits(check_seconds=test_timeout, budget_seconds=time_budget),
                                            stages(assignment), allow_plain=course.allow_plain if course else False,
-                                           private=[course.root] if course else [])
+                                           private=[course.root] if course else [], speed_checks=speed_checks)
             except WorkerError as exc:
                 self.error = exc  # every stage's cell fails the same way, without grading again
             else:

@@ -92,15 +92,18 @@ def _meta(grade_id, *, grade=False, points=None):
 
 
 def grade_source(stage: kit.Stage, points: float, test_timeout: float, time_budget: float | None = None,
-                 first: bool = False) -> str:
-    """An autograder cell. The first grades the submission (grader.course.cells.Grading); each reports its stage.
+                 first: bool = False, speed_checks: str = "skip") -> str:
+    """An autograder cell. The first grades the submission (grader.course.cells.Grading), with the course's time
+    limits and its choice for speed checks that cannot run (``speed_checks``); each reports its stage.
 
     Its first line is the stage's heading, which the feedback page shows as the cell's name (see
     grader.course.feedback). Students see only the comments: nbgrader removes the hidden region from the
     release, puts it back for grading, and the feedback page leaves it out again."""
-    budget = f", time_budget={time_budget!r}" if time_budget is not None else ""
+    options = f", time_budget={time_budget!r}" if time_budget is not None else ""
+    # (written only where it is not Grading's default: the cells of a course that keeps the default stay as they were)
+    options += f", speed_checks={speed_checks!r}" if speed_checks != "skip" else ""
     grading = (f"from grader.course.cells import Grading\n"
-               f"grading = Grading({stage.assignment!r}, test_timeout={test_timeout!r}{budget})\n")
+               f"grading = Grading({stage.assignment!r}, test_timeout={test_timeout!r}{options})\n")
     return (
         f"# {stage.heading}\n"
         f"# Autograder cell ({points:g} points): graded with the public and hidden tests when you submit;\n"
@@ -121,9 +124,10 @@ def setup_source(test_timeout: float) -> str:
 
 
 def build_notebook(assignment: str, points: dict[str, float], test_timeout: float,
-                   time_budget: float | None = None) -> nbformat.NotebookNode:
+                   time_budget: float | None = None, speed_checks: str = "skip") -> nbformat.NotebookNode:
     """The source notebook of ``assignment``; ``points`` maps each of its stage modules to its points (teaching
-    order); ``test_timeout`` and ``time_budget`` are the course's time limits (grader.sandbox.limits.Limits)."""
+    order); ``test_timeout`` and ``time_budget`` are the course's time limits (grader.sandbox.limits.Limits),
+    ``speed_checks`` its choice for speed checks that cannot run (grader.course.settings.Course)."""
     record = kit.assignment(assignment)
     title, _, text = prose(record.intro, record).partition("\n\n")
     setting_up = TEMPLATES.get_template("setting_up.md").render().rstrip("\n")
@@ -139,7 +143,8 @@ def build_notebook(assignment: str, points: dict[str, float], test_timeout: floa
         demo = f"@demo({module!r})\ndef show():\n{demo_code(record.demo(module)).rstrip()}\n"
         demo += f"\n\ncheck({stage.marker!r})  # this stage's public tests on your module"
         cells.append(new_code_cell(demo, metadata=_meta(f"demo_{module}")))
-        cells.append(new_code_cell(grade_source(stage, stage_points, test_timeout, time_budget, first=number == 1),
+        cells.append(new_code_cell(grade_source(stage, stage_points, test_timeout, time_budget, first=number == 1,
+                                                speed_checks=speed_checks),
                                    metadata=_meta(f"grade_{module}", grade=True, points=stage_points)))
     cells.append(new_markdown_cell(prose(record.outro, record)))
     nb = new_notebook(cells=cells)

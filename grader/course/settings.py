@@ -1,13 +1,16 @@
 """An attnkit course's own settings, ``attnkit-course.json`` in its folder (``attnkit course build`` writes it):
 its id, its assignments and their points, its time limits, where its gradebook and exchange are, whether plain
-confinement is allowed. Everything that reads a course reads it here: the commands, and the course's
-nbgrader_config.py (the same file in every course, grader/course/templates/), which nbgrader runs."""
+confinement is allowed, whether speed checks that cannot run count. Everything that reads a course reads it here:
+the commands, and the course's nbgrader_config.py (the same file in every course, grader/course/templates/), which
+nbgrader runs."""
 from __future__ import annotations
 
 import json
 import shlex
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+
+from suite_runtime import SPEED_CHECK_POLICIES
 
 from .. import kit
 from ..errors import CourseError
@@ -29,6 +32,9 @@ class Course:
     exchange_root: str | None = None
     db_url: str | None = None
     allow_plain: bool = False  # grade where no confinement holds, learner code unconfined (the instructor's choice)
+    # the kernels' speed checks that cannot run where grading runs (no GPU): "skip" leaves them out of the stage's
+    # count, "count" fails them (SPEED_CHECK_POLICIES; the grading worker's pytest gets it as --speed-checks)
+    speed_checks: str = "skip"
 
     @property
     def source(self) -> Path:
@@ -95,8 +101,22 @@ class Course:
             data["assignments"] = {data.get("assignment") or kit.assignment().name: data.pop("points", {})}
         data = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)} - {"root", "assignment", "points"}}
         course = cls(root=root, **data)
+        problem = speed_checks_problem(course.speed_checks)
+        if problem:  # (a hand-edited file: said here, not as a grading worker that cannot start)
+            raise CourseError(f"{path}: {problem}; edit it there, or rebuild the course with `attnkit course build "
+                              f"{shlex.quote(str(root))} --speed-checks {'|'.join(SPEED_CHECK_POLICIES)}`")
         name = assignment or next(iter(course.assignments))
         if name not in course.assignments:
             raise CourseError(f"the course in {shlex.quote(str(root))} has no assignment {name!r}; its assignments: "
                               f"{', '.join(course.assignments)}")
         return course.of(name)
+
+
+def speed_checks_problem(value) -> str | None:
+    """What is wrong with ``value`` as a course's speed_checks, in a sentence naming the two choices; None if
+    nothing."""
+    if value in SPEED_CHECK_POLICIES:
+        return None
+    return (f"speed_checks must be {' or '.join(map(repr, SPEED_CHECK_POLICIES))}, not {value!r}: \"skip\" leaves "
+            "the speed checks that cannot run where grading runs (no GPU) out of a stage's count, \"count\" fails "
+            "them")

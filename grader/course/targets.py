@@ -72,6 +72,7 @@ def course_target(course_dir, assignment: str | None) -> Target:
                   gradebook=GradebookSync(course.gradebook_url, assignment, course.notebook, dict(course.points),
                                           course.course_id, course.root),
                   course_root=course.root, chosen=chosen, allow_plain=course.allow_plain,
+                  speed_checks=course.speed_checks,
                   where=f"nothing in {quote(str(course.root / 'submitted'))}/<student>/{assignment}/; collect the "
                         f"submissions first (in the course folder: `nbgrader collect {assignment}`, or "
                         f"`nbgrader zip_collect {assignment}` for an LMS download)")
@@ -79,8 +80,10 @@ def course_target(course_dir, assignment: str | None) -> Target:
 
 def course_folder_target(course: Course, submissions_dir, out, assignment: str | None = None, **limits) -> Target:
     """A folder of submission folders graded on the points of ``course``'s assignment (``assignment``, or the one
-    the submissions' stage modules are of)."""
+    the submissions' stage modules are of), and with the course's choice for speed checks that cannot run."""
     def points_of(name):
         return Course.load(course.root, course_assignment(course, name or course.assignment, "grade")[0]).points
 
-    return folder_target(submissions_dir, out, assignment, names=assignments(course), points_of=points_of, **limits)
+    target = folder_target(submissions_dir, out, assignment, names=assignments(course), points_of=points_of, **limits)
+    target.speed_checks = course.speed_checks
+    return target

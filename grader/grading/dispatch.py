@@ -33,9 +33,9 @@ class Results(Protocol):
 class Workers:
     """``count`` grading worker processes (each started on first use), lent to one job at a time."""
 
-    def __init__(self, limits: Limits, count: int, *, allow_plain: bool = False, private=()):
-        self.handles = [WorkerProcess(limits, allow_plain=allow_plain, private=private, on_start=self._started)
-                        for _ in range(count)]
+    def __init__(self, limits: Limits, count: int, *, allow_plain: bool = False, private=(), speed_checks="skip"):
+        self.handles = [WorkerProcess(limits, allow_plain=allow_plain, private=private, speed_checks=speed_checks,
+                                      on_start=self._started) for _ in range(count)]
         self.refused: WorkerRefused | None = None  # no confinement holds where the workers run: nothing can be graded
         self.first: WorkerProcess | None = None  # the first worker that started (what the run announces)
         self.started = threading.Event()
@@ -86,8 +86,8 @@ class LocalResults:
     workers start at once (torch, pytest, the sandbox: a second or so) while the caller goes on."""
 
     def __init__(self, jobs: Iterable[ClassJob], limits: Limits, workers: int, *, allow_plain: bool = False,
-                 private=()):
-        self.workers = Workers(limits, workers, allow_plain=allow_plain, private=private)
+                 private=(), speed_checks="skip"):
+        self.workers = Workers(limits, workers, allow_plain=allow_plain, private=private, speed_checks=speed_checks)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnkit-grade")
         self.futures: dict[Future[Result], ClassJob] = {self.pool.submit(self.workers.grade, job): job for job in jobs}
 

@@ -30,14 +30,15 @@ CONNECT_SECONDS = 10  # for the scheduler to take the connection and answer
 class GradingWorkers(WorkerPlugin):
     """The grading workers of one Dask worker process."""
 
-    def __init__(self, limits: dict, name: str, allow_plain: bool = False):
-        self.limits, self.name, self.allow_plain = limits, name, allow_plain
+    def __init__(self, limits: dict, name: str, allow_plain: bool = False, speed_checks: str = "skip"):
+        self.limits, self.name, self.allow_plain, self.speed_checks = limits, name, allow_plain, speed_checks
         self.workers = None
 
     def setup(self, worker):
         # (what a box must not reach on the Dask worker's machine is its own business: the kit there is locked
         # where boxes are only other uids; the instructor's course is not on that machine)
-        self.workers = Workers(Limits(**self.limits), max(1, worker.state.nthreads), allow_plain=self.allow_plain)
+        self.workers = Workers(Limits(**self.limits), max(1, worker.state.nthreads), allow_plain=self.allow_plain,
+                               speed_checks=self.speed_checks)
 
     def teardown(self, worker):
         if self.workers is not None:
@@ -94,10 +95,10 @@ def confinement(client: Client, scheduler: str, allow_plain: bool = False) -> tu
 class DaskResults:
     """(job, result) as they complete on the cluster at ``scheduler``, like ``dispatch.LocalResults``."""
 
-    def __init__(self, jobs, limits: Limits, scheduler: str, allow_plain: bool = False):
+    def __init__(self, jobs, limits: Limits, scheduler: str, allow_plain: bool = False, speed_checks: str = "skip"):
         self.client = connect(scheduler)
         self.plugin = GradingWorkers(asdict(limits), name=f"attnkit-grade-{uuid.uuid4().hex[:12]}",
-                                     allow_plain=allow_plain)
+                                     allow_plain=allow_plain, speed_checks=speed_checks)
         self.futures = {}
         try:
             self.confinement, self.weaker = confinement(self.client, scheduler, allow_plain)  # before any grading

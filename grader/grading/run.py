@@ -205,7 +205,7 @@ def _start(jobs: list[ClassJob], limits: Limits, target: Target, executor: str, 
             raise GradeError("--executor dask needs Dask's distributed: pip install distributed (or, in the kit's "
                              "folder, pip install -e '.[dask]'); nothing was graded or changed") from None
         try:
-            cluster = on_dask.DaskResults(jobs, limits, scheduler, target.allow_plain)
+            cluster = on_dask.DaskResults(jobs, limits, scheduler, target.allow_plain, target.speed_checks)
         except on_dask.SchedulerError as exc:
             raise GradeError(str(exc)) from None
         stream = cluster
@@ -216,7 +216,8 @@ def _start(jobs: list[ClassJob], limits: Limits, target: Target, executor: str, 
         except ConfinementRefused as exc:
             raise GradeError(str(exc)) from None
         local = LocalResults(jobs, limits, max(1, min(workers or os.cpu_count() or 1, len(jobs))),
-                             allow_plain=target.allow_plain, private=target.private)
+                             allow_plain=target.allow_plain, private=target.private,
+                             speed_checks=target.speed_checks)
         stream = local
         # Announced once a worker's sandbox has started and proven its confinement: the one records will name.
         summary, record = local.confinement() or (None, None)

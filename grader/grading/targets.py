@@ -41,6 +41,7 @@ class Target:
     course_root: Path | None = None  # the nbgrader course (None: a plain folder of submissions)
     where: str = "the target"  # where the submissions were looked for, and how they get there (said if none)
     allow_plain: bool = False  # grade where no confinement holds (learner code unconfined: the instructor's choice)
+    speed_checks: str = "skip"  # speed checks that cannot run where grading runs: "skip" (not counted) or "count"
     submissions_root: Path | None = None  # (a plain folder of submissions) that folder
     chosen: str = ""  # how the assignment was chosen when none was named and there was a choice (said at the start)
 

@@ -41,6 +41,8 @@ from typing import IO, Any, cast
 
 import pytest
 
+from suite_runtime import SPEED_CHECK_POLICIES
+
 from .. import submission as S
 from ..kit import KIT, suite_files
 from ..sandbox import scratch
@@ -74,13 +76,15 @@ class WorkerRefused(WorkerError):
     there (the message says what to do)."""
 
 
-def pytest_args(staging: Path) -> list[str]:
-    """The arguments of a grading session whose implementation is the folder ``staging``."""
+def pytest_args(staging: Path, speed_checks: str = "skip") -> list[str]:
+    """The arguments of a grading session whose implementation is the folder ``staging``; ``speed_checks``: the
+    course's choice for speed checks that cannot run here (tests/suite_plugin/speed.py), always given, so that
+    ATTNKIT_SPEED_CHECKS in the grader's environment does not decide it."""
     return [
         *map(str, suite_files()), "--rootdir", str(KIT),
         # --impl=PATH as one word: pytest must not take PATH for a test path (it would load a
-        # conftest.py from the submission into this trusted process).
-        f"--impl={staging}", "--seed=0", "-m", "not book", "--assert=plain",
+        # conftest.py from the submission into this trusted process); --speed-checks=POLICY the same way.
+        f"--impl={staging}", "--seed=0", "-m", "not book", "--assert=plain", f"--speed-checks={speed_checks}",
         "-o", "addopts=",  # the ini's options are for a person at a terminal
         "-o", "check_time_limit=0",  # (the student's clock: the sandbox times the learner's code, in its boxes)
         *[arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")],
@@ -158,12 +162,13 @@ class JobLoop:
 
 
 def serve(jobs: Iterable[Job], answer: Callable[[Message], object], limits: Limits, *, isolate: bool = True,
-          started: float | None = None, allow_plain: bool = False, private=()) -> int:
+          started: float | None = None, allow_plain: bool = False, private=(), speed_checks: str = "skip") -> int:
     """Grade ``jobs`` ({"sources": {file name: bytes}, "seed", "stages": the stage modules to grade, None:
     every stage of the kit}) in one pytest session in this process,
-    passing each answer to ``answer``. ``isolate=False`` runs the learner's code in this process
-    itself, each stage with the learner's own earlier stages (no reference versions of those, see
-    grader/sandbox/backend.py): for measurements (benchmarks/bench_grading.py's floor), never for grading."""
+    passing each answer to ``answer``; ``speed_checks``: see ``pytest_args``. ``isolate=False`` runs the
+    learner's code in this process itself, each stage with the learner's own earlier stages (no reference versions
+    of those, see grader/sandbox/backend.py): for measurements (benchmarks/bench_grading.py's floor), never for
+    grading."""
     started = time.monotonic() if started is None else started
     with scratch.Folder("worker") as work, contextlib.ExitStack() as stack:
         sandbox = Sandbox(allow_plain=allow_plain, private=private) if isolate else None
@@ -174,7 +179,7 @@ def serve(jobs: Iterable[Job], answer: Callable[[Message], object], limits: Limi
         staging.mkdir()
         grading = GradingPlugin(limits, sandbox)
         loop = JobLoop(grading, staging, jobs, answer, started)
-        pytest.main(pytest_args(staging), plugins=[grading, loop])
+        pytest.main(pytest_args(staging, speed_checks), plugins=[grading, loop])
     return loop.status
 
 
@@ -198,7 +203,7 @@ def main(argv=None) -> int:
                               for job in map(json.loads, jobs))
     return serve(decoded, lambda answer: answers.write(json.dumps(answer) + "\n"), Limits(**settings["limits"]),
                  isolate=settings["isolate"], started=started, allow_plain=settings.get("allow_plain", False),
-                 private=settings.get("private", ()))
+                 private=settings.get("private", ()), speed_checks=settings.get("speed_checks", "skip"))
 
 
 def _die_with_parent():
@@ -236,11 +241,15 @@ class WorkerProcess:
     restarted after a failure."""
 
     def __init__(self, limits: Limits, isolate: bool = True, *, allow_plain: bool = False, private=(),
-                 on_start: Callable[[WorkerProcess], object] | None = None):
+                 speed_checks: str = "skip", on_start: Callable[[WorkerProcess], object] | None = None):
         """``allow_plain``: grade with learner code unconfined where nothing else holds (the instructor's explicit
         choice); ``private``: what boxes must not reach besides the kit (grader.sandbox.template.Sandbox);
-        ``on_start``: called with this handle each time its worker is ready (its ``summary`` known)."""
-        self.limits, self.isolate = limits, isolate
+        ``speed_checks``: "skip" or "count" the speed checks that cannot run (the course's choice, see
+        ``pytest_args``); ``on_start``: called with this handle each time its worker is ready (its ``summary``
+        known)."""
+        if speed_checks not in SPEED_CHECK_POLICIES:  # (the worker's pytest would refuse it, in its log only)
+            raise ValueError(f"speed_checks must be one of {', '.join(SPEED_CHECK_POLICIES)}, not {speed_checks!r}")
+        self.limits, self.isolate, self.speed_checks = limits, isolate, speed_checks
         self.allow_plain, self.private = allow_plain, [str(p) for p in private]
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: IO[bytes] | None = None
@@ -257,7 +266,7 @@ class WorkerProcess:
         env = dict(os.environ, **ONE_THREAD, PYTHONSAFEPATH="1")  # no module from the working folder
         env.pop("NBGRADER_EXECUTION", None)
         settings = {"limits": asdict(self.limits), "isolate": self.isolate, "allow_plain": self.allow_plain,
-                    "private": self.private}
+                    "private": self.private, "speed_checks": self.speed_checks}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "grader.grading.worker", json.dumps(settings)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self.log, cwd=tempfile.gettempdir(), env=env,
@@ -381,18 +390,18 @@ class WorkerProcess:
 
 
 def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None = None, *, allow_plain=False,
-                 private=()) -> Graded:
+                 private=(), speed_checks: str = "skip") -> Graded:
     """The verdicts of the submission in nbgrader's autograded copy ``folder`` on ``graded_stages`` (None:
     every stage), graded by a worker of its own: {"fingerprint", "seed", "tests", "output_capped",
-    "confinement", "seconds"}. ``allow_plain``, ``private``: see WorkerProcess. A failure of the grader's own (the
-    worker's, its sandbox's: WorkerError) is tried again in a fresh worker; if that fails too, WorkerError says why
-    (never a grade). WorkerRefused (no confinement holds here) is not tried again."""
+    "confinement", "seconds"}. ``allow_plain``, ``private``, ``speed_checks``: see WorkerProcess. A failure of the
+    grader's own (the worker's, its sandbox's: WorkerError) is tried again in a fresh worker; if that fails too,
+    WorkerError says why (never a grade). WorkerRefused (no confinement holds here) is not tried again."""
     sources = S.autograded_sources(folder, graded_stages or ())
     fingerprint = S.fingerprint(sources)
     job: Job = {"sources": sources, "seed": S.seed_of(fingerprint), "stages": graded_stages}
     failures = []
     for _ in range(ATTEMPTS):
-        worker = WorkerProcess(limits, allow_plain=allow_plain, private=private)
+        worker = WorkerProcess(limits, allow_plain=allow_plain, private=private, speed_checks=speed_checks)
         try:
             return {"fingerprint": fingerprint, "seed": job["seed"], **worker.grade(job)}
         except WorkerRefused:

@@ -11,7 +11,8 @@ image, and for every submission copies the student's files into ``/autograder/su
                               other dependencies: nbgrader, Dask, matplotlib serve the instructor's side)
     requirements.txt          those versions, pinned (torch apart: it comes from PyTorch's CPU index)
     run_autograder            python3 -m grader.outputs.gradescope run, with kit/ on the path
-    attnkit-gradescope.json   the assignment, its points per stage and the time limits
+    attnkit-gradescope.json   the assignment, its points per stage, the time limits, whether plain confinement is
+                              allowed and whether speed checks that cannot run count (speed_checks)
     kit/                      the kit's source: grader/, tests/, solutions/, fixtures/ (hidden ones too),
                               assignments/, ...
 
@@ -32,13 +33,14 @@ decimals, the same for every submission) and scoring all of it if it passed, not
 total and the top-level score are ``grader.grading.scoring.stage_score``'s, to the hundredth as ``attnkit grade`` and
 nbgrader give them, and the checks of a stage add up to it within half a hundredth.
 Checks that need CUDA are skipped on Gradescope's machines and count for nothing, as in ``attnkit grade``:
-they are not listed, and the stage's report says how many there were. Public checks (marked ``public``,
-the ones students have) are ``visible``; hidden ones ``after_published``, with their failure message (the diagnosis,
-never test code). Each stage also gets an unscored entry named with its heading and total ("Stage 8: Causal
-attention, batched total: 9 of 12 points") whose output is the stage's report and whose status says whether
-every check passed: unscored, so that the entries never count a point twice whether Gradescope adds up
-the tests or takes the top-level score; ``after_published`` too, since the report names the hidden
-checks. The top-level output, shown to the student at once, lists the stage totals in columns; every
+they are not listed, and the stage's report says how many there were. The kernels' speed checks are such checks,
+unless the zip was built with ``--speed-checks count``: then they fail, saying why, and cost their points. Public
+checks (marked ``public``, the ones students have) are ``visible``; hidden ones ``after_published``, with their
+failure message (the diagnosis, never test code). Each stage also gets an unscored entry named with its heading
+and total ("Stage 8: Causal attention, batched total: 9 of 12 points") whose output is the stage's report and
+whose status says whether every check passed: unscored, so that the entries never count a point twice whether
+Gradescope adds up the tests or takes the top-level score; ``after_published`` too, since the report names the
+hidden checks. The top-level output, shown to the student at once, lists the stage totals in columns; every
 output is plain text (``TEXT_OUTPUT``: Gradescope's default format would collapse the columns, and read
 whatever a learner's message holds as markup). An upload without the assignment's modules gets score 0 and what to
 upload. A submission the grader fails on (twice: ``grade_folder`` tries a fresh worker and sandbox) gets no
@@ -103,12 +105,14 @@ def run_autograder() -> str:
 # ---------------------------------------------------------------- the zip
 
 def build_zip(out, assignment: str = "attention", points: dict[str, float] | None = None,
-              test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None, allow_plain: bool = False) -> Path:
+              test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None, allow_plain: bool = False,
+              speed_checks: str = "skip") -> Path:
     """Write Gradescope's autograder zip for ``assignment`` to ``out``; ``points``: stage module -> points
-    (default: the course's default plan, 100 in all); ``allow_plain``: grade even where no confinement holds."""
+    (default: the course's default plan, 100 in all); ``allow_plain``: grade even where no confinement holds;
+    ``speed_checks``: "skip" or "count" the speed checks that cannot run (Gradescope has no GPU)."""
     points = points or plan_points(100, None, assignment)
     settings = {"assignment": assignment, "points": points, "test_timeout": test_timeout, "time_budget": time_budget,
-                "allow_plain": allow_plain}
+                "allow_plain": allow_plain, "speed_checks": speed_checks}
     versions = tested_versions((*GRADING_NEEDS, *assignment_record(assignment).requirement_names))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -382,7 +386,7 @@ def run(root, settings_file) -> dict:
                 # All of the container's root (the kit, this run's settings, run_autograder, results/) is the
                 # grader's: boxes get a copy of the submission's modules.
                 graded = grade_folder(folder, limits, list(points), allow_plain=settings.get("allow_plain", False),
-                                      private=[root])
+                                      private=[root], speed_checks=settings.get("speed_checks", "skip"))
             found = results(graded, points)  # (the worker, and every box of it, is gone)
         except UploadError as exc:
             found = to_fix(str(exc))

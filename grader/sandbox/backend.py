@@ -452,6 +452,9 @@ class IsolatedBackend:
         computes, if the stage being graded builds on the stage it names; else with an error. A reference
         process that dies is replaced and the call tried once more; if it dies again, the call's inputs are the
         cause (the learner's code chose them): an error for the box. The process's time is the check's."""
+        # Charged before each call: the channel charges only while it waits, and a box that calls a proxy in a loop
+        # keeps it from waiting (every call answered within its poll), while its time and the reference's add up.
+        charge()
         stage, call = header.get("stage"), header.get("call") if type(header.get("call")) is int else None
         answer, values = {"ok": False, "error": {"type": "PermissionError", "message": (
             f"{module} does not build on {stage}: no reference of it runs for this stage")}}, []

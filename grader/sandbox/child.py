@@ -351,7 +351,7 @@ def kill_uid(uid: int, init: int) -> bool:
         os.waitpid(killer, 0)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(init, 0)
-        reap_strays({})
+        reap_dead()  # (only the dead: the template's other boxes, a reference process among them, live on)
         if not processes_of(uid):
             return True
         if time.monotonic() > deadline:
@@ -369,6 +369,11 @@ def reap_strays(boxes: Boxes) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    reap_dead()
+
+
+def reap_dead() -> None:
+    """Reap the template's children that have ended."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)

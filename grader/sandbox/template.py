@@ -62,7 +62,7 @@ CHILD_SCRIPT = Path(__file__).with_name("child.py")
 RUNTIME_MODULES = [CHILD_SCRIPT.with_name(f"{name}.py") for name in (
     "syscalls", "seccomp", "box_process", "worker_process", "reference_proxy", "reference_process", "wire", "procfs")]
 SUITE_RUNTIME = Path(importlib.util.find_spec("suite_runtime").origin).parent
-SUITE_RUNTIME_MODULES = ("__init__.py", "adapters.py", "stage_names.py")
+SUITE_RUNTIME_MODULES = ("__init__.py", "adapters.py", "stage_names.py", "triton_compile.py")
 UID_RANGE = (1_500_000_000, 2_100_000_000)  # fresh uids for boxes (no real user lives there)
 BOX_SECONDS = 30.0  # a box must be ready, or gone, within this
 

@@ -792,9 +792,6 @@ def busy_reference():
 '''
 
 
-@pytest.mark.xfail(reason="known defect (issue 33, open): while the reference process computes for a proxy's call, "
-                   "neither its CPU time nor the box's waiting is charged to the check as it goes: a proxy called in a "
-                   "loop is stopped by the waiting limit after about 21 s here, not at 1 s of CPU time", strict=False)
 def test_the_reference_s_work_is_the_check_s_and_its_limits_are_the_box_s(tmp_path, sandbox):
     """What the reference process computes for a stage counts as the stage's time (a proxy called in a loop meets
     the check's CPU limit), and its memory is bounded as a box's is: a reference built beyond it fails the

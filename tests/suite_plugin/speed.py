@@ -14,7 +14,8 @@ Where no GPU can time kernels (no CUDA device, or learner kernels that run in Tr
 no GPU, see docs/kernels-sandbox.md), a speed check is NOT RUN, and says why. Whether such a check counts is the
 course's choice (``--speed-checks``, or the environment variable ATTNKIT_SPEED_CHECKS): "skip" (the default) leaves it
 out of the stage's count, as a CUDA case on a machine without CUDA is; "count" fails it, so that a grade made without
-a GPU cannot reach full marks.
+a GPU cannot reach full marks. A course sets it once (``attnkit course build --speed-checks``, the ``speed_checks``
+of attnkit-course.json), and every grading path passes it to the grading worker's pytest as ``--speed-checks``.
 """
 from __future__ import annotations
 
@@ -27,13 +28,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from suite_runtime import SPEED_CHECK_POLICIES
 from suite_runtime.adapters import LocalBackend
 
 from . import ROOT
 
 FRACTIONS = (0.25, 0.5, 0.8)  # of the reference kernel's throughput (its time / the learner's): one check each
 ROUNDS, CALLS = 5, 10  # medians of ROUNDS differences of 1 + CALLS calls and 1 call
-POLICIES = ("skip", "count")
+POLICIES = SPEED_CHECK_POLICIES  # "skip" (the default) or "count"
 # Each stage module's timings, once per submission (its Stage, one per test file and submission): the fractions'
 # checks share them.
 _TIMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
