@@ -13,7 +13,16 @@ from the reference, stored in its fixture).
 import numpy as np
 import pytest
 
-from diagnosis import BFLOAT16, BROADCAST, About, ErrorReading, assert_close, broadcast_sizes, readings_with
+from diagnosis import (
+    BATCHED_PRODUCT,
+    BFLOAT16,
+    BROADCAST,
+    About,
+    ErrorReading,
+    assert_close,
+    broadcast_sizes,
+    readings_with,
+)
 from diagnosis.subjects import Deferred
 from diagnosis.tiles import TiledFunction, standard
 from suite_runtime.cases import distinct_sizes, normal
@@ -74,11 +83,9 @@ def full_tile(sizes, call):
     return None
 
 
-# A product of a (bq, block_size) tile of weights with a shorter tile of values: its inner sizes, 2nd and 4th.
-BATCHED_PRODUCT = (r"Expected size for first two dimensions of batch2 tensor to be: \[(\d+), (\d+)\] "
-                   r"but got: \[(\d+), (\d+)\]")
 ERROR_READINGS = [  # (conftest reads a stage's readings here)
     *readings_with(BROADCAST, lambda match, call: full_tile(broadcast_sizes(match)[0], call)),
+    # a product of a (bq, block_size) tile of weights with a shorter tile of values: its inner sizes
     ErrorReading(BATCHED_PRODUCT, lambda match, call: full_tile({int(match[2]), int(match[4])}, call)),
 ]
 

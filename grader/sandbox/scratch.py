@@ -9,6 +9,7 @@ next run can tell a dead process's folder from a live one and remove it: ``sweep
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -53,6 +54,17 @@ class Folder:
 
 
 def _remove(path: Path, lock: int):
+    # The lock file goes last: an owner killed while it removes its folder (a worker stopped in its last moments)
+    # leaves a folder whose lock file is still there, unlocked, which sweep() removes; never one without it, which
+    # would pass for a folder of an older version and be kept for GRACE_SECONDS.
+    with contextlib.suppress(OSError):
+        for entry in path.iterdir():
+            if entry.name == LOCK:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
     shutil.rmtree(path, ignore_errors=True)
     try:
         os.close(lock)
@@ -90,8 +102,8 @@ def held(prefix: str, root: Path | None = None) -> bool:
 def _abandoned(folder: Path) -> bool:
     try:
         lock = os.open(folder / LOCK, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return _old(folder)  # made by an older version, or its maker died before locking it
+    except FileNotFoundError:  # made by an older version, or emptied by its owner, which died before removing it
+        return _old(folder) or _empty(folder)
     except OSError:
         return False
     try:
@@ -101,6 +113,13 @@ def _abandoned(folder: Path) -> bool:
     finally:
         os.close(lock)
     return True
+
+
+def _empty(folder: Path) -> bool:
+    try:
+        return not any(folder.iterdir())
+    except OSError:
+        return False
 
 
 def _old(folder: Path) -> bool:

@@ -76,6 +76,34 @@ def test_what_the_student_has_is_left_alone(redactor):
     assert redactor.clean(message) == message
 
 
+def torch_errors() -> list[str]:
+    """What torch itself says to the usual slips of shape (a transposed batch, a product of tiles that disagree, a
+    view of the wrong size, a mask of another shape), as a learner's box would report them."""
+    import torch
+
+    slips = [lambda: torch.ones(2, 3, 4) @ torch.ones(2, 3, 4).T,
+             lambda: torch.bmm(torch.ones(2, 2, 3), torch.ones(2, 6, 4)),
+             lambda: torch.ones(2, 3) + torch.ones(4, 3, 5),
+             lambda: torch.ones(2, 6).view(4, 4),
+             lambda: torch.ones(2, 3, 3).masked_fill(torch.ones(4, 4, dtype=torch.bool), 0.0)]
+    said = []
+    for slip in slips:
+        with pytest.raises(RuntimeError) as error:
+            slip()
+        said.append(f"RuntimeError: {error.value}")
+    return said
+
+
+@pytest.mark.filterwarnings("ignore:The use of `x.T`")  # (the first slip's own warning)
+@pytest.mark.parametrize("assignment", ["attention", "modern-attention", "frontier-attention", "kernels"])
+def test_torch_s_own_words_are_left_alone(assignment):
+    """A message of torch's is no quote, even where a hidden test of another stage reads the same words (stage m07
+    reads the batched product's error): the student would lose the one line that says what went wrong."""
+    redactor = kit_redactor(assignment)
+    for message in torch_errors():
+        assert redactor.clean(message) == message
+
+
 def test_what_it_cannot_catch_is_what_the_readme_says(redactor):
     """Redaction is a second line, not the defence: text the learner's code encoded passes (the README says so)."""
     encoded = codecs.encode(HIDDEN, "rot13")

@@ -8,6 +8,7 @@ a fresh uid, the learner's filter, the kit private to root), which this machine 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -1031,6 +1032,38 @@ def test_a_dead_process_s_folders_are_swept_and_a_live_one_s_are_not(tmp_path):
     child.send_signal(signal.SIGKILL)
     child.wait()
     assert scratch.sweep(tmp_path) == [left] and not left.exists()
+
+
+def test_an_owner_killed_while_removing_its_folder_leaves_it_to_the_sweep(tmp_path, monkeypatch):
+    """A grading worker stopped in its last moments (removing its folder when its time to close ran out) leaves the
+    folder in some state of removal: whatever is left, the next sweep removes it. Its lock file goes last (a folder
+    without one would pass for an older version's and be kept for GRACE_SECONDS)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real_unlink = os.unlink
+    for n in range(4):  # stopped after n of its files were removed (of three, and the lock file)
+        folder = scratch.Folder("worker")
+        for name in ("submission", "runtime"):
+            (folder.path / name).mkdir()
+            (folder.path / name / "module.py").write_text("x = 1\n")
+        (folder.path / "results.json").write_text("{}")
+        gone = []
+
+        def unlink(path, *args, n=n, gone=gone, **kwargs):
+            if len(gone) == n:
+                raise KeyboardInterrupt  # (the kill, as the removal stands now)
+            gone.append(os.path.basename(path))
+            return real_unlink(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "unlink", unlink)
+        with contextlib.suppress(KeyboardInterrupt):
+            folder.remove()
+        monkeypatch.setattr(os, "unlink", real_unlink)
+        assert scratch.LOCK not in gone, f"the lock file went before the rest: {gone}"
+        os.close(folder._lock)  # (the owner's death drops its lock)
+        assert scratch.sweep(tmp_path) == [folder.path]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_sweep_never_takes_a_folder_being_made(tmp_path, monkeypatch):

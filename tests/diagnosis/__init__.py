@@ -20,6 +20,7 @@ from .compare import (
 )
 from .dropout import check_dropout, check_module_dropout, kept_fraction_tolerance, rate_mistakes
 from .errors import (
+    BATCHED_PRODUCT,
     BOOK_LENGTH,
     BROADCAST,
     ERROR_READINGS,
@@ -62,7 +63,7 @@ from .subjects import (
 
 __all__ = [
     "About", "argument_findings", "as_parameters", "assert_close", "assert_mask", "Attention", "AttentionModule",
-    "BFLOAT16", "BOOK_LENGTH", "BROADCAST", "broadcast_sizes", "Call", "causal", "check_causal_mask",
+    "BATCHED_PRODUCT", "BFLOAT16", "BOOK_LENGTH", "BROADCAST", "broadcast_sizes", "Call", "causal", "check_causal_mask",
     "check_dropout", "check_module_dropout", "check_sizes_from_arguments", "diagnose", "diagnosed",
     "ERROR_READINGS", "error_text", "ErrorReading", "explain_error", "ExposedWeights", "Finding", "FindingRecord",
     "heads_as_one", "kept_fraction_tolerance", "linear", "Listed", "module_of_heads", "multihead",

@@ -107,6 +107,11 @@ class ErrorReading:
 
 
 BROADCAST = r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at non-singleton dimension (\d+)"
+# torch's words when a batched product's operands disagree (bmm, baddbmm): the 2nd and 4th groups are the inner sizes.
+# (Kept here, in what every release ships, rather than in a stage's test file: a learner of another assignment meets
+# this error too, and text that only a hidden test holds is removed from what a box says.)
+BATCHED_PRODUCT = (r"Expected size for first two dimensions of batch2 tensor to be: \[(\d+), (\d+)\] "
+                   r"but got: \[(\d+), (\d+)\]")
 
 
 def broadcast_sizes(match):
