@@ -441,9 +441,13 @@ class IsolatedBackend:
         return {name: self._server().specs[name] for name in proxied} if proxied else {}
 
     def _server(self) -> ReferenceServer:
-        """The submission's reference process, started on first need with every reference it may be asked for."""
+        """The submission's reference process, started on first need with every reference its stages may ask for
+        (those of the stages it holds: never another assignment's, whose references may need what this one's
+        installation lacks, Triton for the kernels)."""
         if self._reference is None:
-            sources = {name: text for given in self.provided.values() for name, text in given.items()}
+            held = {Path(name).stem for name in self.sources}
+            sources = {name: text for stage, given in self.provided.items() if stage in held
+                       for name, text in given.items()}
             self._reference = ReferenceServer(self.sandbox, sources, self.limits)
         return self._reference
 
