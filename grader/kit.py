@@ -82,6 +82,24 @@ class Assignment:
 
         return tuple(Requirement(line).name for line in self.requires)
 
+    def missing(self) -> list[str]:
+        """The requirements of ``requires`` this Python lacks (none installed to its version): the assignment cannot
+        be graded here until they are."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        from packaging.requirements import Requirement
+
+        lacking = []
+        for line in self.requires:
+            requirement = Requirement(line)
+            try:
+                if requirement.specifier.contains(version(requirement.name), prereleases=True):
+                    continue
+            except PackageNotFoundError:
+                pass
+            lacking.append(line)
+        return lacking
+
     @property
     def modules(self) -> list[str]:
         return [stage.module for stage in self.stages]

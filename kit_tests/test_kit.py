@@ -94,6 +94,19 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert test_command in ci.splitlines(), f".ci/run must run the README's test command: {test_command}"
 
 
+def test_an_assignment_says_which_of_its_packages_are_missing(monkeypatch):
+    """What the demo leaves an assignment out for (and says what to install): a requirement not installed, or
+    installed at a version it excludes; none for one installed as required."""
+    from dataclasses import replace
+
+    from grader import kit
+
+    kernels = kit.assignment("kernels")
+    assert kernels.missing() == []  # (the test extra's Python has Triton)
+    wanting = replace(kernels, requires=("triton>=3.9", "no-such-distribution>=1", "numpy<1"))
+    assert wanting.missing() == ["no-such-distribution>=1", "numpy<1"]
+
+
 def module_name(path: Path) -> str:
     """The dotted name of a module of the grader or of the graded suite's packages: grader/sandbox/limits.py ->
     grader.sandbox.limits, tests/suite_runtime/adapters.py -> suite_runtime.adapters, tests/conftest.py -> conftest."""

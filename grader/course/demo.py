@@ -1,7 +1,8 @@
 """``attnkit demo``: a whole nbgrader grading round on the built-in sample submissions.
 
-Builds a course with every assignment of the kit; for each, releases it with ``generate_assignment``, puts one
-submission per sample (grader/course/samples.py) in ``submitted/`` and runs nbgrader's own autograde and
+Builds a course with every assignment of the kit this Python can grade (one whose packages are missing, Triton for
+the kernels off Linux, is left out, saying what to install); for each, releases it with ``generate_assignment``, puts
+one submission per sample (grader/course/samples.py) in ``submitted/`` and runs nbgrader's own autograde and
 generate_feedback; then nbgrader export, and for each assignment grades the class again through
 ``attnkit grade`` (the scores must be the same) and writes the class report; prints a table of
 students x stages per assignment from the gradebook.
@@ -18,6 +19,7 @@ import warnings
 from pathlib import Path
 from shlex import quote
 
+from .. import kit
 from ..errors import CourseError
 from ..kit import marker
 from .build import build
@@ -98,7 +100,15 @@ def run(root="attnkit-demo", out=print) -> dict:
     start = time.monotonic()
     prepare(root)
     out(f"[  0.0s] building the course in {quote(str(root))}", flush=True)
-    c = build(root)
+    gradable = []
+    for name in kit.assignments():
+        lacking = kit.assignment(name).missing()
+        if lacking:  # (Triton, for the kernels: its wheels are for Linux)
+            out(f"[  0.0s] {name} left out: this Python lacks {', '.join(lacking)} (pip install "
+                f"{' '.join(quote(line) for line in lacking)}, then run the demo again to grade it too)", flush=True)
+        else:
+            gradable.append(name)
+    c = build(root, assignments=gradable)
     (root / DEMO_FILE).write_text("made by `attnkit demo`; the demo may wipe and rebuild this directory\n")
     with stderr_to(root / "nbgrader.log"):
         result = _run(root, c, start, out)
