@@ -7,8 +7,11 @@ the CPU (torch 2.13 refuses it), so the gradients meet it only where a GPU runs 
 Paged decoding (k06) reads frontier-attention's f03 layout: here its pools and block tables are filled by f03's own
 PagedAttention (identity projections, so that its output is plain attention over the tokens given) and k06 must give
 f03's output for each sequence's last token; both are the kit's, so SDPA over the blocks gathered by torch's
-indexing is the outside check. A published Triton FlashAttention (the Triton tutorial's) is not run: its current
-version needs a GPU's tensor descriptors, which the interpreter does not model.
+indexing is the outside check. No published Triton FlashAttention runs here: the Triton tutorial's current version
+needs a GPU's tensor descriptors, which the interpreter does not model, and FlagGems (Apache 2.0, on the package
+index), whose Triton attention would be one, refuses to import without a GPU ("No device were detected", tried with
+5.0.2). The kit copies no published code into itself, so none is adapted here: on a GPU, such a kernel is the next
+outside check to add.
 
 Tolerances: float32 on both sides, the kernels' sums in another order than torch's (rtol 1e-4, atol 1e-5; gradients
 summed over 40 rows: atol 3e-5).
