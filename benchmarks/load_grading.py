@@ -199,7 +199,8 @@ class Tamper(Corpus):
 
 
 class Gradescope(Corpus):
-    """Gradescope's run_autograder, one submission per run: the reference, the stubs, the attacks on the grader."""
+    """Gradescope's run_autograder, one submission per run: the reference, the stubs, the attacks on the grader
+    (kit_tests/sandbox/test_container.py's, less reach-outside, which needs Gradescope's own layout)."""
 
     name = "gradescope"
 
@@ -207,20 +208,17 @@ class Gradescope(Corpus):
         pass  # (chapter 3's, as kit_tests/sandbox/test_container.py grades it)
 
     def prepare(self, where):
-        from grader.course.samples import by_student
+        from grader.course.samples import by_student, write_modules
         from grader.outputs.gradescope import build_zip
         from tamper import Context, corpus
 
         build_zip(where / "autograder.zip", "attention", test_timeout=TAMPER_TIMEOUT)
-        submissions = {"reference": by_student("reference").modules, "stubs": by_student("untouched").modules}
+        for name, sample in (("reference", "reference"), ("stubs", "untouched")):
+            by_student(sample).write(where / "uploads" / name)  # every stage module, as a student uploads them
         ctx = Context(course=where / "autograder", assignment="attention", bystanders=())
-        submissions |= {entry.name: entry.modules(ctx) for entry in corpus() if not entry.beyond_the_box
-                        and entry.name in ("reach-the-grader", "leak-reference", "processes", "sandbox-tricks")}
-        for name, modules in submissions.items():
-            folder = where / "uploads" / name
-            folder.mkdir(parents=True)
-            for stage, text in modules.items():
-                (folder / f"{stage}.py").write_text(text)
+        for entry in corpus():
+            if entry.name in ("reach-the-grader", "read-dependency", "leak-dressed", "steal-reference"):
+                write_modules(where / "uploads" / entry.name, replaced=entry.modules(ctx), assignment="attention")
 
     def grade(self, copy, log, container, tmpdir):
         from gradescope_results import unzip
@@ -235,7 +233,8 @@ class Gradescope(Corpus):
             shutil.copytree(upload, root / "submission")
             (root / "results").mkdir()
             status = run([root / "source" / "run_autograder"], log, cwd=root, container=container,
-                         env={ROOT_ENV: str(root), "TMPDIR": str(tmpdir)})
+                         env={ROOT_ENV: str(root), "TMPDIR": str(tmpdir),
+                              "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
             results = root / "results" / "results.json"
             found = json.loads(results.read_text()) if results.is_file() else None
             points[upload.name] = {"score": found["score"] if found else None, "exit status": status}
@@ -250,6 +249,13 @@ CORPORA = {"samples": lambda chosen: Folders("samples", write_samples, chosen),
 
 
 # ---------------------------------------------------------------- the runs
+
+def grader_failures(points: dict) -> list[str]:
+    """What in a run's points is the grader's own failure (a command that failed, a run with no score): never a
+    grade to compare, even when the idle run failed the same way."""
+    return [f"{who}: the grader failed ({found})" for who, found in sorted(points.items())
+            if found.get("exit status") or ("score" in found and found["score"] is None)]
+
 
 def differences(idle: dict, got: dict) -> list[str]:
     said = []
@@ -311,7 +317,7 @@ def main(argv=None) -> int:
                     (where / "points.json").write_text(json.dumps(points, indent=1, sort_keys=True))
                     if idle is None:
                         idle = points
-                    said = differences(idle, points)
+                    said = grader_failures(points) + differences(idle, points)
                     if said:
                         failed = True
                         (where / "DIFFERS.txt").write_text("\n".join(said) + "\n")
