@@ -5,6 +5,7 @@ A probe or an error's sizes show an effect: their causes are said with "if", and
 given together as possibilities, neither as fact."""
 import numpy as np
 import pytest
+
 from diagnosis import Call, Finding, Probed, Said, Searched, Switch, assert_close, error_findings
 from diagnosis.explain import reconcile
 from diagnosis.findings import LIKELY, POSSIBLE_ONE
