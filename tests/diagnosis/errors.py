@@ -241,8 +241,8 @@ def parameter_sizes(match, call):
     what = _named(built[-1], names)
     return Finding(f"{name} has shape {tuple(built)} where the documented one is {tuple(given)}: it takes inputs of "
                    f"width {what}, not d_in = {d_in}.",
-                   ("if the layer is built from a global or the book's example, build it from the constructor's "
-                    "arguments (nn.Linear(d_in, ...))",
+                   ("if the layer is built from a global or the book's example: build it from the constructor's "
+                    "arguments (nn.Linear(d_in, ...)), never from globals",
                     f"if it was sized as another tensor of the module ({what}), size it for what it is applied to"),
                    "shapes", "error")
 
