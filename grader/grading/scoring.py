@@ -24,7 +24,7 @@ MESSAGE_LIMIT = 700  # characters of one failure message shown in feedback
 REPORT_WIDTH = 100
 DETAILED_FAILURES = 12  # failures per stage shown with their message
 # The lines of a failure message that say what the evidence bears out (diagnosis.findings): kept when it is cut.
-FINDING_LINES = ("Evidence:", "Likely mistake:", "Possible mistakes:", "Not written yet:")
+FINDING_LINES = ("Evidence:", "Likely mistake:", "Possible mistake", "Not written yet:")
 
 
 def check_entry(nodeid: str) -> Check | None:

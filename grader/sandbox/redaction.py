@@ -41,6 +41,22 @@ from ..kit import EXERCISES, FIXTURES, SOLUTION_BEGIN, SOLUTION_END, SOLUTIONS, 
 from ..suite import public_tests
 
 WINDOW = 40  # letters and digits that make a quote
+# torch's own messages for slips of shape: their words are torch's, not the learner's process's, so a stretch of hidden
+# material that they happen to match (a hidden test quoting the same error) is no quote. Only their fixed words count
+# as torch's: the numbers in them are the learner's to choose, and a run that quotes more than FEW letters and digits
+# besides torch's words is redacted as any other (a leak dressed as a torch error).
+NUMBER, SIZES = r"(-?\d{1,6})", r"(\[[-\d, ]{0,40}\])"
+TORCH_PHRASES = [re.compile(r"(?:RuntimeError: )?" + p.replace("<n>", NUMBER).replace("<sizes>", SIZES)) for p in (
+    r"The size of tensor a \(<n>\) must match the size of tensor b \(<n>\) at non-singleton dimension <n>",
+    r"Expected size for first two dimensions of batch2 tensor to be: <sizes> but got: <sizes>",
+    r"shape '<sizes>' is invalid for input of size <n>",
+    r"mat1 and mat2 shapes cannot be multiplied \(<n>x<n> and <n>x<n>\)",
+    r"Sizes of tensors must match except in dimension <n>\. Expected size <n> but got size <n> for tensor number <n> "
+    r"in the list",
+    r"view size is not compatible with input tensor's size and stride",
+    r"Expected all tensors to be on the same device",
+)]
+FEW = 8
 STEP = 8  # the material's windows kept: one in STEP
 REDACTED = "[hidden material removed]"
 _NOT_ALNUM = re.compile(r"[^0-9a-z]+")
@@ -87,11 +103,25 @@ class Redactor:
                 quoted[i:i + WINDOW] = [True] * WINDOW
         if not any(quoted):
             return text
+        torch_s = _torch_s_words(text, where)
         out, i = [], 0
         for start, end in _runs(quoted):
+            if sum(k not in torch_s for k in range(start, end)) < FEW:
+                continue  # (torch's own words, and too few others to quote anything)
             out += [text[i:where[start]], REDACTED]
             i = where[end - 1] + 1
         return "".join(out) + text[i:]
+
+
+def _torch_s_words(text: str, where: list[int]) -> set[int]:
+    """The positions of ``text``'s normalised characters (``normalise``) that are fixed words of a torch message."""
+    theirs = set()
+    for phrase in TORCH_PHRASES:
+        for match in phrase.finditer(text):
+            numbers = [match.span(g) for g in range(1, (match.lastindex or 0) + 1)]
+            theirs |= {k for k, i in enumerate(where) if match.start() <= i < match.end()
+                       and not any(a <= i < b for a, b in numbers)}
+    return theirs
 
 
 def fingerprints(sources: dict[str, bytes]) -> set[int]:

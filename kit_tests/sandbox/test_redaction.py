@@ -108,3 +108,19 @@ def test_what_it_cannot_catch_is_what_the_readme_says(redactor):
     """Redaction is a second line, not the defence: text the learner's code encoded passes (the README says so)."""
     encoded = codecs.encode(HIDDEN, "rot13")
     assert redactor.clean(encoded) == encoded
+
+
+@pytest.mark.filterwarnings("ignore:The use of `x.T`")
+def test_torch_s_words_are_left_alone_where_hidden_material_quotes_them_too():
+    """A hidden test (or a reference's docstring) that quotes the error torch gives for the same sizes matches torch's
+    own message once both are normalised: torch's words are not the learner's process's, so they stay whole; a
+    leak dressed as a torch error (hidden text inside or after one) is still removed."""
+    from grader.sandbox.redaction import Redactor
+
+    for message in torch_errors():
+        quoting = Redactor([f'"""When the check fails torch says {message} and the reading explains it."""'])
+        assert quoting.clean(message) == message
+        dressed = Redactor([HIDDEN, message]).clean(f"{message}\n{HIDDEN}")
+        assert dressed.startswith(message) and REDACTED in dressed and not leaked(dressed), dressed
+    smuggled = "RuntimeError: The size of tensor a (3) must match the size of tensor b (4) at non-singleton dimension "
+    assert REDACTED in Redactor([HIDDEN]).clean(smuggled + HIDDEN[:200])

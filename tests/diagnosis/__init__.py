@@ -28,9 +28,12 @@ from .errors import (
     Call,
     ErrorReading,
     broadcast_sizes,
+    error_findings,
     error_text,
     explain_error,
+    named_sizes,
     readings_with,
+    size_reading,
 )
 from .explain import About, Listed, Probed, Said, Searched
 from .findings import Finding, FindingRecord, diagnosed
@@ -65,10 +68,12 @@ __all__ = [
     "About", "argument_findings", "as_parameters", "assert_close", "assert_mask", "Attention", "AttentionModule",
     "BATCHED_PRODUCT", "BFLOAT16", "BOOK_LENGTH", "BROADCAST", "broadcast_sizes", "Call", "causal", "check_causal_mask",
     "check_dropout", "check_module_dropout", "check_sizes_from_arguments", "diagnose", "diagnosed",
-    "ERROR_READINGS", "error_text", "ErrorReading", "explain_error", "ExposedWeights", "Finding", "FindingRecord",
+    "error_findings", "ERROR_READINGS", "error_text", "ErrorReading", "explain_error", "ExposedWeights", "Finding",
+    "FindingRecord",
     "heads_as_one", "kept_fraction_tolerance", "linear", "Listed", "module_of_heads", "multihead",
-    "multihead_mistakes", "np_angles", "np_rope", "parameter_count", "Probed", "rate_mistakes", "readings_with",
-    "safe_softmax", "Said", "same_names", "Searched", "single_head_mistakes", "sizes", "sizes_only",
+    "multihead_mistakes", "named_sizes", "np_angles", "np_rope", "parameter_count", "Probed", "rate_mistakes",
+    "readings_with",
+    "safe_softmax", "Said", "same_names", "Searched", "single_head_mistakes", "size_reading", "sizes", "sizes_only",
     "sizes_per_head", "softmax", "split_heads", "STUB", "Switch", "weight_findings", "WeightsFunction",
     "without_out_proj",
 ]

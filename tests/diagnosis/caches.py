@@ -710,14 +710,25 @@ def step_rows_findings(observed, allowed, chunks, spec: A.Attention) -> list[Fin
         if np.array_equal(got, must):
             continue
         held = np.arange(0 if spec.window is None else max(0, start - spec.window), end)  # what the cache holds
-        words = {"top_left": ROWS_NOT_OFFSET if spec.window is not None else NOT_OFFSET, "next": ONE_LATE}
+        words = {"top_left": ROWS_NOT_OFFSET if spec.window is not None else NOT_OFFSET, "next": ONE_LATE,
+                 "none": UNMASKED}
+        # Every reading the rows fit: on a step of few new tokens, rows one late and no mask at all can take the same
+        # keys, and then neither is a fact.
+        fits = []
         for kind, cause in words.items():
             keys = np.zeros((len(rows), n), bool)
-            keys[:, held] = A.allowed_keys(spec, rows, held, {"causal": kind})
+            try:
+                keys[:, held] = A.allowed_keys(spec, rows, held, {"causal": kind})
+            except Exception:  # (a reading this mechanism's mask does not have)
+                continue
             if np.array_equal(got, np.broadcast_to(keys, got.shape)):
-                return [Finding(f"the new queries of a cached step, at positions {start}..{end - 1} after {start} "
-                                f"cached tokens, see {_keys(keys[0])} (query {start}) where they must see "
-                                f"{_keys(allowed[start])}.", (cause,), "KV cache", "probe", weight=2)]
+                fits.append((keys, cause))
+        if fits:
+            keys = fits[0][0]
+            return [Finding(f"the new queries of a cached step, at positions {start}..{end - 1} after {start} "
+                            f"cached tokens, see {_keys(keys[0])} (query {start}) where they must see "
+                            f"{_keys(allowed[start])}.", tuple(cause for _, cause in fits), "KV cache", "probe",
+                            weight=2)]
         if not got[..., :start].any() and must[..., :start].any():
             return [Finding(f"the new queries of a cached step, at positions {start}..{end - 1}, put no weight on "
                             f"the {start} cached tokens before them.", (OWN_ONLY,), "KV cache", "probe", weight=2)]

@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import combinations_with_replacement
 
 import numpy as np
+
+from .findings import Finding
 
 # ---------------------------------------------------------------- errors
 #
@@ -96,6 +99,15 @@ class ErrorReading:
     pattern: str
     meaning: str | Callable
     needs_call: bool = True  # a function meaning that reads the message alone (its own evidence) says False
+    # Whether the error's own text says what was done (a view of a tensor that is not contiguous, an attribute never
+    # set): its words are then the likely mistake. A reading of sizes shows where two tensors met, not which step
+    # made them so: its cause is said with "if" (findings.POSSIBLE_ONE). Default: a fixed text is proven, a function
+    # reading sizes is not.
+    proven: bool | None = None
+
+    @property
+    def is_proven(self) -> bool:
+        return (not callable(self.meaning)) if self.proven is None else self.proven
 
     def read(self, text, call):
         match = re.search(self.pattern, text, re.S)
@@ -188,33 +200,51 @@ def view_sizes(match, call):
 
 
 def matmul_sizes(match, call):
-    """A product whose inner sizes differ: a layer built for another input width, or a transposed operand."""
+    """A product whose inner sizes differ: the sizes by their names, and the mistakes that give them (a transposed
+    operand, a layer built for another width), each said with "if": the error shows the sizes, not the step."""
     m, inner, other, n = (int(g) for g in match.groups())
     d_in = call.init.get("d_in")
+    names = named_sizes(call)
     transposed = n == inner  # (the second operand transposed would fit)
     others = {call.init.get("d_out"), call.init.get("head_dim")}
     wrong_layer = bool(d_in) and inner == d_in and other != d_in and d_in not in others
+    shows = (f"a product ({m}x{inner}) @ ({other}x{n}) whose inner sizes differ: {_named(inner, names)} met "
+             f"{_named(other, names)}.")
     if transposed:  # (nn.Linear(d_out, d_in), its arguments swapped, shows the same sizes)
-        return (f"({m}x{inner}) @ ({other}x{n}): the inner sizes differ but the second matrix transposed, "
-                f"({n}x{other}), would fit: is a transpose missing or extra? x @ W takes W of shape (d_in, d_out); "
-                "nn.Linear(d_in, d_out)'s weight has shape (d_out, d_in) and is applied as x @ weight.T")
+        return Finding(shows + f" The second matrix transposed, ({n}x{other}), would fit.",
+                       ("if a weight is applied by hand: is a transpose missing or extra? x @ W takes W of shape "
+                        "(d_in, d_out); nn.Linear(d_in, d_out)'s weight has shape (d_out, d_in) and is applied as "
+                        "x @ weight.T",
+                        "if the layer is an nn.Linear: its two sizes are swapped (nn.Linear(in_features, "
+                        "out_features))",
+                        "if several projections share one weight (q, k and v fused): the output is split or viewed "
+                        "in another layout than the weight was made in"), "shapes", "error")
     if wrong_layer:
-        return (f"a layer built for inputs of width {other} got x, whose width is d_in = {d_in}: build every layer "
-                "from the constructor's arguments (nn.Linear(d_in, ...)), never from globals")
+        return Finding(shows, (f"a layer built for inputs of width {other} got x, whose width is d_in = {d_in}: if "
+                               "its width came from a global or the book's example, build every layer from the "
+                               "constructor's arguments (nn.Linear(d_in, ...)), never from globals",), "shapes",
+                       "error")
     return None
 
 
 def parameter_sizes(match, call):
-    """A layer whose input width (the last size of a weight) is not the documented d_in the constructor was given:
-    the module took it from somewhere else."""
+    """A layer whose input width (the last size of a weight) is not the documented one: what the sizes are, by the
+    names the constructor's arguments give them. Which step made the layer so is not in the error: a layer built
+    from another width (a global, the book's example), or built as wide as something else the module holds (all
+    heads side by side)."""
     name = match[1]
     given, built = ([int(s) for s in re.findall(r"\d+", group)] for group in (match[2], match[3]))
     d_in = call.init.get("d_in")
     if not (d_in and len(given) == len(built) == 2 and given[-1] == d_in != built[-1] and given != built[::-1]):
         return None
-    return (f"{name} has shape {tuple(built)}: a layer built for inputs of width {built[-1]}, but the constructor's "
-            f"d_in is {d_in}: build it as nn.Linear(d_in, ...) from the constructor's arguments, never from globals "
-            "or the book's example")
+    names = named_sizes(call)
+    what = _named(built[-1], names)
+    return Finding(f"{name} has shape {tuple(built)} where the documented one is {tuple(given)}: it takes inputs of "
+                   f"width {what}, not d_in = {d_in}.",
+                   ("if the layer is built from a global or the book's example: build it from the constructor's "
+                    "arguments (nn.Linear(d_in, ...)), never from globals",
+                    f"if it was sized as another tensor of the module ({what}), size it for what it is applied to"),
+                   "shapes", "error")
 
 
 def parameter_rows(match, call):
@@ -300,12 +330,13 @@ def dtypes_met(match, call):
 ERROR_READINGS = [
     ErrorReading(BROADCAST, size_from_the_batch_axis),
     ErrorReading(r"parameter names differ from the documented ones\.\s*expected \(given by the test\): \[(.*?)\]\s*"
-                 r"yours: \[(.*?)\]", parameters_not_registered, needs_call=False),
-    ErrorReading(rf"expected m1 and m2 to have the same dtype, but got: {DTYPES} != {DTYPES}", dtypes_met),
-    ErrorReading(rf"[Ee]xpected scalar type {DTYPES} but found {DTYPES}", dtypes_met),
-    ErrorReading(rf"query\.dtype: {DTYPES},? key\.dtype: {DTYPES}", dtypes_met),
-    ErrorReading(rf"result type {DTYPES} can't be cast to the desired output type {DTYPES}", dtypes_met),
-    ErrorReading(rf"Input type \({DTYPES}\) and (?:bias|weight) type \({DTYPES}\) should be the same", dtypes_met),
+                 r"yours: \[(.*?)\]", parameters_not_registered, needs_call=False, proven=True),
+    ErrorReading(rf"expected m1 and m2 to have the same dtype, but got: {DTYPES} != {DTYPES}", dtypes_met, proven=True),
+    ErrorReading(rf"[Ee]xpected scalar type {DTYPES} but found {DTYPES}", dtypes_met, proven=True),
+    ErrorReading(rf"query\.dtype: {DTYPES},? key\.dtype: {DTYPES}", dtypes_met, proven=True),
+    ErrorReading(rf"result type {DTYPES} can't be cast to the desired output type {DTYPES}", dtypes_met, proven=True),
+    ErrorReading(rf"Input type \({DTYPES}\) and (?:bias|weight) type \({DTYPES}\) should be the same", dtypes_met,
+                 proven=True),
     ErrorReading(BROADCAST, mask_not_cut),
     ErrorReading(r"view size is not compatible with input tensor's size and stride",
                  "view() on a tensor that is not contiguous in memory (what transpose() returns): call .contiguous() "
@@ -318,11 +349,11 @@ ERROR_READINGS = [
                  r"checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)", parameter_rows),
     ErrorReading(r"The shape of the 2D attn_mask is torch\.Size\(\[(\d+), (\d+)\]\), but should be \((\d+), (\d+)\)",
                  not_batch_first),
-    ErrorReading(r"'(\w+)' object has no attribute '(\w+)'", attribute_never_set),
+    ErrorReading(r"'(\w+)' object has no attribute '(\w+)'", attribute_never_set, proven=True),
     ErrorReading(r"Expected all tensors to be on the same device",
                  "tensors on two devices met: create every new tensor on x.device, and keep constant tensors such as "
                  "the mask as registered buffers (self.register_buffer), which module.to(device) moves"),
-    ErrorReading(r"time limit", "the code ran past the time limit: an infinite loop?"),
+    ErrorReading(r"time limit", "the code ran past the time limit: an infinite loop?", proven=False),
     ErrorReading(r"maximum recursion depth", "a function or forward() calls itself without end"),
     # What the kit's stubs raise (grader/authoring/stubs.py), and nbgrader's: NotImplementedError() with no message.
     ErrorReading(r"\ANotImplementedError(:\s*(\w+: .*see its TODO)?)?\s*\Z", STUB),
@@ -342,16 +373,186 @@ def error_text(typename, message):
     return text.split("\nwhere (most recent call last):", 1)[0].strip()
 
 
-def explain_error(text, call=None, readings=None):
-    """What an exception's ``text`` (error_text) means, as far as the failing ``call`` bears it out: one entry
-    per reading that holds (empty if none). readings: a stage's own (its test module's ERROR_READINGS)."""
-    found = []
+def error_findings(text, call=None, readings=None) -> list[Finding]:
+    """What an exception's ``text`` (error_text) means, as far as the failing ``call`` bears it out: one finding per
+    reading that holds; where none does, what the sizes torch quotes are by the names of the case (``size_reading``).
+    readings: a stage's own (its test module's ERROR_READINGS)."""
+    found: list[Finding] = []
     for reading in ERROR_READINGS if readings is None else readings:
         try:
             meaning = reading.read(text, call)
         except Exception:  # evidence it cannot read (sizes of an unexpected form): it says nothing
             meaning = None
+        if isinstance(meaning, str) and meaning:
+            meaning = Finding("", (meaning,), "", "error", proven=reading.is_proven)
         if meaning and meaning not in found:
             found.append(meaning)
+    if not found and call is not None:
+        try:
+            general = size_reading(text, call)
+        except Exception:
+            general = None
+        found += [general] if general else []
     return found
 
+
+def explain_error(text, call=None, readings=None):
+    """``error_findings`` in words: one entry per finding (its evidence and its causes)."""
+    return [" ".join(f.lines()) if f.shows or not f.causes else f.causes[0]
+            for f in error_findings(text, call, readings)]
+
+
+# ---------------------------------------------------------------- sizes by their names
+#
+# A shape error quotes numbers; the case that raised chose every size, pairwise distinct where it can, so a number
+# names a size. One reading serves every stage: it says which named sizes met where, and the class of mistake that
+# makes such a meeting where the names leave one (heads not repeated, a transpose of the wrong axes, tensors joined
+# on the wrong axis), always with "if": the sizes show where two tensors met, not which step made them so.
+
+HEADS = ("num_heads", "num_kv_groups", "index_heads")
+TOKENS = ("num_tokens", "num_keys", "cached tokens", "context_length", "block_size", "window", "top_k")
+FEATURES = ("d_in", "d_out", "head_dim", "d_model", "kv_latent_dim", "rope_dim", "index_dim", "d_context")
+
+
+def named_sizes(call) -> dict[int, list[str]]:
+    """{size: its names} for the failing ``call``: the constructor's whole-number arguments and the call's, the
+    sizes they make (head_dim = d_out // num_heads, the key/value width), and each forward's batch size, number of
+    new tokens and of keys (a cached step's keys: every token fed since the cache was emptied)."""
+    names: dict[int, list[str]] = {}
+
+    def add(value, name):
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0:
+            names.setdefault(int(value), [])
+            if name not in names[int(value)]:
+                names[int(value)].append(name)
+
+    init = call.init
+    for key, value in {**init, **(call.kwargs.get("kwargs") or {} if call.op == "call" else {})}.items():
+        add(value, key)
+    for step in call.kwargs.get("steps") or ():
+        for key, value in (step.get("kwargs") or {}).items():
+            add(value, key)
+    d, h = init.get("d_out") or init.get("d_model"), init.get("num_heads")
+    if d and h and d % h == 0 and "head_dim" not in init:
+        add(d // h, "head_dim")
+        if init.get("num_kv_groups"):
+            add(init["num_kv_groups"] * (d // h), "num_kv_groups * head_dim")
+        add(3 * d, "3 * d_out (q, k and v side by side)")
+    if init.get("head_dim") and h:
+        add(init["head_dim"] * h, "num_heads * head_dim")
+    if init.get("d_out") and h:
+        add(init["d_out"] * h, "num_heads * d_out")
+    for b, new, keys in call.forwards():
+        add(b, "the batch size b")
+        add(new, "num_tokens")
+        if keys != new:
+            add(keys, "num_keys (cached and new tokens)")
+            add(keys - new, "cached tokens")
+        add(b * new, "b * num_tokens")
+    if call.op == "call":
+        for index, value in enumerate(call.kwargs.get("args") or ()):
+            shape = np.shape(value) if isinstance(value, np.ndarray) else ()
+            for axis, size in enumerate(shape):
+                if len(shape) >= 2 and int(size) not in names:
+                    add(int(size), f"axis {axis} of argument {index + 1} {tuple(int(s) for s in shape)}")
+    return names
+
+
+def _named(size: int, names: dict[int, list[str]]) -> str:
+    """``size`` with its names: "num_heads (6)", "head_dim or num_tokens (4)" where two share it, "5" if none."""
+    found = names.get(int(size))
+    return f"{' or '.join(found)} ({size})" if found else str(size)
+
+
+def _kinds(size, names) -> set[str]:
+    kinds = set()
+    for name in names.get(int(size), ()):
+        kinds |= {kind for kind, group in (("heads", HEADS), ("tokens", TOKENS), ("features", FEATURES))
+                  if any(name.startswith(g) for g in group)}
+        kinds |= {"batch"} if name == "the batch size b" else set()
+    return kinds
+
+
+def _meeting_causes(a: int, b: int, names) -> tuple[str, ...]:
+    """The classes of mistake that make a tensor sized ``a`` meet one sized ``b`` on one axis, where the names
+    leave them; none where they do not (the sizes alone are then the evidence)."""
+    names_a, names_b = set(names.get(int(a), ())), set(names.get(int(b), ()))
+    kinds_a, kinds_b = _kinds(a, names), _kinds(b, names)
+    causes = []
+    heads = ({"num_heads"}, {"num_kv_groups"})
+    if any(x <= names_a and y <= names_b for x, y in (heads, heads[::-1])):
+        causes.append("if these are the query heads and the key/value heads: the key/value heads were not repeated "
+                      "to the query heads' count (repeat_interleave(num_heads // num_kv_groups, dim=<the heads "
+                      "axis>)), or one projection was built for the other count")
+    if ("heads" in kinds_a and "tokens" in kinds_b) or ("tokens" in kinds_a and "heads" in kinds_b):
+        causes.append("if a size or a table was taken from the wrong axis: after the split into heads the layout is "
+                      "(b, num_heads, num_tokens, head_dim), so x.shape[1] is num_heads there and num_tokens before; "
+                      "or a transpose(1, 2) is missing or extra (a tensor kept token-major where head-major is meant)")
+    if ("tokens" in kinds_a and "features" in kinds_b) or ("features" in kinds_a and "tokens" in kinds_b):
+        causes.append("if an operand was transposed on the wrong axes: .T (or .t(), .mT on the wrong tensor) on a "
+                      "batched tensor reverses or swaps other axes than the last two; use .transpose(-2, -1)")
+    if ("batch" in kinds_a) != ("batch" in kinds_b) and ("batch" in kinds_a | kinds_b):
+        causes.append("if a size was read from the batch axis (shape[0]) where another axis was meant, or the batch "
+                      "axis was moved by a transpose or a view")
+    lengths = ("num_tokens", "num_keys", "cached tokens")
+    if any(n.startswith(lengths) for n in names_a) and any(n.startswith(lengths) for n in names_b):
+        causes.append("if one tensor is sized for the new tokens and the other for every key (cached and new): a "
+                      "mask, a table of positions or a cache cut to the wrong length, or a cache joined on another "
+                      "axis than the token axis")
+    return tuple(causes)
+
+
+CAT = r"Sizes of tensors must match except in dimension (\d+)\. Expected size (\d+) but got size (\d+)"
+VIEW = r"shape '\[([-\d, ]+)\]' is invalid for input of size (\d+)"
+MATMUL = r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)"
+
+
+def size_reading(text: str, call) -> Finding | None:
+    """torch's shape errors read against the sizes the failing case named (``named_sizes``)."""
+    names = named_sizes(call)
+    if not names:
+        return None
+    if match := re.search(BROADCAST, text):
+        a, b, dim = int(match[1]), int(match[2]), int(match[3])
+        shows = (f"torch could not combine a tensor whose dimension {dim} is {_named(a, names)} with one whose "
+                 f"dimension {dim} is {_named(b, names)}.")
+        return Finding(shows, _meeting_causes(a, b, names), "shapes", "error")
+    if match := re.search(CAT, text):
+        dim, a, b = int(match[1]), int(match[2]), int(match[3])
+        causes = (f"if they were meant to be joined along the axis where one is {a} and the other {b}: torch.cat "
+                  f"joins along dim={dim}, and every other axis must agree; join along the axis that differs (for a "
+                  "cache, the token axis)",)
+        return Finding(f"torch.cat along dimension {dim} got tensors that differ on another axis: "
+                       f"{_named(a, names)} against {_named(b, names)}.", causes + _meeting_causes(a, b, names),
+                       "shapes", "error")
+    if match := re.search(MATMUL, text):
+        m, inner, other, n = (int(g) for g in match.groups())
+        return Finding(f"a product ({m}x{inner}) @ ({other}x{n}) whose inner sizes differ: {_named(inner, names)} met "
+                       f"{_named(other, names)}.", _meeting_causes(inner, other, names), "shapes", "error")
+    if match := re.search(VIEW, text):
+        shape, size = [int(s) for s in match[1].split(",")], int(match[2])
+        factors = _factors(size, names)
+        shows = (f"a view or reshape to [{', '.join(_named(s, names) if s > 0 else str(s) for s in shape)}] of a "
+                 f"tensor of {size} values" + (f" = {factors}" if factors else "") + ": the sizes asked for do not "
+                 "multiply to that.")
+        return Finding(shows, ("if a size in the view was taken from another tensor or axis than the one it "
+                               "describes (x.shape[...] of the wrong axis, a global, the book's example)",),
+                       "shapes", "error")
+    if match := re.search(BATCHED_PRODUCT, text):
+        a, b, c, d = (int(g) for g in match.groups())
+        pairs = [(x, y) for x, y in ((a, c), (b, d)) if x != y]
+        shows = (f"a batched product expected its second operand to start with [{_named(a, names)}, "
+                 f"{_named(b, names)}] and got [{_named(c, names)}, {_named(d, names)}].")
+        causes = tuple(dict.fromkeys(c for x, y in pairs for c in _meeting_causes(x, y, names)))
+        return Finding(shows, causes, "shapes", "error")
+    return None
+
+
+def _factors(size: int, names: dict[int, list[str]]) -> str:
+    """``size`` as a product of two to four named sizes (the first such, fewest factors first), in words."""
+    values = sorted(v for v in names if 1 < v < size)
+    for count in (2, 3, 4):
+        for combo in combinations_with_replacement(values, count):
+            if int(np.prod(combo)) == size:
+                return " x ".join(_named(v, names) for v in combo)
+    return ""

@@ -1,9 +1,14 @@
 """What a diagnosis says, as data: the contract between the diagnosis engine and whoever shows or counts it.
 
 A ``Finding`` is one conclusion drawn from evidence about the learner's code: what the learner's own numbers show
-(``shows``: an observation anyone can check, measured on their code), and what produces that (``causes``). One
-cause is stated as the likely mistake; several are given as possibilities, none as fact (the check's inputs could
-not tell them apart). A finding never names a fix that the evidence it came from did not bear out.
+(``shows``: an observation anyone can check, measured on their code), and what produces that (``causes``).
+
+The wording rule: one cause is stated as the likely mistake only where it was reproduced on this learner's case
+(a searched change or a listed mistake whose output equals theirs: ``source`` "mutation" or "listed"), or where the
+evidence is the cause itself (``proven``: an error whose own text says what was done, such as a view of a tensor
+that is not contiguous). A probe measures an effect and an error's sizes show where two tensors met: their single
+cause is said with "if" (``POSSIBLE_ONE``), since other code can give the same effect. Several causes are given as
+possibilities, none as fact (the check's inputs could not tell them apart).
 
 Standard library only: the grader reads findings from a check's report (``FindingRecord``) without importing
 the rest of the engine.
@@ -21,6 +26,10 @@ Source = Literal["mutation", "probe", "error", "listed"]
 EVIDENCE = "Evidence:"
 LIKELY = "Likely mistake:"
 POSSIBLE = "Possible mistakes:"
+# One cause that the evidence shows the effect of, not the step: the learner checks whether their code does it.
+POSSIBLE_ONE = "Possible mistake (if your code does this):"
+# Sources whose single cause was reproduced on the learner's case: the computation with it gives their numbers.
+REPRODUCED = ("mutation", "listed")
 
 
 @dataclass(frozen=True)
@@ -30,12 +39,21 @@ class Finding:
     mechanism: str = ""  # the mechanism it concerns ("causal masking", "scaling", ...)
     source: Source = "probe"
     weight: int = field(default=0, compare=False)  # order among a check's findings: lower first
+    proven: bool = field(default=False, compare=False)  # the evidence is the cause itself (see the module's words)
+
+    @property
+    def stated(self) -> bool:
+        """Whether its one cause may be stated as the likely mistake (the wording rule above)."""
+        return len(self.causes) == 1 and (self.source in REPRODUCED or self.proven)
 
     def lines(self) -> list[str]:
         """The finding as a failure message shows it: the evidence, then the likely or possible mistakes."""
         found = [f"{EVIDENCE} {self.shows}"] if self.shows else []
         if len(self.causes) == 1:
-            found.append(f"{LIKELY} {self.causes[0]}")
+            cause = self.causes[0]
+            # (a cause already worded with "if" needs no second one)
+            label = LIKELY if self.stated else "Possible mistake:" if cause.startswith("if ") else POSSIBLE_ONE
+            found.append(f"{label} {cause}")
         elif self.causes:
             found.append(f"{POSSIBLE} " + "; OR ".join(f"({i}) {c}" for i, c in enumerate(self.causes, 1)))
         return found

@@ -75,7 +75,8 @@ def replay(weights, num_heads: int, block_size: int, num_blocks: int, ops, table
                 k_pool[block, :, slot] = k[:, t]
                 v_pool[block, :, slot] = v[:, t]
             lengths[seq] = start + n
-            order = {"sorted": sorted(table), "reversed": table[::-1]}.get(choices.get("gather"), table)
+            order = {"sorted": sorted(table), "reversed": table[::-1],
+                     "contiguous": [table[0] + i for i in range(len(table))]}.get(choices.get("gather"), table)
             keys, values = (lay_out(pool[order], start + n, choices) for pool in (k_pool, v_pool))
             num_keys = keys.shape[1]
             allowed = A.allowed_keys(A.Attention(), np.arange(num_keys - n, num_keys), np.arange(num_keys), choices)
@@ -101,7 +102,9 @@ GATHER = Switch("gather", "block tables", {
     "sorted": "the blocks were gathered in the order of their ids, not the table's: a sequence's blocks need not be "
               "neighbours nor in order; lay them out as block_table lists them",
     "reversed": "the blocks were laid out last to first: token p is in block table[p // block_size], so the table's "
-                "first block holds the first tokens"})
+                "first block holds the first tokens",
+    "contiguous": "the gather took the blocks that follow the table's first one in the pool (table[0], table[0] + 1, "
+                  "...): a sequence's blocks need not be neighbours; read each from the table, pool[block_table]"})
 WRITE = Switch("write", "block tables", {
     "from_zero": NO_OFFSET,
     "swapped": "block and slot were swapped: the token at position p goes to block table[p // block_size], slot "

@@ -414,19 +414,25 @@ def batch_findings(run: Run, x, *, what="your output") -> list[Finding]:
                     "batching", "probe", weight=1)]
 
 
+# (What makes heads depend on each other: the effect the probe measures has several causes, none of which it sees.)
 SPLIT_HEADS = ("swapping two heads' weights (their rows of W_query, W_key and W_value, and their columns of out_proj) "
                "changed {what}: the heads are not computed each from its own features.",
-               "the split into heads takes a head's features from several heads (a view straight to (b, num_heads, "
-               "num_tokens, head_dim) without transpose), or the heads are merged back in another order than they "
-               "were split (a view without transpose(1, 2) first)")
+               ("the split into heads takes a head's features from several heads (a view straight to (b, num_heads, "
+                "num_tokens, head_dim) without transpose), or the heads are merged back in another order than they "
+                "were split (a view without transpose(1, 2) first)",
+                "a fused projection (one layer for queries, keys and values) is split in another layout than its "
+                "weight was made in: per head [q | k | v] where it holds [all q | all k | all v], or the other way",
+                "a tensor of one row per batch row or per token (a padding mask, a table of positions, a gate) "
+                "broadcast onto the heads axis: (b, 1, n) against (b, num_heads, n_q, n_kv) puts b on the heads "
+                "axis; give it the axes it means, mask[:, None, None, :]"))
 HEAD_MODULES = ("swapping the weights of heads 0 and 1 did not just swap their blocks of {what}: the output is not "
                 "the heads' outputs side by side, in the order of self.heads.",
-                "the heads' outputs were joined in another order or along another axis: torch.cat([head(x) for head "
-                "in self.heads], dim=-1)")
+                ("the heads' outputs were joined in another order or along another axis: torch.cat([head(x) for head "
+                 "in self.heads], dim=-1)",))
 
 
 def heads_findings(run_permuted: Callable[[], tuple[np.ndarray, np.ndarray]], *, what="your output",
-                   words: tuple[str, str] = SPLIT_HEADS) -> list[Finding]:
+                   words: tuple[str, tuple[str, ...]] = SPLIT_HEADS) -> list[Finding]:
     """``run_permuted()``: the output with the heads' weights as given, and what independent heads give with two
     heads swapped (the same output, or its blocks swapped back): they must be equal. ``words``: what the evidence
     and its cause are called for this kind of module."""
@@ -437,7 +443,7 @@ def heads_findings(run_permuted: Callable[[], tuple[np.ndarray, np.ndarray]], *,
     before, after = np.asarray(before), np.asarray(after)
     if before.shape != after.shape or np.allclose(before, after, rtol=1e-4, atol=1e-5, equal_nan=True):
         return []
-    return [Finding(words[0].format(what=what), (words[1],), "heads", "probe", weight=2)]
+    return [Finding(words[0].format(what=what), tuple(words[1]), "heads", "probe", weight=2)]
 
 
 def dtype_findings(run64: Callable[[], np.ndarray], *, what="your output") -> list[Finding]:

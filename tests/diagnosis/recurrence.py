@@ -91,7 +91,7 @@ def chunked(q, k, v, g, beta, chunk_size: int, state=None, choices: Choices = NO
         a = bc[..., :, None] * (kc @ kc.swapaxes(-1, -2)) * decay
         a = a if c == "diagonal_in_a" else np.tril(a, -1)
         system = a + (0 if c == "diagonal_in_a" else np.eye(size))
-        u = np.linalg.solve(system, bc[..., None] * vc)
+        u = np.linalg.solve(system, (bc * (np.exp(gamma) if c == "u_with_decay" else 1))[..., None] * vc)
         w = np.linalg.solve(system, (bc * (1 if c == "w_without_decay" else np.exp(gamma)))[..., None] * kc)
         v_new = u if c == "no_state_correction" else u - w @ s
         inner = qc @ kc.swapaxes(-1, -2) * (below if c == "no_intra_decay" else decay)
@@ -191,6 +191,9 @@ CHUNK = Switch("chunk", "recurrence", {
     "decay_transposed": "Gamma was built as exp(gamma_j - gamma_i): Gamma[i, j] = exp(gamma_i - gamma_j) for j <= i "
                         "(the decay from token j to token i)",
     "w_without_decay": "W was solved from diag(beta) K without exp(gamma): W = (I + A)^-1 diag(beta exp(gamma)) K",
+    # (the decay on the wrong one of the UT transform's two solves: each way round is a mistake of its own)
+    "u_with_decay": "U was solved from diag(beta exp(gamma)) V: the decay weights the keys' solve W, never the "
+                    "values': U = (I + A)^-1 diag(beta) V",
     "no_state_correction": "V_new left out the state's prediction: V_new = U - W S0",
     "state_read_undecayed": "the chunk read the state it started from without the decay: (Q * exp(gamma)) S0",
     "written_undecayed": "the chunk's writes reached the next state without their decay: "

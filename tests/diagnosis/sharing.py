@@ -80,7 +80,8 @@ def stack(x, weights, spec: Sharing, choices: Choices = NONE, chunks=None, cache
             out = A.merge(w @ v, choices)
             if choices.get("out_proj") != "missing":
                 out = A.linear(out, weights, f"layers.{layer}.out_proj")
-            stream = out if choices.get("residual") == "missing" else stream + out
+            residual = {"missing": 0, "stack_input": x[:, step.queries]}.get(choices.get("residual"), stream)
+            stream = residual + out
         outputs.append(stream)
     if cached is not None:
         cached.update(cache)
@@ -104,7 +105,9 @@ REPROJECTED = Switch("reprojected", "cross-layer sharing", {
     "keys": "the reusing layers took their source's values but re-projected the keys (the source's W_key applied to "
             "their own input): attend to the keys the source layer made from its input too"})
 RESIDUAL = Switch("residual", "layers", {
-    "missing": "the residual connection is missing: h = h + layer(h, ...), not h = layer(h, ...)"})
+    "missing": "the residual connection is missing: h = h + layer(h, ...), not h = layer(h, ...)",
+    "stack_input": "each layer's residual added the stack's input x, not the layer's own input: h = h + layer(h, ...) "
+                   "with h the stream as it reaches that layer"})
 
 
 def switches(spec: Sharing, chunks=None) -> list[Switch]:

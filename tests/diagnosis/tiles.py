@@ -32,6 +32,8 @@ SUM_STALE = ("the running sum row_sum was not rescaled by exp(old max - new max)
              "row_sum * correction + the tile's sum")
 ACC_STALE = ("the accumulator acc was not rescaled by exp(old max - new max) when the max changed: "
              "acc * correction + p @ v")
+INVERTED_CORRECTION = ("the {what} was divided by the correction exp(old max - new max) where it must be multiplied "
+                       "by it ({name} * correction + the tile's part)")
 NAN_GUARD = ("a row whose scores are all masked so far (a tile of keys after it, visited before any key it sees) has "
              "running max -inf, and exp(-inf - (-inf)) is NaN: subtract 0 there instead")
 TOP_LEFT = ("with is_causal key j takes part for query i exactly when j <= i, both counted from 0 whatever n_q and "
@@ -40,10 +42,20 @@ TOP_LEFT = ("with is_causal key j takes part for query i exactly when j <= i, bo
 NAN = ("NaN where standard attention has none, though the queries that give numbers take the right keys: a row "
        "whose scores are all masked so far has running max -inf, and exp(-inf - (-inf)) is NaN (subtract 0 there "
        "instead); inf / inf is NaN too, after an exp overflowed")
-OVERFLOW = "NaN where standard attention has none: an exp overflowed (inf / inf is NaN): subtract the running max first"
+# NaN with nothing masked: an inf or a 0 made on the way, which more than one step of the online softmax can make.
+OVERFLOW = ("NaN where standard attention has none, with nothing masked: an inf or a 0 / 0 was made on the way",
+            ("if no max was subtracted before the exp: exp of a large score is inf, and inf / inf is NaN; take every "
+             "exp relative to the running max",
+             "if a correction is applied the wrong way round: the old sum and accumulator are multiplied by "
+             "exp(old max - new max) (at most 1), never divided by it nor multiplied by exp(new max - old max), "
+             "which grows without bound"))
 
-ONLINE = [Switch("max", MECHANISM, {"tile_only": MAX_NOT_CARRIED}), Switch("sum", MECHANISM, {"stale": SUM_STALE}),
-          Switch("acc", MECHANISM, {"stale": ACC_STALE}), Switch("guard", MECHANISM, {"missing_first": NAN_GUARD})]
+ONLINE = [Switch("max", MECHANISM, {"tile_only": MAX_NOT_CARRIED}),
+          Switch("sum", MECHANISM, {"stale": SUM_STALE,
+                                    "divided": INVERTED_CORRECTION.format(what="running sum", name="row_sum")}),
+          Switch("acc", MECHANISM, {"stale": ACC_STALE,
+                                    "divided": INVERTED_CORRECTION.format(what="accumulator", name="acc")}),
+          Switch("guard", MECHANISM, {"missing_first": NAN_GUARD})]
 SCALE = Switch("scale", "scaling", {"none": "the scores were not scaled by 1 / sqrt(d)",
                                     "no_sqrt": "the scores were divided by d: divide by sqrt(d)",
                                     "times": "the scores were multiplied by sqrt(d): divide by it"})
@@ -74,6 +86,11 @@ def standard(q, k, v, is_causal, offset=0):
         return (e / e.sum(axis=-1, keepdims=True)) @ v
 
 
+def carried(running, correction, choice):
+    """A running sum or accumulator brought to the new max: times the correction, or as a mistake carries it."""
+    return {"stale": running, "divided": running / correction}.get(choice, running * correction)
+
+
 def tiled(q, k, v, is_causal, block_size, choices: A.Choices = A.NONE):
     """The tiled algorithm in NumPy float32 (query blocks; key blocks left to right, those past the diagonal
     skipped), as ``choices`` make it."""
@@ -102,8 +119,8 @@ def tiled(q, k, v, is_causal, block_size, choices: A.Choices = A.NONE):
                 m_new = tile_max if choices.get("max") == "tile_only" else np.maximum(m, tile_max)
                 shift = m_new if reverse else np.where(m_new == -np.inf, np.float32(0), m_new)
                 p, correction = np.exp(s - shift), np.exp(m - shift)
-                total = (total if choices.get("sum") == "stale" else total * correction) + p.sum(-1, keepdims=True)
-                acc = (acc if choices.get("acc") == "stale" else acc * correction) + p @ v[..., k0:k1, :]
+                total = carried(total, correction, choices.get("sum")) + p.sum(-1, keepdims=True)
+                acc = carried(acc, correction, choices.get("acc")) + p @ v[..., k0:k1, :]
                 m = m_new
             out[..., q0:q1, :] = acc / total
     return out
@@ -203,7 +220,7 @@ class TiledFunction:
         if not np.isnan(np.asarray(actual, np.float64)).any():
             return []
         if not is_causal:
-            return [Finding("", (OVERFLOW,), MECHANISM, "probe", weight=3)]
+            return [Finding(OVERFLOW[0] + ".", OVERFLOW[1], MECHANISM, "probe", weight=3)]
         if exposed is None:
             return []
         weights = exposed[0]

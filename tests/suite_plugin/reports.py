@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from diagnosis import STUB, Finding, error_text, explain_error
+from diagnosis import STUB, error_findings, error_text
 from suite_runtime.stage_names import stage_of
 
 from . import shown
@@ -59,14 +59,15 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"{shown(Path(entry.path))}:{entry.lineno + 1}: {call.excinfo.exconly()}"
         return report
     if report.failed and call.excinfo is not None and not call.excinfo.errisinstance(AssertionError):
-        hints = explain_error(error_text(call.excinfo.typename, str(call.excinfo.value)),
+        read = error_findings(error_text(call.excinfo.typename, str(call.excinfo.value)),
                               _call_that_raised(item, call.excinfo.value),
                               getattr(getattr(item, "module", None), "ERROR_READINGS", None))
         # A stub's error is no mistake (none is recorded, none counted in a class report): its line says so.
-        findings = [Finding("", (hint,), "", "error") for hint in hints if hint != STUB]
+        stub = any(f.causes == (STUB,) for f in read)
+        findings = [f for f in read if f.causes != (STUB,)]
         report.attnkit_findings = [f.record() for f in findings]
-        if hints and hasattr(report.longrepr, "addsection"):
-            text = "\n".join([line for f in findings for line in f.lines()] + [STUB] * (STUB in hints))
+        if read and hasattr(report.longrepr, "addsection"):
+            text = "\n".join([line for f in findings for line in f.lines()] + [STUB] * stub)
             report.longrepr.addsection("Likely mistake" if findings else "Not written yet", text)  # for the terminal
             crash = getattr(report.longrepr, "reprcrash", None)
             if crash is not None:  # for one-line reports (grading feedback, -rf summaries)
