@@ -14,7 +14,7 @@ that warms the file cache):
                                                          reference solutions copied in (a finished student)
 
 and prints each as a ratio to the bare import. Targets (issue 34): release at most 1.3x, the kit's one
-stage 1.5x, the kit's whole public suite 2x. The suite runs must pass (the stage's on the stubs must fail).
+stage 1.5x (the kit's whole public suite, four assignments with Triton's interpreter, has none). The suite runs must pass (the stage's on the stubs must fail).
 With --plugins-too, stage and release run a second time with the ini's addopts overridden by the
 kit's former ones (-rs --tb=short): every pytest plugin installed loads, as before the release's
 pytest.ini and the kit's pyproject.toml blocked those no student run uses; the same run shows both.
@@ -33,7 +33,7 @@ from pathlib import Path
 
 KIT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(KIT))
-TARGETS = {"stage": 1.5, "kit": 2.0, "release": 1.3}
+TARGETS = {"stage": 1.5, "release": 1.3}  # issue 34 (none for the kit's whole suite)
 EVERY_PLUGIN = ["-o", "addopts=-rs --tb=short"]  # the ini's addopts before plugins were blocked there
 
 
