@@ -14,7 +14,8 @@ that warms the file cache):
                                                          reference solutions copied in (a finished student)
 
 and prints each as a ratio to the bare import. Targets (issue 34): release at most 1.3x, the kit's one
-stage 1.5x (the kit's whole public suite, four assignments with Triton's interpreter, has none). The suite runs must pass (the stage's on the stubs must fail).
+stage 1.5x (the kit's whole public suite, four assignments with Triton's interpreter, has none). The
+suite runs must pass (the stage's, on the stubs, must fail).
 With --plugins-too, stage and release run a second time with the ini's addopts overridden by the
 kit's former ones (-rs --tb=short): every pytest plugin installed loads, as before the release's
 pytest.ini and the kit's pyproject.toml blocked those no student run uses; the same run shows both.
