@@ -142,16 +142,20 @@ def _run(root: Path, course: Course, nbgrader: list[str], start: float, out) -> 
         with lock:  # (two threads say what they did)
             out(f"[{time.monotonic() - start:5.1f}s] {message}", flush=True)
 
-    api = load_api(root)
-    for name in course.assignments:
-        t = time.monotonic()
-        check(api.generate_assignment(name, force=True), "generate_assignment")
-        step(f"nbgrader generate_assignment {name}: {time.monotonic() - t:.1f} s")
-        step(f"{len(load_into(root, name, force=True))} sample submissions of {name} in submitted/")
+    def release(names):
+        for name in names:
+            t = time.monotonic()
+            check(api.generate_assignment(name, force=True), "generate_assignment")
+            step(f"nbgrader generate_assignment {name}: {time.monotonic() - t:.1f} s")
+            step(f"{len(load_into(root, name, force=True))} sample submissions of {name} in submitted/")
 
+    api = load_api(root)
     reporting = threading.Lock()
-    others = Others(course, [name for name in course.assignments if name not in nbgrader], step, reporting)
+    graded_alone = [name for name in course.assignments if name not in nbgrader]
+    release(graded_alone)  # (first: their grading starts while nbgrader's round is prepared)
+    others = Others(course, graded_alone, step, reporting)
     try:
+        release(nbgrader)
         rounds = {name: _nbgrader_round(api, course.of(name), step) for name in nbgrader}
     finally:
         others.nbgrader_done.set()  # (the rest of the others' grading may take both cores)
