@@ -4,9 +4,9 @@ Builds a course with every assignment of the kit this Python can grade (one whos
 the kernels off Linux, is left out, saying what to install); releases each with ``generate_assignment`` and puts one
 submission per sample (grader/course/samples.py) in ``submitted/``. One assignment (chapter 3's, or those asked for)
 goes through nbgrader's own round, autograde and generate_feedback, and then through ``attnkit grade``, whose stage
-scores must equal nbgrader's; the others are graded by ``attnkit grade`` alone, in a process of their own while
-nbgrader's round runs (its autograde takes one core: a notebook at a time). Every assignment gets its class report;
-then nbgrader export, and a table of students x stages per assignment from the gradebook.
+scores must equal nbgrader's; the others are graded by ``attnkit grade`` alone, in a thread (its grading workers are
+processes) while nbgrader's round runs (its autograde takes one core: a notebook at a time). Every assignment gets
+its class report; then nbgrader export, and a table of students x stages per assignment from the gradebook.
 
 nbgrader's autograde (seconds per submission: a kernel each) is most of the time, so that a first command shows
 the whole kit in a couple of minutes with one assignment's round; ``--nbgrader NAME`` or ``--all`` ask for more.
