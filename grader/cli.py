@@ -3,7 +3,7 @@
     attnkit stubs      write exercises/ from solutions/
     attnkit fixtures   regenerate fixtures/ from solutions/
     attnkit course build DIR   (re)create an nbgrader course from the kit
-    attnkit demo [--dir DIR]   a whole nbgrader grading round on built-in sample submissions
+    attnkit demo [--dir DIR] [--nbgrader ASSIGNMENT] [--all]   nbgrader's round and attnkit grade on sample submissions
     attnkit samples [ASSIGNMENT] [--course DIR]   put those samples into your own course, for a trial run
     attnkit grade [ASSIGNMENT] [--course DIR] [--notebooks]   grade a whole class in parallel (resumable)
     attnkit report [ASSIGNMENT] [--course DIR]   an HTML class report (plots + tables) of the graded class
@@ -112,7 +112,7 @@ def cmd_course_build(args):
 def cmd_demo(args):
     from .course.demo import run
 
-    result = run(args.dir)
+    result = run(args.dir, nbgrader="all" if args.all else args.nbgrader)
     return 1 if result["fast_path_differs"] else 0
 
 
@@ -328,8 +328,19 @@ def main(argv=None):
                         "(default: %(default)s)")
     b.set_defaults(func=cmd_course_build, said_as="course build")
 
-    p = sub.add_parser("demo", help="grade the built-in sample submissions with nbgrader, print a table")
+    p = sub.add_parser(
+        "demo", help="grade the built-in sample submissions with nbgrader and attnkit grade, print a table",
+        description="Build a course of every assignment in DIR, put the kit's sample submissions in it and grade "
+                    "them: the first assignment through nbgrader's round (autograde, feedback) and `attnkit grade`, "
+                    "whose scores must be equal, the others through `attnkit grade` alone; a class report each, "
+                    "nbgrader export, and a table of students x stages per assignment.",
+    )
     p.add_argument("--dir", default="attnkit-demo", help="course directory to (re)create (default: ./%(default)s)")
+    p.add_argument("--nbgrader", action="append", choices=list(assignments()), metavar="ASSIGNMENT",
+                   help="put this assignment through nbgrader's round (repeatable; default: "
+                        f"{next(iter(assignments()))}; one of %(choices)s)")
+    p.add_argument("--all", action="store_true",
+                   help="every assignment through nbgrader's round (nbgrader's autograde takes seconds a submission)")
     p.set_defaults(func=cmd_demo, said_as="demo")
 
     p = sub.add_parser(

@@ -248,6 +248,6 @@ def test_the_readme_s_counts_stage_tables_and_lists_are_the_records():
     for paragraph in paragraphs:  # where the README lists stage modules by their letter, it lists every letter
         listed = set(re.findall(r"`[a-z]NN_\*\.py`", paragraph))
         assert not listed or listed == letters, paragraph
-    for command in ("| `attnkit course build DIR` |", "| `attnkit demo [--dir DIR]` |"):
+    for command in ("| `attnkit course build DIR` |", "| `attnkit demo [--dir DIR] [--nbgrader ASSIGNMENT] [--all]` |"):
         row = next(line for line in readme.splitlines() if line.startswith(command))
         assert all(f"`{name}`" in row for name in records), row

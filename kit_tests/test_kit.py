@@ -324,6 +324,29 @@ def test_the_readme_gives_the_demo_one_time():
     assert len(rows) == 2 and len(timed) == 1, timed
 
 
+def test_the_demo_puts_chapter_3_through_nbgrader_and_the_others_on_request(monkeypatch, tmp_path):
+    """nbgrader's autograde takes seconds a submission, so the first command puts one assignment through nbgrader's
+    round (the kit's first) and every one through attnkit grade; --nbgrader NAME (repeatable) or --all ask for more,
+    in the kit's order, and one this Python cannot grade (left out, as the demo says) is not asked for."""
+    from grader import cli
+    from grader.course import demo
+    from grader.kit import assignments
+
+    names = list(assignments())
+    assert demo.nbgrader_rounds(names) == ["attention"] == names[:1]
+    assert demo.nbgrader_rounds(names, "all") == names
+    assert demo.nbgrader_rounds(names, ["kernels", "modern-attention"]) == ["modern-attention", "kernels"]
+    assert demo.nbgrader_rounds([n for n in names if n != "kernels"], ["kernels"]) == []
+
+    asked = []
+    monkeypatch.setattr(demo, "run", lambda root, nbgrader=None: asked.append((root, nbgrader)) or
+                        {"fast_path_differs": []})
+    for argv, nbgrader in ((["demo"], None), (["demo", "--nbgrader", "kernels", "--nbgrader", "attention"],
+                                             ["kernels", "attention"]), (["demo", "--all"], "all")):
+        assert cli.main([*argv, "--dir", str(tmp_path)]) == 0
+        assert asked.pop() == (str(tmp_path), nbgrader), argv
+
+
 def test_flex_attention_called_eagerly_as_its_stage_means_warns_nothing():
     """torch warns "Use torch.compile(flex_attention)" at the first eager call, which contradicts stage f04 (graded
     code may not compile): the stage's module filters that one warning, so a student's run, a notebook demo and a

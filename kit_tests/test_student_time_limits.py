@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 import nbformat
 import pytest
 
-from grader.course.build import build
+from grader.course.build import GRADING_PLUGINS, build
 from grader.course.samples import write_modules
 from grader.kit import KIT, SOLUTIONS, SUITE
 from runs import Nbgrader
@@ -136,6 +136,25 @@ def test_after_a_stop_the_stage_s_cuda_cases_stay_skipped(tmp_path):
 def test_release_pytest_ini_carries_the_time_limit(release):
     ini = (release / "pytest.ini").read_text()
     assert f"\ncheck_time_limit = {LIMIT:g}\n" in ini and "\ntimeout" not in ini  # (pytest-timeout's is wall time)
+
+
+# What the kit's test extra installs and nbgrader's Jupyter packages bring, which no student run uses (their
+# distributions' import names)
+NOT_FOR_STUDENTS = ("xdist", "pytest_timeout", "syrupy", "anyio", "platformdirs")
+
+
+def test_a_students_run_imports_no_plugin_installed_for_grading(release):
+    """Where the kit's test extra is installed (this Python), the release's pytest.ini blocks its plugins and
+    those of the Jupyter packages: a student's `pytest` does not import them at every run, and the time limit
+    still holds (the suite's own plugin)."""
+    ini = (release / "pytest.ini").read_text()
+    assert all(f" -p no:{name}" in ini for name in GRADING_PLUGINS), ini
+    probe = ("import sys, pytest\n"
+             "status = int(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider']))\n"
+             f"print('loaded:', sorted({{m.split('.')[0] for m in sys.modules}} & {set(NOT_FOR_STUDENTS)}), status)\n")
+    run = subprocess.run([sys.executable, "-c", probe], cwd=release, capture_output=True, text=True, timeout=120)
+    assert "loaded: [] 0" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f"check_time_limit = {LIMIT:g}" in ini
 
 
 def third_party_imports(folder) -> set[str]:

@@ -72,6 +72,11 @@ SUPPORT_PACKAGES = ("suite_runtime", "diagnosis", "suite_plugin")
 # ... less what only a grading box runs: how a box compiles a kernel for a GPU (it imports Triton, which only the
 # kernels assignment's release installs, and no student needs it: a GPU compiles kernels the usual way).
 GRADING_ONLY = ("suite_runtime/triton_compile.py",)
+# pytest plugins of the kit's own test extra (pyproject.toml: parallel runs, a wall-clock timeout, snapshots of the
+# grades on record), which a student's run of the public tests never uses: blocked in the release's pytest.ini, so
+# that where they are installed (a machine that also grades) a student's `pytest` does not import them at every run.
+# The student's time limit is the suite's own (tests/suite_plugin/time_limits.py), not pytest-timeout's.
+GRADING_PLUGINS = ("xdist", "xdist.looponfail", "timeout", "syrupy")
 NOTEBOOK_TOOLS = Path(__file__).with_name("notebook_tools.py")  # the release's copy: notebook_tools.py
 NBGRADER_CONFIG = Path(__file__).parent / "templates" / "nbgrader_config.py"  # every course's
 
@@ -176,7 +181,7 @@ def pytest_ini(test_timeout: float = TEST_TIMEOUT, tests: Path = SUITE) -> str:
         "[pytest]\n"
         "testpaths = tests\n"
         "impl = .\n"
-        f"addopts = {config['addopts']}\n"
+        f"addopts = {config['addopts']}{''.join(f' -p no:{name}' for name in GRADING_PLUGINS)}\n"
         f"markers ={markers}\n"
         "filterwarnings = error::pytest.PytestUnknownMarkWarning\n"
         "# seconds of CPU time per check: a check still computing then is stopped and fails (one that waits, e.g.\n"
