@@ -181,13 +181,5 @@ def reconcile(found: list[Finding]) -> list[Finding]:
     reproduced = any(f.source in ("mutation", "listed") and f.causes for f in kept)
     kept = [Finding(f.shows, (), f.mechanism, f.source, f.weight)
             if reproduced and f.source == "probe" and len(f.causes) > 1 else f for f in kept]
-    # Probes of different mechanisms that each name one cause, with nothing that reproduced the learner's numbers:
-    # each reads its mechanism as if the others were right, so where two of them name different causes neither is a
-    # fact. Their evidence stays; their causes are given together as possibilities.
-    single = [f for f in kept if f.source == "probe" and len(f.causes) == 1]
-    causes = list(dict.fromkeys(f.causes[0] for f in single))
-    if not settled and len(causes) > 1 and len({f.mechanism for f in single}) > 1:
-        kept = [Finding(f.shows, (), f.mechanism, f.source, f.weight) if f in single else f for f in kept]
-        kept.append(Finding("", tuple(causes[:4]), ", ".join(dict.fromkeys(f.mechanism for f in single)), "probe",
-                            weight=max(f.weight for f in single) + 1))
-    return merged(kept)
+    # (A probe's causes are not shown at all, findings.Finding.shown: what stays of it is its evidence.)
+    return [f for f in merged(kept) if f.shows or f.shown]
