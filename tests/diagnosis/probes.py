@@ -254,9 +254,9 @@ def _temperature(w, observed, rows, allowed):
         # A value fitted from the outputs is a cause only where the reference with it gives the outputs back: here
         # no single divisor does (a scale that compounds from tile to tile, weights rounded on the way, ...).
         return [Finding(f"{w.what} are close to a softmax of the scores at some temperature, but no single divisor "
-                        f"of the scores gives them (the nearest, {1 / factor:.4g}, does not reproduce them): the "
-                        "scaling differs between rows or tiles, or another step changed the weights.", (), "scaling",
-                        "probe", weight=4)]
+                        f"of the scores gives them (the nearest, {1 / factor:.4g}, does not reproduce them within the "
+                        "check's tolerance): they are not the softmax of the scores at any single temperature.", (),
+                        "scaling", "probe", weight=4)]
     divisor = 1 / factor
     names = [name for name, value in w.divisors.items() if abs(value / divisor - 1) < 2e-3]
     expected = next((name for name, value in w.divisors.items() if abs(value * w.scale - 1) < 1e-9), None)
@@ -272,7 +272,7 @@ def _temperature(w, observed, rows, allowed):
     return [Finding(shows, causes, "scaling", "probe", weight=4)]
 
 
-def _reproduces(scaled, observed, rows, allowed, rtol=1e-3, atol=1e-6) -> bool:
+def _reproduces(scaled, observed, rows, allowed, rtol=1e-4, atol=1e-6) -> bool:
     """Whether the softmax of ``scaled`` scores over the allowed keys gives the ``observed`` weights on every readable
     row (what makes a fitted temperature the learner's, not a near one)."""
     masked = np.where(allowed, scaled, -np.inf)
