@@ -119,14 +119,19 @@ def rate_mistakes(trained, plain, kept, p) -> list[Finding]:
             and np.allclose(ratio, 1 / twice, rtol=1e-4, atol=1e-5)):
         found.append(Finding(
             f"{fraction:.3f} of the values were kept, about (1 - p)^2 = {twice:.3g}, each scaled by 1 / (1 - p)^2 = "
-            f"{1 / twice:.3g}: what two dropouts in a row give.",
+            f"{1 / twice:.3g}: what two dropouts in a row give, in both statistics.",
             ("dropout was applied twice. The chapter's attention drops its weights once, after the softmax: remove "
              "the second dropout (nanoGPT's resid_dropout after the output projection, for one; in the book's GPT "
-             "model the transformer block applies that dropout around the attention module)",), "dropout", "probe"))
+             "model the transformer block applies that dropout around the attention module)",), "dropout", "listed"))
     if p != 0.5 and abs(fraction - p) < kept_fraction_tolerance(p, n):
-        found.append(Finding(f"{fraction:.3f} of the values were kept, about p = {p:.3g} rather than 1 - p.",
+        # Reproduced only where the scale is also what that mistake gives (1 / (1 - p) or 1 / p with keep < p):
+        # the fraction alone is an effect.
+        scaled = any(np.allclose(ratio, f, rtol=1e-4, atol=1e-5) for f in (1 / (1 - p), 1 / p))
+        found.append(Finding(f"{fraction:.3f} of the values were kept, about p = {p:.3g} rather than 1 - p"
+                             + (", each scaled by 1 / (1 - p) or 1 / p." if scaled else "."),
                              ("p was used as the probability of keeping a value: p is the probability of DROPPING an "
-                              "element (keep where torch.rand_like(x) >= p)",), "dropout", "probe"))
+                              "element (keep where torch.rand_like(x) >= p)",), "dropout",
+                             "listed" if scaled else "probe"))
     return found
 
 
@@ -185,5 +190,5 @@ def eval_dropout_findings(out, plain, p) -> list[Finding]:
     if not scaled or abs(fraction - (1 - p)) >= kept_fraction_tolerance(p, live.sum()):
         return []
     return [Finding(f"in eval mode {1 - fraction:.2f} of the weights were dropped and the others scaled by "
-                    f"1 / (1 - p) = {1 / (1 - p):.3g}: dropout acted in eval mode.", (EVAL_DROPOUT,), "dropout",
-                    "probe", weight=1)]
+                    f"1 / (1 - p) = {1 / (1 - p):.3g}: dropout acted in eval mode, in both statistics.",
+                    (EVAL_DROPOUT,), "dropout", "listed", weight=1)]
