@@ -159,8 +159,8 @@ def table_findings(ops, tables, lengths, block_size: int) -> list[Finding]:
             elif len(table) > need:
                 # The tables read back are the effect itself: said as what they show, not as the step that did it.
                 shows = (f"after op {index}, sequence {seq} holds {n} tokens in {len(table)} blocks {table}: "
-                         f"ceil({n} / block_size={block_size}) = {need} would hold them (a block is taken only when the "
-                         "last one is full)")
+                         f"ceil({n} / block_size={block_size}) = {need} would hold them (a block is taken only when "
+                         "the last one is full)")
                 one_too_many = n % block_size == 0 and len(table) == n // block_size + 1
                 if len(table) == steps.get(seq, 0) and not one_too_many:
                     # one block per step, each step's tokens fitting in the last block: what the table shows
