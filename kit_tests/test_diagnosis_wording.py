@@ -266,3 +266,14 @@ def test_an_index_out_of_range_is_read_against_the_named_sizes():
 def test_an_index_error_is_read_without_a_call_too():
     [found] = error_findings("IndexError: index 9 is out of bounds for dimension 0 with size 8")
     assert "index 9" in found.shows and "size 8" in found.shows
+
+
+def test_an_output_of_nan_names_no_change_that_also_gives_nan():
+    """Rule 1: NaN everywhere equals every change that makes NaN: no change is reproduced by it."""
+    switch = Switch("fill", "masking", {"inf": "the masked weights were filled with -inf after the softmax"})
+
+    def compute(choices):
+        return np.full(3, np.nan) if choices.get("fill") == "inf" else np.ones(3)
+
+    said = message(np.full(3, np.nan), np.ones(3), diagnosis=[Searched(compute, [switch])])
+    assert "no finite value" in said and "mistake" not in said.lower() and "-inf" not in said

@@ -59,13 +59,9 @@ class Searched:
             found = [change for change in found if len(change.words) == 1]
         if found and not np.isfinite(np.asarray(actual)).any():
             # An output with no finite value equals every change that gives NaN everywhere, whatever made the
-            # learner's: the changes found are possibilities beside any other step that makes a NaN or an inf.
-            texts = list(dict.fromkeys(change.text for change in found))[:3]
-            return [Finding(f"{self.what} has no finite value, nor has the right computation with "
-                            f"{'this change' if len(texts) == 1 else 'any of these changes'}: that alone does not "
-                            "tell it from other steps that make NaN or inf.",
-                            (*texts, "another step that makes a NaN or an inf (an overflow, a -inf that reaches the "
-                                     "weights or the values)"), "", "mutation", weight=20)]
+            # learner's: no change is reproduced by that, and none is named. What the numbers show is the effect.
+            return [Finding(f"{self.what} has no finite value: every entry is NaN or inf, so its numbers cannot be "
+                            "matched to a step of the computation.", (), "", "probe", weight=20)]
         return findings_of(found, self.what, separated)
 
 
