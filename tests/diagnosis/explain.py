@@ -59,7 +59,15 @@ class Searched:
             found = [change for change in found if len(change.words) == 1]
         if found and not np.isfinite(np.asarray(actual)).any():
             # An output with no finite value equals every change that gives NaN everywhere, whatever made the
-            # learner's: no change is reproduced by that, and none is named. What the numbers show is the effect.
+            # learner's. A change is named only where it is the one change of the switches that does so on every
+            # case looked at (this check's and a second of other sizes, where the right computation is finite);
+            # otherwise no change is reproduced by that, and what the numbers show is the effect alone.
+            texts = list(dict.fromkeys(change.text for change in found))
+            if separated and len(texts) == 1:
+                return [Finding(f"{self.what} has no finite value, on this check's inputs and on a second case of "
+                                "other sizes; of every change of the computation tried, this one alone gives that on "
+                                "both.", (texts[0],), found[0].mechanisms[0] if found[0].mechanisms else "",
+                                "mutation", weight=20)]
             return [Finding(f"{self.what} has no finite value: every entry is NaN or inf, so its numbers cannot be "
                             "matched to a step of the computation.", (), "", "probe", weight=20)]
         return findings_of(found, self.what, separated)
