@@ -240,7 +240,10 @@ def _temperature(w, observed, rows, allowed):
     use = rows[..., None] & allowed & (observed > 1e-30)
     if _fit(scores, observed, use) is None and scores.shape[-1] == scores.shape[-2]:
         transposed = _fit(np.swapaxes(scores, -1, -2), observed, use)
-        if transposed is not None and abs(transposed / w.scale - 1) < 1e-3:
+        if (transposed is not None and abs(transposed / w.scale - 1) < 1e-3
+                and _reproduces(np.swapaxes(scores, -1, -2) * w.scale, observed, rows, allowed)):
+            # (the weights are those of the transposed scores; said as the effect: queries and keys swapped anywhere
+            # before the product, their projections' weights included, give the same numbers)
             return [Finding(f"{w.what} are the softmax of the transposed scores: row i holds every query's score "
                             "against key i, not query i's scores against every key.",
                             ("keys @ queries^T: the scores are transposed (row i must hold query i's scores, "
@@ -269,7 +272,9 @@ def _temperature(w, observed, rows, allowed):
         (w.scale_words[name],) if isinstance(w.scale_words[name], str) else w.scale_words[name])))
     if not causes:
         causes = _related_scale(divisor, 1 / w.scale, expected or f"{1 / w.scale:.4g}")
-    return [Finding(shows, causes, "scaling", "probe", weight=4)]
+    # The reference with this divisor gives the learner's weights (checked above): the divisor is reproduced, and so
+    # is the mistake that makes it where one is named.
+    return [Finding(shows, causes, "scaling", "listed", weight=4)]
 
 
 def _reproduces(scaled, observed, rows, allowed, rtol=1e-4, atol=1e-6) -> bool:
