@@ -113,7 +113,7 @@ def larger_pool_findings(stage, init, weights, ops, error, **options):
     found = P.table_findings(ops, [held for _, _, held in report], lengths, bs)
     if found:
         return [P.Finding(f"with a pool of {larger['num_blocks']} blocks the same steps run, and " + f.shows, f.causes,
-                          f.mechanism, f.source, f.weight) for f in found]
+                          f.mechanism, f.source, f.weight, proven=f.proven) for f in found]
     if without_reuse <= init["num_blocks"]:
         return []  # this pool never needed a freed block
     try:

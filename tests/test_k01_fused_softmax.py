@@ -63,10 +63,12 @@ def rows_computed(stage, actual, x, block):
     if first is None or computed(stage.softmax(flipped, block_size=block), flipped) != first:
         return []
     rows = flipped.shape[0]
+    # (the rows computed are decided by their place alone, the same first rows in both orders: what a grid of fewer
+    # programs than rows gives, and it is said as what the rows show)
     return [Finding(f"the first {first} of the {rows} rows are right and none after them, in either order of the rows: "
-                    "fewer programs ran than rows", ("the grid launches fewer programs than rows: one program per "
-                                                      "row, grid = (n_rows,), each reading tl.program_id(0) as its "
-                                                      "row",), "grid", "probe")]
+                    f"only the first {first} rows were computed, by their place (fewer programs than rows did the "
+                    "work; one program per row, grid = (n_rows,), each reading tl.program_id(0) as its row).", (),
+                    "grid", "probe")]
 
 
 def chunk(x, block):

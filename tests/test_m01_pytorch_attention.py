@@ -253,7 +253,9 @@ def test_dropout_acts_in_training_mode_only(stage, function, num_heads):
                      run(stage, function, init, weights, x, seed=seed), plain, **FLOAT32,
                      diagnosis=[Said(lambda out: eval_dropout_findings(out, plain, 0.5))])
     trained = run(stage, function, init, weights, x, train=True, seed=0)
-    check_dropout(trained, plain, 0.5, f"{describe(function)} in training mode with dropout=0.5")
+    check_dropout(trained, plain, 0.5, f"{describe(function)} in training mode with dropout=0.5",
+                  second=lambda rate: (run(stage, function, dict(init, dropout=rate), weights, x, train=True, seed=0),
+                                       plain))
 
 
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case runs a Llama-sized attention (d_model 4096, 32 heads)

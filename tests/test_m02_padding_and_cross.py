@@ -245,7 +245,8 @@ def test_dropout_acts_on_the_weights_in_training_mode_only(stage):
         assert_close(f"{call(init, {})} in eval mode (seed {seed})", attend(stage, init, weights, x, seed=seed), plain,
                      **FLOAT32, diagnosis=[Said(lambda out: eval_dropout_findings(out, plain, 0.5))])
     trained = attend(stage, init, weights, x, train=True, seed=0)
-    check_dropout(trained, plain, 0.5, f"{call(init, {})} in training mode")
+    check_dropout(trained, plain, 0.5, f"{call(init, {})} in training mode",
+                  second=lambda rate: (attend(stage, dict(init, dropout=rate), weights, x, train=True, seed=0), plain))
 
 
 SIZES = {  # the CPU twin keeps the test quick; the CUDA case has Llama's width (4096, 32 heads) and T 4096

@@ -43,13 +43,15 @@ def still_dropping(out, weights, p):
 @pytest.mark.public
 @pytest.mark.parametrize("p", [0.5, 0.2])
 def test_training_mode_drops_a_fraction_p_and_rescales(stage, p):
-    check_dropout(stage.attention_dropout(ONES, p, training=True, seed=123), ONES, p, "attention_dropout")
+    check_dropout(stage.attention_dropout(ONES, p, training=True, seed=123), ONES, p, "attention_dropout",
+                  second=lambda rate: (stage.attention_dropout(ONES, rate, training=True, seed=123), ONES))
 
 
 @pytest.mark.parametrize("p", [0.5, 0.1])
 def test_dropout_by_hand_drops_a_fraction_p_and_rescales(stage, p):
     x = np.random.default_rng(1).uniform(0.5, 2.0, size=ONES.shape).astype(np.float32)
-    check_dropout(stage.dropout_by_hand(x, p, seed=7), x, p, "dropout_by_hand")
+    check_dropout(stage.dropout_by_hand(x, p, seed=7), x, p, "dropout_by_hand",
+                  second=lambda rate: (stage.dropout_by_hand(x, rate, seed=7), x))
 
 
 def test_p_zero_keeps_everything(stage):

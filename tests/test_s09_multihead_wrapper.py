@@ -70,13 +70,31 @@ def test_output_is_the_heads_side_by_side(stage, num_heads):
                  hint="The output is the heads' outputs side by side, along the last dimension.")
 
 
+def heads_built(info) -> str:
+    """What the module's own parameters show about how its heads were built: each reading only where it holds."""
+    names = list(info["parameters"])
+    said = []
+    if info.get("unregistered"):
+        said.append("not registered as submodules: " + ", ".join(info["unregistered"])
+                    + " (hold the heads in nn.ModuleList)")
+    if info["distinct_parameter_storages"] < info["parameter_count_with_duplicates"]:
+        said.append("some heads share one weight tensor (the same module or tensor reused): create a new "
+                    "CausalAttention for every head ([CausalAttention(...) for _ in range(num_heads)])")
+    extra = [n for n in names if not n.startswith("heads.")]
+    if extra:
+        said.append(f"parameters beside the heads: {extra} (the wrapper has none of its own)")
+    heads = sorted({n.split(".")[1] for n in names if n.startswith("heads.")})
+    if len(heads) != 3 and not info.get("unregistered"):
+        said.append(f"self.heads holds {len(heads)} heads with parameters, not num_heads = 3")
+    return "; ".join(said) or f"parameters: {names}"
+
+
 def test_heads_do_not_share_weights(stage):
     info = stage.inspect(CLS, dict(d_in=4, d_out=2, context_length=5, dropout=0.0, num_heads=3))
     assert info["distinct_parameter_storages"] == info["parameter_count_with_duplicates"] == 9, (
         "the 3 heads should own 9 separate weight matrices (W_query, W_key, W_value each); found "
         f"{info['distinct_parameter_storages']} distinct of {info['parameter_count_with_duplicates']}: "
-        "create a new CausalAttention for every head ([CausalAttention(...) for _ in range(num_heads)])"
-    )
+        + heads_built(info))
     shapes = {n: s for n, s in info["parameters"].items()}
     assert shapes.get("heads.2.W_query.weight") == [2, 4], (
         f"heads.2.W_query.weight should have shape (d_out, d_in) = (2, 4); parameters: {shapes}"

@@ -59,7 +59,7 @@ def assert_close(name, actual, expected, *, rtol=1e-4, atol=1e-6, diagnosis: Seq
 
     if actual.shape != expected.shape:
         lines.append(f"{name} has shape {actual.shape}, {first_label} {expected.shape}.")
-        diagnosis = [*diagnosis, Said(lambda values: shape_findings(values.shape, expected.shape))]
+        diagnosis = [*diagnosis, Said(lambda values: shape_findings(values.shape, expected.shape, values, expected))]
     elif not np.all(np.isfinite(actual)) and np.all(np.isfinite(expected)):
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(actual))[0])
         lines.append(f"{name} contains {actual[bad]} at index {bad}; {first_label}: finite values.")
@@ -97,18 +97,23 @@ def assert_close(name, actual, expected, *, rtol=1e-4, atol=1e-6, diagnosis: Seq
     raise diagnosed("\n".join(lines), findings)
 
 
-def shape_findings(actual: tuple, expected: tuple) -> list[Finding]:
+def shape_findings(actual: tuple, expected: tuple, values=None, expected_values=None) -> list[Finding]:
     """What a wrong shape shows, when it holds the expected number of values: axes swapped, or an axis that grew by
-    the factor another shrank by (parts joined along the wrong axis)."""
+    the factor another shrank by (parts joined along the wrong axis). A cause is named only where the expected
+    values rearranged that way give the learner's (``values``, ``expected_values``): otherwise the shape alone is
+    the evidence."""
     if actual == expected or int(np.prod(actual)) != int(np.prod(expected)) or len(actual) != len(expected):
         return []
     if sorted(actual) == sorted(expected) and len(actual) >= 2:
         swapped = [i for i, (a, e) in enumerate(zip(actual, expected)) if a != e]
         if len(swapped) == 2:
             i, j = swapped
-            return [Finding(f"your shape is the expected one with axes {i} and {j} swapped.",
-                            (f"a transpose is missing or extra (of axes {i} and {j})",), "shapes", "probe",
-                            weight=1)]
+            swapped_back = _rearranged(values, expected_values, lambda e: np.swapaxes(e, i, j))
+            return [Finding(f"your shape is the expected one with axes {i} and {j} swapped"
+                            + (", and so are your values: they are the expected ones transposed." if swapped_back
+                               else "."),
+                            (f"a transpose is missing or extra (of axes {i} and {j})",), "shapes",
+                            "listed" if swapped_back else "probe", weight=1)]
     grew = [i for i, (a, e) in enumerate(zip(actual, expected)) if a > e and a % e == 0]
     shrank = [i for i, (a, e) in enumerate(zip(actual, expected)) if a < e and e % a == 0]
     if len(grew) == 1 and len(shrank) == 1:
@@ -120,8 +125,20 @@ def shape_findings(actual: tuple, expected: tuple) -> list[Finding]:
                             f"and {last} {factor} times less ({actual[j]} = {expected[j]} / {factor}).",
                             (f"{factor} parts were joined along axis {i} instead of {last} (torch.cat(..., "
                              f"dim={j if j < len(expected) - 1 else -1}))",),
-                            "shapes", "probe", weight=1)]
+                            "shapes", "listed" if _rearranged(values, expected_values, lambda e: np.concatenate(
+                                np.split(e, factor, axis=j), axis=i)) else "probe", weight=1)]
     return []
+
+
+def _rearranged(values, expected, rearrange) -> bool:
+    """Whether the expected values, rearranged, are the learner's (what reproduces a shape mistake)."""
+    if values is None or expected is None:
+        return False
+    try:
+        return bool(np.allclose(np.asarray(values, np.float64), rearrange(np.asarray(expected, np.float64)),
+                                rtol=1e-4, atol=1e-5, equal_nan=True))
+    except Exception:
+        return False
 
 
 def assert_mask(name, actual, expected, *, mistakes=None, diagnosis: Sequence[Evidence] = ()):

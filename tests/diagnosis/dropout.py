@@ -16,10 +16,11 @@ def kept_fraction_tolerance(p, n):
     return max(0.02, 5 * np.sqrt(p * (1 - p) / n))
 
 
-def check_dropout(trained, plain, p, name, *, atol=1e-6):
+def check_dropout(trained, plain, p, name, *, atol=1e-6, second=None):
     """Training-mode dropout of rate p: ``trained`` is ``plain`` (the same values without dropout) with
     each nonzero value either dropped (|value| <= atol) or kept and scaled by exactly 1 / (1 - p), about
-    a fraction 1 - p of them kept; the zeros of ``plain`` (e.g. the masked future) stay 0."""
+    a fraction 1 - p of them kept; the zeros of ``plain`` (e.g. the masked future) stay 0. second: rate ->
+    the learner's (trained, plain) at that rate, run only to tell apart mistakes this rate cannot."""
     trained, plain = np.asarray(trained), np.asarray(plain)
     assert trained.shape == plain.shape, f"{name}: shape {trained.shape}, expected {plain.shape}"
     live = plain != 0
@@ -53,9 +54,57 @@ def check_dropout(trained, plain, p, name, *, atol=1e-6):
     ratio = trained[kept] / plain[kept]
     assert_close(f"{name}: kept values / values without dropout", ratio,
                  np.full(ratio.shape, 1 / (1 - p), np.float32), rtol=1e-4, atol=1e-5,
-                 mistakes={"the kept values were not rescaled by 1 / (1 - p)": np.ones(ratio.shape, np.float32),
-                           "the kept values were multiplied by (1 - p) instead of divided":
-                               np.full(ratio.shape, 1 - p, np.float32)})
+                 diagnosis=[Said(lambda values: scale_findings(values, p, second, atol))])
+
+
+# The factors a kept value can be scaled by, as functions of the rate: the right one is 1 / (1 - p). At p = 0.5 the
+# factors (1 - p) and p coincide (and 1 / p is the right one): only a case at another rate tells them apart.
+SCALES = {
+    "the kept values were not rescaled by 1 / (1 - p)": lambda p: 1.0,
+    "the kept values were multiplied by (1 - p) instead of divided by it": lambda p: 1 - p,
+    "the kept values were multiplied by p instead of divided by (1 - p)": lambda p: p,
+    "the kept values were divided by p instead of by (1 - p)": lambda p: 1 / p,
+}
+SEPARATING = (0.2, 0.3)  # rates at which no two factors of SCALES (nor the right one) coincide
+
+
+def _scale_matches(ratio, p) -> list[str]:
+    ratio = np.asarray(ratio, np.float64)
+    right = 1 / (1 - p)
+    return [words for words, factor in SCALES.items()
+            if not np.isclose(factor(p), right, rtol=1e-4) and np.allclose(ratio, factor(p), rtol=1e-4, atol=1e-5)]
+
+
+def scale_findings(ratio, p, second=None, atol=1e-6) -> list[Finding]:
+    """The scale mistakes that give the learner's ``ratio`` (kept values / values without dropout) at rate ``p``,
+    each held to a second rate (``second(rate)``: the learner's (trained, plain) there) where this one cannot tell
+    them apart: a cause counts only where it gives the learner's numbers on both."""
+    named = _scale_matches(ratio, p)
+    if not named:
+        return []
+    rate = next(r for r in SEPARATING if not np.isclose(r, p))
+    if len(named) > 1 and second is not None:
+        try:
+            trained, plain = (np.asarray(v, np.float64) for v in second(rate))
+            kept = (plain != 0) & (np.abs(trained) > atol)
+            held = _scale_matches(trained[kept] / plain[kept], rate)
+        except Exception:  # the learner's code fails at the other rate: it tells nothing apart
+            held = named
+        both = [words for words in named if words in held]
+        if both:
+            also = f" and at p = {rate}"
+            if len(both) == 1:
+                return [Finding(f"the kept values were scaled by {np.median(ratio):.4g} at p = {p}{also}: this "
+                                "mistake gives that at both rates.", (both[0],), "dropout", "listed", weight=30)]
+            named = both
+        else:
+            return []  # none holds at the other rate: no cause is claimed
+    if len(named) == 1:
+        return [Finding(f"the kept values were scaled by {np.median(ratio):.4g}, not 1 / (1 - p) = {1 / (1 - p):.4g}: "
+                        "this mistake gives that.", (named[0],), "dropout", "listed", weight=30)]
+    return [Finding(f"the kept values were scaled by {np.median(ratio):.4g}, not 1 / (1 - p) = {1 / (1 - p):.4g}: at "
+                    f"p = {p} each of these gives that, and this check has no case at another rate to tell them "
+                    "apart.", tuple(named), "dropout", "listed", weight=30)]
 
 
 def rate_mistakes(trained, plain, kept, p) -> list[Finding]:
@@ -70,14 +119,19 @@ def rate_mistakes(trained, plain, kept, p) -> list[Finding]:
             and np.allclose(ratio, 1 / twice, rtol=1e-4, atol=1e-5)):
         found.append(Finding(
             f"{fraction:.3f} of the values were kept, about (1 - p)^2 = {twice:.3g}, each scaled by 1 / (1 - p)^2 = "
-            f"{1 / twice:.3g}: what two dropouts in a row give.",
+            f"{1 / twice:.3g}: what two dropouts in a row give, in both statistics.",
             ("dropout was applied twice. The chapter's attention drops its weights once, after the softmax: remove "
              "the second dropout (nanoGPT's resid_dropout after the output projection, for one; in the book's GPT "
-             "model the transformer block applies that dropout around the attention module)",), "dropout", "probe"))
+             "model the transformer block applies that dropout around the attention module)",), "dropout", "listed"))
     if p != 0.5 and abs(fraction - p) < kept_fraction_tolerance(p, n):
-        found.append(Finding(f"{fraction:.3f} of the values were kept, about p = {p:.3g} rather than 1 - p.",
+        # Reproduced only where the scale is also what that mistake gives (1 / (1 - p) or 1 / p with keep < p):
+        # the fraction alone is an effect.
+        scaled = any(np.allclose(ratio, f, rtol=1e-4, atol=1e-5) for f in (1 / (1 - p), 1 / p))
+        found.append(Finding(f"{fraction:.3f} of the values were kept, about p = {p:.3g} rather than 1 - p"
+                             + (", each scaled by 1 / (1 - p) or 1 / p." if scaled else "."),
                              ("p was used as the probability of keeping a value: p is the probability of DROPPING an "
-                              "element (keep where torch.rand_like(x) >= p)",), "dropout", "probe"))
+                              "element (keep where torch.rand_like(x) >= p)",), "dropout",
+                             "listed" if scaled else "probe"))
     return found
 
 
@@ -108,7 +162,9 @@ def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu",
                      hint="In eval mode dropout must do nothing: use nn.Dropout, which follows the module's "
                      "train()/eval(), or pass training=self.training to F.dropout.")
     trained = stage.forward(cls, init, x, weights, train=True, seed=0, device=device)
-    check_dropout(trained, plain, p, f"{cls} output in training mode with dropout={p}")
+    check_dropout(trained, plain, p, f"{cls} output in training mode with dropout={p}",
+                  second=lambda rate: (stage.forward(cls, dict(init, dropout=rate), x, weights, train=True, seed=0,
+                                                     device=device), plain))
 
 
 
@@ -134,5 +190,5 @@ def eval_dropout_findings(out, plain, p) -> list[Finding]:
     if not scaled or abs(fraction - (1 - p)) >= kept_fraction_tolerance(p, live.sum()):
         return []
     return [Finding(f"in eval mode {1 - fraction:.2f} of the weights were dropped and the others scaled by "
-                    f"1 / (1 - p) = {1 / (1 - p):.3g}: dropout acted in eval mode.", (EVAL_DROPOUT,), "dropout",
-                    "probe", weight=1)]
+                    f"1 / (1 - p) = {1 / (1 - p):.3g}: dropout acted in eval mode, in both statistics.",
+                    (EVAL_DROPOUT,), "dropout", "listed", weight=1)]

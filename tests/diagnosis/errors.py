@@ -387,7 +387,7 @@ def error_findings(text, call=None, readings=None) -> list[Finding]:
             meaning = Finding("", (meaning,), "", "error", proven=reading.is_proven)
         if meaning and meaning not in found:
             found.append(meaning)
-    if not found and call is not None:
+    if not found:
         try:
             general = size_reading(text, call)
         except Exception:
@@ -507,9 +507,38 @@ VIEW = r"shape '\[([-\d, ]+)\]' is invalid for input of size (\d+)"
 MATMUL = r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)"
 
 
+INDEX = r"index (-?\d+) is out of bounds for dimension (\d+) with size (\d+)"
+INDEX_SELF = r"IndexError: index out of range in self"
+DIMENSION = r"Dimension out of range \(expected to be in range of \[(-?\d+), (\d+)\], but got (-?\d+)\)"
+
+
+def index_reading(text: str, names: dict[int, list[str]]) -> Finding | None:
+    """An index out of range read against the case's named sizes: which axis, the index against that axis's size by
+    its name. The evidence is where the index went wrong, not which step computed it: no cause is named (an index
+    that happens to equal some other size is no evidence of which)."""
+    if match := re.search(INDEX, text):
+        index, dim, size = int(match[1]), int(match[2]), int(match[3])
+        shows = (f"index {index} is out of range for dimension {dim} of a tensor, an axis of size "
+                 f"{_named(size, names)}: its indices run from 0 to {size - 1}"
+                 + (f" (or -{size} to -1)" if index < 0 else ""))
+        return Finding(shows + ".", (), "indexing", "error")
+    if re.search(INDEX_SELF, text):
+        return Finding("an embedding or index_select looked up an index out of range of its table (negative, or not "
+                       "below the table's number of rows): the indices given to it are not the table's.", (),
+                       "indexing", "error")
+    if match := re.search(DIMENSION, text):
+        axes, got = int(match[2]) + 1, int(match[3])
+        return Finding(f"an operation asked for dimension {got} of a tensor that has {axes} dimensions (valid: "
+                       f"{-axes} to {axes - 1}): the tensor has fewer axes than the code expects there.", (),
+                       "indexing", "error")
+    return None
+
+
 def size_reading(text: str, call) -> Finding | None:
-    """torch's shape errors read against the sizes the failing case named (``named_sizes``)."""
-    names = named_sizes(call)
+    """torch's shape and index errors read against the sizes the failing case named (``named_sizes``)."""
+    names = named_sizes(call) if call is not None else {}
+    if found := index_reading(text, names):
+        return found
     if not names:
         return None
     if match := re.search(BROADCAST, text):

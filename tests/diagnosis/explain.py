@@ -59,13 +59,17 @@ class Searched:
             found = [change for change in found if len(change.words) == 1]
         if found and not np.isfinite(np.asarray(actual)).any():
             # An output with no finite value equals every change that gives NaN everywhere, whatever made the
-            # learner's: the changes found are possibilities beside any other step that makes a NaN or an inf.
-            texts = list(dict.fromkeys(change.text for change in found))[:3]
-            return [Finding(f"{self.what} has no finite value, nor has the right computation with "
-                            f"{'this change' if len(texts) == 1 else 'any of these changes'}: that alone does not "
-                            "tell it from other steps that make NaN or inf.",
-                            (*texts, "another step that makes a NaN or an inf (an overflow, a -inf that reaches the "
-                                     "weights or the values)"), "", "mutation", weight=20)]
+            # learner's. A change is named only where it is the one change of the switches that does so on every
+            # case looked at (this check's and a second of other sizes, where the right computation is finite);
+            # otherwise no change is reproduced by that, and what the numbers show is the effect alone.
+            texts = list(dict.fromkeys(change.text for change in found))
+            if separated and len(texts) == 1:
+                return [Finding(f"{self.what} has no finite value, on this check's inputs and on a second case of "
+                                "other sizes; of every change of the computation tried, this one alone gives that on "
+                                "both.", (texts[0],), found[0].mechanisms[0] if found[0].mechanisms else "",
+                                "mutation", weight=20)]
+            return [Finding(f"{self.what} has no finite value: every entry is NaN or inf, so its numbers cannot be "
+                            "matched to a step of the computation.", (), "", "probe", weight=20)]
         return findings_of(found, self.what, separated)
 
 
@@ -181,13 +185,5 @@ def reconcile(found: list[Finding]) -> list[Finding]:
     reproduced = any(f.source in ("mutation", "listed") and f.causes for f in kept)
     kept = [Finding(f.shows, (), f.mechanism, f.source, f.weight)
             if reproduced and f.source == "probe" and len(f.causes) > 1 else f for f in kept]
-    # Probes of different mechanisms that each name one cause, with nothing that reproduced the learner's numbers:
-    # each reads its mechanism as if the others were right, so where two of them name different causes neither is a
-    # fact. Their evidence stays; their causes are given together as possibilities.
-    single = [f for f in kept if f.source == "probe" and len(f.causes) == 1]
-    causes = list(dict.fromkeys(f.causes[0] for f in single))
-    if not settled and len(causes) > 1 and len({f.mechanism for f in single}) > 1:
-        kept = [Finding(f.shows, (), f.mechanism, f.source, f.weight) if f in single else f for f in kept]
-        kept.append(Finding("", tuple(causes[:4]), ", ".join(dict.fromkeys(f.mechanism for f in single)), "probe",
-                            weight=max(f.weight for f in single) + 1))
-    return merged(kept)
+    # (A probe's causes are not shown at all, findings.Finding.shown: what stays of it is its evidence.)
+    return [f for f in merged(kept) if f.shows or f.shown]

@@ -3,12 +3,15 @@
 A ``Finding`` is one conclusion drawn from evidence about the learner's code: what the learner's own numbers show
 (``shows``: an observation anyone can check, measured on their code), and what produces that (``causes``).
 
-The wording rule: one cause is stated as the likely mistake only where it was reproduced on this learner's case
-(a searched change or a listed mistake whose output equals theirs: ``source`` "mutation" or "listed"), or where the
-evidence is the cause itself (``proven``: an error whose own text says what was done, such as a view of a tensor
-that is not contiguous). A probe measures an effect and an error's sizes show where two tensors met: their single
-cause is said with "if" (``POSSIBLE_ONE``), since other code can give the same effect. Several causes are given as
-possibilities, none as fact (the check's inputs could not tell them apart).
+The wording rule: a cause is shown only where it was reproduced on this learner's case (a searched change or a
+listed mistake whose output equals theirs: ``source`` "mutation" or "listed"), or where the evidence is the cause
+itself (``proven``: an error whose own text says what was done, such as a view of a tensor that is not contiguous;
+a reading of the learner's module that finds what it lacks). A probe measures an effect: its ``causes`` are what
+could produce that effect, kept as data for ``explain.reconcile`` (they let a probe decide between causes the search
+reproduced), never shown; the message states the effect alone (``shows``), as a property the learner can act on.
+A false possibility misleads as much as a false fact. An error's sizes show where two tensors met: its single cause
+is said with "if" (``POSSIBLE_ONE``). Several reproduced causes are given as "one of these, the inputs cannot tell
+them apart", none as fact.
 
 Standard library only: the grader reads findings from a check's report (``FindingRecord``) without importing
 the rest of the engine.
@@ -46,27 +49,32 @@ class Finding:
         """Whether its one cause may be stated as the likely mistake (the wording rule above)."""
         return len(self.causes) == 1 and (self.source in REPRODUCED or self.proven)
 
+    @property
+    def shown(self) -> tuple[str, ...]:
+        """The causes a message may show: none of a probe's, unless its evidence is the cause itself (rule above)."""
+        return () if self.source == "probe" and not self.proven else self.causes
+
     def lines(self) -> list[str]:
         """The finding as a failure message shows it: the evidence, then the likely or possible mistakes."""
         found = [f"{EVIDENCE} {self.shows}"] if self.shows else []
-        if len(self.causes) == 1:
+        if len(self.shown) == 1:
             cause = self.causes[0]
             # (a cause already worded with "if" needs no second one)
             label = LIKELY if self.stated else "Possible mistake:" if cause.startswith("if ") else POSSIBLE_ONE
             found.append(f"{label} {cause}")
-        elif self.causes:
+        elif self.shown:
             found.append(f"{POSSIBLE} " + "; OR ".join(f"({i}) {c}" for i, c in enumerate(self.causes, 1)))
         return found
 
     @property
     def text(self) -> str:
         """One line: what a record lists among a check's mistakes, and a class report counts."""
-        if len(self.causes) == 1:
+        if len(self.shown) == 1:
             return self.causes[0]
-        return self.shows if self.shows else "; or ".join(self.causes)
+        return self.shows if self.shows else "; or ".join(self.shown)
 
     def record(self) -> FindingRecord:
-        return {"text": self.text, "shows": self.shows, "causes": list(self.causes), "mechanism": self.mechanism,
+        return {"text": self.text, "shows": self.shows, "causes": list(self.shown), "mechanism": self.mechanism,
                 "source": self.source}
 
 

@@ -153,20 +153,19 @@ def table_findings(ops, tables, lengths, block_size: int) -> list[Finding]:
             if len(table) == need:
                 continue
             if n == 0:
+                # (the table read back is the cause itself: proven)
                 found.append(Finding(f"after free({seq}) (op {index}), block_table({seq}) is still {table}.",
-                                     (TABLE_KEPT,), "block tables", "probe", weight=2))
+                                     (TABLE_KEPT,), "block tables", "probe", weight=2, proven=True))
             elif len(table) > need:
-                causes = []
-                if len(table) >= steps.get(seq, 0):
-                    causes.append(BLOCK_PER_STEP)
-                if n % block_size == 0 and len(table) == n // block_size + 1:
-                    causes.append("the blocks a sequence needs were counted as n // block_size + 1, one too many when "
-                                  "n fills its blocks: ceil(n / block_size) = -(-n // block_size)")
-                found.append(Finding(
-                    f"after op {index}, sequence {seq} holds {n} tokens in {len(table)} blocks {table}: ceil({n} / "
-                    f"block_size={block_size}) = {need} would hold them (a block is taken only when the last one is "
-                    "full).", tuple(causes) or ("more blocks were taken than the tokens need: ceil(n / block_size)",),
-                    "block tables", "probe", weight=2))
+                # The tables read back are the effect itself: said as what they show, not as the step that did it.
+                shows = (f"after op {index}, sequence {seq} holds {n} tokens in {len(table)} blocks {table}: "
+                         f"ceil({n} / block_size={block_size}) = {need} would hold them (a block is taken only when "
+                         "the last one is full)")
+                one_too_many = n % block_size == 0 and len(table) == n // block_size + 1
+                if len(table) == steps.get(seq, 0) and not one_too_many:
+                    # one block per step, each step's tokens fitting in the last block: what the table shows
+                    shows += f"; one block per step ({len(table)} steps): {BLOCK_PER_STEP}"
+                found.append(Finding(shows + ".", (), "block tables", "probe", weight=2))
             else:
                 found.append(Finding(
                     f"after op {index}, sequence {seq} holds {n} tokens in {len(table)} blocks {table}, fewer than "
@@ -194,6 +193,7 @@ def lost_blocks_finding() -> Finding:
     taken again."""
     return Finding("the pool ran dry, although it holds every block the live sequences need, and the same steps pass "
                    "with a pool as large as all the blocks ever taken: the blocks of freed sequences were never taken "
-                   "again.", (NOT_RETURNED,
+                   "again. Each of these two gives exactly that, and no run of the module tells them apart (its "
+                   "outputs and tables are the same).", (NOT_RETURNED,
                              "allocate took new block ids (a counter, or blocks past the pool) instead of the free "
-                             "list's: take them with self.free_blocks.pop(...)"), "block tables", "probe", weight=1)
+                             "list's: take them with self.free_blocks.pop(...)"), "block tables", "listed", weight=1)

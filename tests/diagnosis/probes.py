@@ -240,7 +240,10 @@ def _temperature(w, observed, rows, allowed):
     use = rows[..., None] & allowed & (observed > 1e-30)
     if _fit(scores, observed, use) is None and scores.shape[-1] == scores.shape[-2]:
         transposed = _fit(np.swapaxes(scores, -1, -2), observed, use)
-        if transposed is not None and abs(transposed / w.scale - 1) < 1e-3:
+        if (transposed is not None and abs(transposed / w.scale - 1) < 1e-3
+                and _reproduces(np.swapaxes(scores, -1, -2) * w.scale, observed, rows, allowed)):
+            # (the weights are those of the transposed scores; said as the effect: queries and keys swapped anywhere
+            # before the product, their projections' weights included, give the same numbers)
             return [Finding(f"{w.what} are the softmax of the transposed scores: row i holds every query's score "
                             "against key i, not query i's scores against every key.",
                             ("keys @ queries^T: the scores are transposed (row i must hold query i's scores, "
@@ -250,6 +253,13 @@ def _temperature(w, observed, rows, allowed):
         return []  # not a softmax of these scores at one temperature: another probe or the search says why
     if abs(factor / w.scale - 1) < 1e-3:
         return []  # the right temperature
+    if not _reproduces(scores * factor, observed, rows, allowed):
+        # A value fitted from the outputs is a cause only where the reference with it gives the outputs back: here
+        # no single divisor does (a scale that compounds from tile to tile, weights rounded on the way, ...).
+        return [Finding(f"{w.what} are close to a softmax of the scores at some temperature, but no single divisor "
+                        f"of the scores gives them (the nearest, {1 / factor:.4g}, does not reproduce them within the "
+                        "check's tolerance): they are not the softmax of the scores at any single temperature.", (),
+                        "scaling", "probe", weight=4)]
     divisor = 1 / factor
     names = [name for name, value in w.divisors.items() if abs(value / divisor - 1) < 2e-3]
     expected = next((name for name, value in w.divisors.items() if abs(value * w.scale - 1) < 1e-9), None)
@@ -262,7 +272,20 @@ def _temperature(w, observed, rows, allowed):
         (w.scale_words[name],) if isinstance(w.scale_words[name], str) else w.scale_words[name])))
     if not causes:
         causes = _related_scale(divisor, 1 / w.scale, expected or f"{1 / w.scale:.4g}")
-    return [Finding(shows, causes, "scaling", "probe", weight=4)]
+    # The reference with this divisor gives the learner's weights (checked above): the divisor is reproduced, and so
+    # is the mistake that makes it where one is named.
+    return [Finding(shows, causes, "scaling", "listed", weight=4)]
+
+
+def _reproduces(scaled, observed, rows, allowed, rtol=1e-4, atol=1e-6) -> bool:
+    """Whether the softmax of ``scaled`` scores over the allowed keys gives the ``observed`` weights on every readable
+    row (what makes a fitted temperature the learner's, not a near one)."""
+    masked = np.where(allowed, scaled, -np.inf)
+    masked = masked - np.max(masked, axis=-1, keepdims=True)
+    weights = np.exp(masked)
+    weights = weights / np.sum(weights, axis=-1, keepdims=True)
+    return bool(np.allclose(np.where(rows[..., None], weights, 0), np.where(rows[..., None], observed, 0),
+                            rtol=rtol, atol=atol))
 
 
 def _related_scale(divisor: float, right: float, name: str) -> tuple[str, ...]:

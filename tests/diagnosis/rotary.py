@@ -141,9 +141,9 @@ def angle_findings(cos_and_sin, head_dim: int, theta: float) -> list[Finding]:
         found.append(Finding("your cos and sin hold each angle in two neighbouring columns (2i and 2i + 1), where the "
                              "halves layout repeats the first half's angles in the second half.",
                              (A.ROPE.wrong["angles_interleaved"],), MECHANISM, "probe", weight=2))
-        freqs = a[0::2]
+        freqs, pairs = a[0::2], values[..., 0::2]
     else:
-        freqs = a[:half]
+        freqs, pairs = a[:half], values[..., :half]
     if not np.isclose(freqs[0], 1.0, atol=1e-4):
         return found + shifted_index_findings(freqs, head_dim, theta)
     if np.any(freqs <= 0):
@@ -162,9 +162,48 @@ def angle_findings(cos_and_sin, head_dim: int, theta: float) -> list[Finding]:
                                     f"where theta_base = {theta:g} gives "
                                     f"{np.round(theta ** (-2 * np.arange(3) / head_dim), 4).tolist()}...",
                                     (cause,), MECHANISM, "probe", weight=2)]
-    return found + [Finding(f"at position 1 your angles are {np.round(freqs[:3], 4).tolist()}...: frequencies "
-                            f"theta ** (-2i / head_dim) with theta = {np.exp(exponent / 2):.4g}, not theta_base = "
-                            f"{theta:g}.", (), MECHANISM, "probe", weight=2)]
+    return found + fitted_theta_findings(pairs, freqs, head_dim, theta, np.exp(exponent / 2))
+
+
+def _pairs(head_dim, positions, theta, inv=None, angles=None) -> np.ndarray:
+    """cos and sin (2, positions, head_dim // 2) of each pair, from the frequencies ``inv`` or ``angles`` if given."""
+    if inv is None:
+        inv = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if angles is None:
+        angles = np.asarray(positions, np.float64)[:, None] * np.asarray(inv, np.float64)[None, :]
+    return np.stack([np.cos(angles), np.sin(angles)])
+
+
+def _rounded(values, dtype: str) -> np.ndarray:
+    import torch
+    return torch.tensor(np.asarray(values, np.float64)).to(getattr(torch, dtype)).double().numpy()
+
+
+def fitted_theta_findings(pairs, freqs, head_dim: int, theta: float, fitted: float, atol=1e-4) -> list[Finding]:
+    """A theta_base fitted from the first two frequencies is shown only where the angles with it give the learner's
+    cos and sin back at every position; otherwise the precision probe: the reference with one intermediate (the
+    frequencies, the angles, cos and sin) rounded to bfloat16 or float16 (the spec computes them in float32).
+    pairs: the learner's cos and sin of each pair (2, positions, head_dim // 2), whatever their layout."""
+    positions = np.arange(pairs.shape[1])
+    if np.allclose(_pairs(head_dim, positions, fitted), pairs, atol=atol):
+        return [Finding(f"at position 1 your angles are {np.round(freqs[:3], 4).tolist()}...: your cos and sin are "
+                        f"those of theta_base = {fitted:.4g} at every position, not theta_base = {theta:g}.", (),
+                        MECHANISM, "probe", weight=2)]
+    inv = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    for dtype in ("bfloat16", "float16"):
+        a = positions[:, None] * inv[None, :]
+        made = {"the frequencies (inv_freq)": _pairs(head_dim, positions, theta, _rounded(inv, dtype)),
+                "the angles (positions x frequencies)": _pairs(head_dim, positions, theta, angles=_rounded(a, dtype)),
+                "cos and sin": _rounded(_pairs(head_dim, positions, theta), dtype)}
+        for what, candidate in made.items():
+            if np.allclose(candidate, pairs, atol=atol):
+                return [Finding(f"your cos and sin equal the reference's with {what} rounded to {dtype}, at every "
+                                "position.", (f"{what} lost precision: they were computed or stored in {dtype}; "
+                                              "compute them in float32 (cast to the model's dtype at the end)",),
+                                "dtypes", "mutation", weight=2)]
+    return [Finding(f"at position 1 your angles are {np.round(freqs[:3], 4).tolist()}...: close to the frequencies "
+                    f"theta_base ** (-2i / head_dim), but no single theta_base gives your cos and sin at every "
+                    f"position (theta_base = {theta:g} must).", (), MECHANISM, "probe", weight=2)]
 
 
 def shifted_index_findings(freqs, head_dim: int, theta: float) -> list[Finding]:

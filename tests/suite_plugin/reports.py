@@ -65,7 +65,7 @@ def pytest_runtest_makereport(item, call):
         # A stub's error is no mistake (none is recorded, none counted in a class report): its line says so.
         stub = any(f.causes == (STUB,) for f in read)
         findings = [f for f in read if f.causes != (STUB,)]
-        report.attnkit_findings = [f.record() for f in findings]
+        report.attnkit_findings = recorded(findings)
         if read and hasattr(report.longrepr, "addsection"):
             text = "\n".join([line for f in findings for line in f.lines()] + [STUB] * stub)
             report.longrepr.addsection("Likely mistake" if findings else "Not written yet", text)  # for the terminal
@@ -74,8 +74,14 @@ def pytest_runtest_makereport(item, call):
                 crash.message += f"\n{text}"
     elif report.failed and call.excinfo is not None:
         # What the check's diagnosis found (diagnosis.diagnosed), as data: a grader lists it in its records.
-        report.attnkit_findings = [f.record() for f in getattr(call.excinfo.value, "findings", [])]
+        report.attnkit_findings = recorded(getattr(call.excinfo.value, "findings", []))
     return report
+
+
+def recorded(findings) -> list:
+    """The findings a grading record lists as the check's mistakes: those that name a cause (a probe's effect alone is
+    evidence the message shows, no mistake to count in a class report)."""
+    return [f.record() for f in findings if f.shown]
 
 
 def _call_that_raised(item, exc):

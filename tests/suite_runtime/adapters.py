@@ -211,13 +211,41 @@ def inject(model, weights, cls):
             "nn.Linear(..., bias=qkv_bias) (out_proj always has a bias)."
         )
     if names:
-        raise SubmissionError(
-            f"{cls}: parameter names differ from the documented ones.\n"
-            f"  expected (given by the test): {sorted(weights)}\n"
-            f"  yours: {sorted(params)}\n"
-            "Use the names in the exercise's docstring (e.g. self.W_query, self.out_proj, self.heads)."
-        )
+        raise SubmissionError(f"{cls}: parameter names differ from the documented ones.\n"
+                              f"  expected (given by the test): {sorted(weights)}\n"
+                              f"  yours: {sorted(params)}\n" + "\n".join(names_differ(model, weights, params)))
     return model
+
+
+def unregistered(model) -> list[str]:
+    """Attributes of ``model`` (and its submodules) that hold modules in a plain list, tuple or dict: torch does not
+    register those, so their parameters are neither the module's nor loaded, moved or trained with it."""
+    found = []
+    for prefix, sub in model.named_modules():
+        for name, value in vars(sub).items():
+            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+            count = sum(isinstance(v, torch.nn.Module) for v in values)
+            if count:
+                kind = type(value).__name__
+                found.append(f"{prefix + '.' if prefix else ''}{name} (a plain {kind} of {count} modules)")
+    return found
+
+
+def names_differ(model, weights, params) -> list[str]:
+    """What the learner's module lacks or has beyond the documented parameters, each said only where it holds."""
+    lines = []
+    lacking = sorted(k for k in weights if k not in params)
+    extra = sorted(k for k in params if k not in weights)
+    plain = unregistered(model)
+    if plain:
+        lines.append("Not registered as submodules (their parameters do not count): " + ", ".join(plain)
+                     + ": hold modules in nn.ModuleList (or nn.ModuleDict), not a plain list or dict.")
+    if lacking:
+        lines.append(f"Yours lacks {lacking}: name them as the exercise's docstring does.")
+    if extra:
+        lines.append(f"Yours has parameters the exercise does not: {extra}: a parameter the computation needs is "
+                     "one of the documented ones; remove or rename the others.")
+    return lines
 
 
 def place(model, x, device, dtype):
@@ -271,6 +299,7 @@ def op_inspect(module, cls, init):
         "persistent_buffers": sorted(n for n, _ in model.named_buffers() if n in persistent),
         "modules": {n: type(m).__name__ for n, m in model.named_modules() if n},
         "dropout_p": {n: m.p for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout)},
+        "unregistered": unregistered(model),
     }
 
 
