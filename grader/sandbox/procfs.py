@@ -16,11 +16,15 @@ def children(pid):
     /proc cannot tell)."""
     found = []
     try:
-        for task in os.listdir(f"/proc/{pid}/task"):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:  # (a thread that ended since the listing is skipped, not the threads after it)
             with open(f"/proc/{pid}/task/{task}/children") as handle:
                 found += [int(child) for child in handle.read().split()]
-    except (OSError, ValueError):
-        pass
+        except (OSError, ValueError):
+            continue
     return found
 
 def cpu_fields(pid) -> list[int] | None:
