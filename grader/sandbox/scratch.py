@@ -6,6 +6,10 @@ the submissions it hands to its boxes, a grading run's results file). Each is na
 as long as it lives. The owner removes the folder when it is done; if it is killed first (a
 worker stopped with SIGKILL, ``kill -9`` of a whole run), the kernel still drops the lock, so the
 next run can tell a dead process's folder from a live one and remove it: ``sweep()``.
+
+A folder is the kit's only by its lock file: whatever else is named ``attnkit-...`` in TMPDIR (a test's database
+server, a benchmark's course, another tool's) is never touched, however old. Removal renames a folder first (to a
+name only removal uses), so that one whose owner was killed while removing it is still known for the kit's.
 """
 from __future__ import annotations
 
@@ -20,8 +24,9 @@ from pathlib import Path
 
 PREFIX = "attnkit-"
 STAGING = ".new-attnkit-"  # a folder's name until its lock is held
+REMOVING = ".old-attnkit-"  # a folder's name once its owner removes it
 LOCK = ".owner.lock"
-GRACE_SECONDS = 600  # a folder without its lock file is only removed once it is this old
+GRACE_SECONDS = 600  # a folder left in staging (its maker killed before it locked it) is removed once this old
 
 
 class Folder:
@@ -54,22 +59,15 @@ class Folder:
 
 
 def _remove(path: Path, lock: int):
-    # The lock file goes last: an owner killed while it removes its folder (a worker stopped in its last moments)
-    # leaves a folder whose lock file is still there, unlocked, which sweep() removes; never one without it, which
-    # would pass for a folder of an older version and be kept for GRACE_SECONDS.
+    # Renamed first, then emptied: killed at any point after the rename, its owner leaves a folder whose name says
+    # it was being removed, which sweep() finishes; killed before it, the folder still holds its lock file.
+    doomed = path.with_name(REMOVING + path.name[len(PREFIX):])
     with contextlib.suppress(OSError):
-        for entry in path.iterdir():
-            if entry.name == LOCK:
-                continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+        os.rename(path, doomed)
+        path = doomed
     shutil.rmtree(path, ignore_errors=True)
-    try:
+    with contextlib.suppress(OSError):
         os.close(lock)
-    except OSError:
-        pass
 
 
 def sweep(root: Path | None = None) -> list[Path]:
@@ -78,13 +76,17 @@ def sweep(root: Path | None = None) -> list[Path]:
     removed = []
     try:
         entries = [p for p in root.iterdir()
-                   if p.name.startswith((PREFIX, STAGING)) and p.is_dir() and not p.is_symlink()]
+                   if p.name.startswith((PREFIX, STAGING, REMOVING)) and p.is_dir() and not p.is_symlink()]
     except OSError:
         return removed
     for folder in entries:
-        if folder.name.startswith(STAGING) and not _old(folder):
-            continue  # being made: its lock comes next
-        if _abandoned(folder):
+        if folder.name.startswith(STAGING):
+            abandoned = _old(folder)  # being made: its lock comes next, unless its maker died first
+        elif folder.name.startswith(REMOVING):
+            abandoned = True  # its owner was removing it (if it still is, both removals end in the same place)
+        else:
+            abandoned = _owner_lives(folder) is False
+        if abandoned:
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
@@ -94,32 +96,27 @@ def held(prefix: str, root: Path | None = None) -> bool:
     """Whether a folder named ``prefix...`` in TMPDIR (or ``root``) is still held by a living process."""
     root = Path(root or tempfile.gettempdir())
     try:
-        return any(p.name.startswith(prefix) and p.is_dir() and not _abandoned(p) for p in root.iterdir())
+        return any(p.name.startswith(prefix) and p.is_dir() and _owner_lives(p) for p in root.iterdir())
     except OSError:
         return False
 
 
-def _abandoned(folder: Path) -> bool:
+def _owner_lives(folder: Path) -> bool | None:
+    """Whether the process that made ``folder`` still holds its lock; None for a folder without a lock file (not
+    the kit's: the kit's hold one from before they get their name)."""
     try:
         lock = os.open(folder / LOCK, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:  # made by an older version, or emptied by its owner, which died before removing it
-        return _old(folder) or _empty(folder)
+    except FileNotFoundError:
+        return None
     except OSError:
-        return False
+        return True
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        return False  # its owner lives
+        return True
     finally:
         os.close(lock)
-    return True
-
-
-def _empty(folder: Path) -> bool:
-    try:
-        return not any(folder.iterdir())
-    except OSError:
-        return False
+    return False
 
 
 def _old(folder: Path) -> bool:

@@ -1036,13 +1036,13 @@ def test_a_dead_process_s_folders_are_swept_and_a_live_one_s_are_not(tmp_path):
 
 def test_an_owner_killed_while_removing_its_folder_leaves_it_to_the_sweep(tmp_path, monkeypatch):
     """A grading worker stopped in its last moments (removing its folder when its time to close ran out) leaves the
-    folder in some state of removal: whatever is left, the next sweep removes it. Its lock file goes last (a folder
-    without one would pass for an older version's and be kept for GRACE_SECONDS)."""
+    folder in some state of removal: whatever is left, the next sweep removes it. Before the removal renames it, the
+    folder holds its lock file; after, its name says it was being removed."""
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     real_unlink = os.unlink
-    for n in range(4):  # stopped after n of its files were removed (of three, and the lock file)
+    for n in range(-1, 4):  # stopped before its rename (-1), or after n of its files were removed
         folder = scratch.Folder("worker")
         for name in ("submission", "runtime"):
             (folder.path / name).mkdir()
@@ -1056,14 +1056,36 @@ def test_an_owner_killed_while_removing_its_folder_leaves_it_to_the_sweep(tmp_pa
             gone.append(os.path.basename(path))
             return real_unlink(path, *args, **kwargs)
 
-        monkeypatch.setattr(os, "unlink", unlink)
+        def rename(*args):
+            raise KeyboardInterrupt
+
+        if n < 0:
+            monkeypatch.setattr(os, "rename", rename)
+        else:
+            monkeypatch.setattr(os, "unlink", unlink)
         with contextlib.suppress(KeyboardInterrupt):
             folder.remove()
-        monkeypatch.setattr(os, "unlink", real_unlink)
-        assert scratch.LOCK not in gone, f"the lock file went before the rest: {gone}"
+        monkeypatch.undo()
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
         os.close(folder._lock)  # (the owner's death drops its lock)
-        assert scratch.sweep(tmp_path) == [folder.path]
+        left = [p.name for p in tmp_path.iterdir()]
+        assert len(left) == 1 and left[0].startswith(scratch.REMOVING if n >= 0 else scratch.PREFIX), left
+        assert [p.name for p in scratch.sweep(tmp_path)] == left
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_leaves_every_other_folder_named_like_the_kit_s(tmp_path):
+    """Only the kit's own folders are swept (they hold a lock file, or are named as being removed): a folder
+    someone else named ``attnkit-...`` (a test's database server, a benchmark's course) stays, however old."""
+    others = [tmp_path / "attnkit-pg-abc123", tmp_path / "attnkit-bench-xyz", tmp_path / "attnkit-empty-1"]
+    for folder in others[:2]:
+        (folder / "data").mkdir(parents=True)
+        (folder / "data" / "file").write_text("kept")
+    others[2].mkdir()
+    for folder in others:
+        os.utime(folder, (0, 0))  # (as old as can be)
+    assert scratch.sweep(tmp_path) == [] and all(folder.is_dir() for folder in others)
+    assert not scratch.held("attnkit-pg-", tmp_path)
 
 
 def test_a_sweep_never_takes_a_folder_being_made(tmp_path, monkeypatch):
