@@ -3,11 +3,15 @@
 every assignment: release, autograde, feedback, then the same class through ``attnkit grade`` and ``attnkit
 report``, which must give nbgrader's score on every stage. A student who submits several assignments gets the
 grades of each.
+
+nbgrader autogrades two students of each assignment (the reference, and a sample with one mistake, whose feedback
+names it); ``attnkit grade`` grades every sample, and must give nbgrader's scores where both graded. That every
+sample loses points exactly where it breaks, graded either way, is also checked for every assignment by
+kit_tests/grading/test_catalogue.py (attnkit grade) and for chapter 3 by test_nbgrader_course.py (nbgrader).
 """
 from __future__ import annotations
 
 import html
-import json
 
 import nbformat
 import pytest
@@ -17,6 +21,7 @@ from grader.course.build import build, find_leaks, hidden_test_names, solution_l
 from grader.course.demo import stage_scores
 from grader.course.samples import by_student, samples, write_submission
 from grader.course.settings import Course
+from grader.grading.records import read_records, results_dir
 from grader.kit import assignments, marker, stages
 from runs import Nbgrader
 
@@ -32,9 +37,15 @@ def students(assignment):
     return [s.student for s in samples(assignment)]
 
 
+def autograded(assignment):
+    """The students nbgrader autogrades: the reference, and the first sample with one mistake
+    (its feedback names it)."""
+    return [BOTH, next(s.student for s in samples(assignment) if s.breaks and "*" not in s.breaks)]
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """The course, and for each later assignment {student: {stage: nbgrader's score}} of its samples."""
+    """The course, and for each later assignment {student: {stage: nbgrader's score}} of the students it autogrades."""
     root = tmp_path_factory.mktemp("all") / "course"
     build(root)
     nbgrader = Nbgrader(root)
@@ -46,13 +57,20 @@ def graded(tmp_path_factory):
                              root / "submitted" / sample.student / sample.assignment)
     scores = {}
     for name in LATER:
-        nbgrader("autograde", name)
+        for student in autograded(name):
+            nbgrader("autograde", name, "--student", student)
         nbgrader("generate_feedback", name)
-        scores[name] = stage_scores(Course.load(root, name), students(name))
+        scores[name] = stage_scores(Course.load(root, name), autograded(name))
         assert main(["grade", name, "--course", str(root)]) == 0
         assert main(["report", name, "--course", str(root)]) == 0
     nbgrader("autograde", FIRST, "--student", BOTH)
     return dict(root=root, scores=scores)
+
+
+def recorded(root, assignment) -> dict:
+    """{student: {stage: points}} of attnkit grade's records of ``assignment``."""
+    return {student: {s["stage"]: s["points"] for s in record["stages"]}
+            for student, record in read_records(results_dir(root, assignment)).items()}
 
 
 @pytest.mark.parametrize("assignment", LATER)
@@ -83,21 +101,21 @@ def test_the_release_holds_no_solution_hidden_test_or_hidden_fixture(graded, ass
 
 @pytest.mark.parametrize("assignment", LATER)
 def test_samples_lose_points_exactly_on_the_stages_they_break(graded, assignment):
-    c, scores = Course.load(graded["root"], assignment), graded["scores"][assignment]
+    c, scores = Course.load(graded["root"], assignment), recorded(graded["root"], assignment)
     for student in students(assignment):
         sample = by_student(student, assignment)
         lost = {marker(s) for s, score in scores[student].items() if score < c.points[s] - 1e-9}
         expected = {marker(s) for s in c.points} if "*" in sample.breaks else set(sample.breaks)
         assert lost == expected, (student, scores[student])
-    assert sum(scores["untouched"].values()) == 0
+    assert sum(scores["untouched"].values()) == 0 and sum(scores[BOTH].values()) == pytest.approx(100)
 
 
 @pytest.mark.parametrize("assignment", LATER)
 def test_attnkit_grade_gives_nbgrader_s_scores_and_keeps_the_other_assignments(graded, assignment):
     root, scores = graded["root"], graded["scores"][assignment]
-    for student in students(assignment):
-        record = json.loads((root / "attnkit-grades" / assignment / f"{student}.json").read_text())
-        assert {s["stage"]: s["points"] for s in record["stages"]} == pytest.approx(scores[student]), student
+    assert sorted(recorded(root, assignment)) == sorted(students(assignment)), "attnkit grade grades every sample"
+    for student in autograded(assignment):
+        assert recorded(root, assignment)[student] == pytest.approx(scores[student]), student
     chapter3 = stage_scores(Course.load(root, FIRST), [BOTH])[BOTH]
     assert chapter3 == Course.load(root, FIRST).points, "the chapter-3 grades of a student with several"
     assert (root / "attnkit-grades" / assignment / "report" / "index.html").is_file()
@@ -106,13 +124,13 @@ def test_attnkit_grade_gives_nbgrader_s_scores_and_keeps_the_other_assignments(g
 @pytest.mark.parametrize("assignment", LATER)
 def test_feedback_names_each_stage_and_hides_the_hidden_tests(graded, assignment):
     root = graded["root"]
-    for student in students(assignment):
+    for student in autograded(assignment):
         page = html.unescape((root / "feedback" / student / assignment / f"{assignment}.html").read_text())
         assert "BEGIN HIDDEN TESTS" not in page and "Grading(" not in page, student
         assert "Stage 1: " in page and f"Stage {len(stages(assignment))}: " in page, student
-    broken = next(s for s in samples(assignment) if s.breaks and "*" not in s.breaks)
-    page = html.unescape((root / "feedback" / broken.student / assignment / f"{assignment}.html").read_text())
-    assert "Likely mistake" in page, broken.student
+    broken = autograded(assignment)[1]
+    page = html.unescape((root / "feedback" / broken / assignment / f"{assignment}.html").read_text())
+    assert "Likely mistake" in page, broken
 
 
 @pytest.mark.parametrize("assignment", LATER)
