@@ -24,6 +24,7 @@ CPU-bound processes alongside both graders instead: the rates drop, the grades m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -121,9 +122,70 @@ def grade_with_nbgrader(root: Path, course, students) -> tuple[float, dict]:
     return seconds, {student: round(sum(v or 0 for v in row.values()), 2) for student, row in scores.items()}
 
 
-def grade_with_attnkit(root: Path, course, workers: int | None) -> tuple[float, float, dict]:
+class CpuByKind:
+    """Where attnkit grade's CPU time goes, by kind of process: the run's cgroup (``group``) gives the total exactly;
+    a thread reads every process in it and in its nested box cgroups from /proc twenty times a second and keeps each
+    one's latest CPU time under its kind. The long-lived processes of the trusted side (the main process, its workers,
+    their sandbox templates) are read to within a sample; the boxes (each stage's, and each submission's reference
+    process) are the rest of the total, since many live for less than a sample."""
+
+    TRUSTED = (("main process (scheduling, records, redaction)", ("grader.cli",)),
+               ("workers (pytest sessions: the suites' trusted side)", ("grader.grading.worker",)),
+               ("sandbox templates (each forks its worker's boxes)", ("child.py", "unshare")))
+    BOXES = "boxes (learner code per stage; reference processes)"
+    TICK = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, group):
+        import threading
+
+        self.folder = group.folders["cpu"]
+        self.seen = {}  # pid -> (kind, CPU seconds at the latest read)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+    def _watch(self):
+        while not self.done.wait(0.05):
+            for procs in self.folder.rglob("cgroup.procs"):
+                boxed = procs.parent != self.folder
+                try:
+                    pids = procs.read_text().split()
+                except OSError:
+                    continue
+                for pid in pids:
+                    try:
+                        stat = Path(f"/proc/{pid}/stat").read_text()
+                        command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                    except OSError:
+                        continue
+                    fields = stat.rsplit(")", 1)[1].split()
+                    kind = self.seen.get(pid, (None,))[0]  # (a process that has ended reads with no command)
+                    if kind is None or kind == "other":
+                        kind = self.BOXES if boxed else next(
+                            (name for name, marks in self.TRUSTED if any(m in command for m in marks)), "other")
+                    self.seen[pid] = (kind, (int(fields[11]) + int(fields[12])) / self.TICK)
+
+    def breakdown(self, total: float) -> dict[str, float]:
+        """kind -> CPU seconds; the boxes' figure is the total less what the other kinds were read to use."""
+        kinds = dict.fromkeys([name for name, _ in self.TRUSTED] + [self.BOXES], 0.0)
+        for kind, cpu in self.seen.values():
+            if kind != self.BOXES:
+                kinds[kind] = kinds.get(kind, 0.0) + cpu
+        kinds[self.BOXES] = max(0.0, total - sum(kinds.values()))
+        return kinds
+
+
+def grade_with_attnkit(root: Path, course, workers: int | None) -> tuple[float, float, dict, dict]:
     """`attnkit grade COURSE --force --quiet` on the whole class (a fresh process, as an instructor runs it).
-    Returns (seconds, CPU seconds of all its processes or None, {student: total}) read from its result files."""
+    Returns (seconds, CPU seconds of all its processes or None, {kind of process: CPU seconds} or None,
+    {student: total}) read from its result files."""
     from grader.grading.records import results_dir
     from grader.sandbox.cgroups import BoxGroup
 
@@ -134,13 +196,16 @@ def grade_with_attnkit(root: Path, course, workers: int | None) -> tuple[float, 
     # nest in it). getrusage cannot: a box's processes die with its pid namespace, and the kernel
     # reaps them without adding their time to any parent's.
     group = BoxGroup.create(memory_bytes=1 << 50, processes=1 << 22)
+    watch = CpuByKind(group) if group is not None else contextlib.nullcontext()
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=root, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          preexec_fn=(lambda: group.add(os.getpid())) if group else None)
+    with watch:
+        proc = subprocess.run(cmd, cwd=root, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              preexec_fn=(lambda: group.add(os.getpid())) if group else None)
     seconds = time.perf_counter() - start
-    cpu = None  # without a cgroup (not root, no delegated subtree) the boxes' time is not counted
+    cpu = kinds = None  # without a cgroup (not root, no delegated subtree) the boxes' time is not counted
     if group is not None:
         cpu = group.cpu_seconds()
+        kinds = watch.breakdown(cpu)
         group.remove()
     if proc.returncode != 0:
         raise SystemExit(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n"
@@ -151,7 +216,7 @@ def grade_with_attnkit(root: Path, course, workers: int | None) -> tuple[float, 
         record = json.loads(path.read_text())
         if isinstance(record, dict) and "student" in record:
             totals[record["student"]] = record["total"]
-    return seconds, cpu, totals
+    return seconds, cpu, kinds, totals
 
 
 def floor_cpu(root: Path, course, students, k: int) -> float:
@@ -235,7 +300,7 @@ def main(argv=None) -> int:
         print("  totals: " + ", ".join(f"{s} {nb_totals[s]:g}" for s, _, _ in picked), flush=True)
 
         print(f"attnkit grade on all {args.n} ...", flush=True)
-        ak_seconds, ak_cpu, ak_totals = grade_with_attnkit(root, course, args.workers)
+        ak_seconds, ak_cpu, ak_kinds, ak_totals = grade_with_attnkit(root, course, args.workers)
         ak_rate = args.n / ak_seconds
         stop(hogs)
 
@@ -249,6 +314,8 @@ def main(argv=None) -> int:
         print("attnkit grade's CPU time (main process, workers, templates, boxes): " +
               (f"{ak_cpu / args.n * 1000:.0f} ms per submission" if ak_cpu is not None else
                "not measured (it needs a cgroup of its own: root or a delegated cgroup subtree)"))
+        for kind, cpu in (ak_kinds or {}).items():
+            print(f"  {kind:<56}{cpu / args.n * 1000:>6.0f} ms per submission")
         ratio = ak_rate / nb_rate
         print()
         print(f"ratio attnkit grade / nbgrader: {ratio:.1f}x (target >= {TARGET:g}x: "
