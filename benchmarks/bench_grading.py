@@ -12,8 +12,9 @@
    same mix;
 3. grades all N with `attnkit grade` (all cores, pre-warmed workers);
 4. prints submissions/s for each and the ratio (target: attnkit grade >= 20x nbgrader), the CPU
-   time attnkit grade spends per submission (all its processes: main, workers, sandboxes), and
-   checks that both gave the sampled students the same points;
+   time attnkit grade spends per submission (all its processes: main, workers, sandboxes) and its
+   breakdown by kind of process (``CpuByKind``), and checks that both gave the sampled students the
+   same points;
 5. (--floor K) times the grading suites alone on K submissions: one warm pytest session, the
    learner's code in the same process, no sandbox (never done when grading). That CPU time per
    submission bounds what any grader running these suites under pytest can reach on this machine.
@@ -279,7 +280,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"{root} is not empty; choose a new --dir")
         cleanup = False
     else:
-        root = Path(tempfile.mkdtemp(prefix="attnkit-bench-")) / "course"
+        root = Path(tempfile.mkdtemp(prefix="bench-grading-")) / "course"
         cleanup = not (args.keep or args.report)
 
     hogs = []

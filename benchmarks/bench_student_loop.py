@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     python = sys.executable
     suite = [python, "-m", "pytest", "-m", "public", "-q", "-p", "no:cacheprovider"]
     stage = [python, "-m", "pytest", "--impl=exercises", "-m", "attention_scores", "-q", "-p", "no:cacheprovider"]
-    with tempfile.TemporaryDirectory(prefix="attnkit-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-student-loop-") as tmp:
         print("building a release folder (attnkit course build + nbgrader generate_assignment) ...", flush=True)
         release = make_release(Path(tmp))
         commands = {

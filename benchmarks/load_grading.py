@@ -282,7 +282,7 @@ def main(argv=None) -> int:
     chosen = args.assignments.split(",") if args.assignments else assignments()
     if loads[0] != 0:
         loads.insert(0, 0)
-    out = (args.out or Path(tempfile.mkdtemp(prefix="attnkit-load-"))).resolve()
+    out = (args.out or Path(tempfile.mkdtemp(prefix="load-grading-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     print(f"logs in {out}", flush=True)
     if args.container:

@@ -99,7 +99,7 @@ def running_postgres():
     stop it and remove the folder."""
     binaries = postgres_binaries()
     as_user = {}
-    folder = Path(tempfile.mkdtemp(prefix="attnkit-pg-"))
+    folder = Path(tempfile.mkdtemp(prefix="kit-tests-pg-"))
     if os.geteuid() == 0:  # "initdb: cannot be run as root"
         nobody = pwd.getpwnam("nobody")
         as_user = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
