@@ -327,6 +327,8 @@ def test_a_layer_made_for_another_of_the_module_s_widths_is_said_by_the_sizes_al
     [found] = error_findings(text, cross_call())
     assert "a tensor of width d_in (3) met a matrix made for width d_context (7)" in found.shows
     assert found.causes == () and found.lines() == [f"Evidence: {found.shows}"]
+    assert "gave x of width 3 and a context of width 7: the matrix made for the context's width got a tensor as " \
+           "wide as x" in found.shows
     # d_in shared with the cached tokens of a step: still two widths of the module, no story of transposed axes
     [found] = error_findings("RuntimeError: mat1 and mat2 shapes cannot be multiplied (10x4 and 7x18)",
                              cross_call(d_in=4, d_out=18, cached=True))
@@ -366,7 +368,7 @@ def test_an_output_that_is_the_expected_one_plus_an_input_says_so():
     from diagnosis.residual import note
     rng = np.random.default_rng(0)
     weights, inputs = rng.dirichlet(np.ones(6), size=6), rng.normal(size=(6, 3))
-    note("call", {"func": "all_context_vectors", "args": [weights, inputs]}, ["attn_weights", "inputs"])
+    note("call", {"func": "all_context_vectors", "args": [weights, inputs]}, lambda: ["attn_weights", "inputs"])
     said = message(weights @ inputs + inputs, weights @ inputs)
     assert ("out minus the expected values equals inputs (argument 2 of all_context_vectors)" in said
             and "something adds inputs to the result" in said), said
@@ -380,7 +382,7 @@ def test_the_residual_reads_only_the_running_test_s_inputs(monkeypatch):
     from diagnosis.residual import note
     x = np.arange(6.0).reshape(2, 3) + 1
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "an earlier test (call)")
-    note("call", {"func": "f", "args": [x]}, ["x"])
+    note("call", {"func": "f", "args": [x]}, lambda: ["x"])
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "this test (call)")
     assert "minus the expected" not in message(2 * x, x)
 

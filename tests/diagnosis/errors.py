@@ -249,6 +249,22 @@ OUTPUT_WIDTHS = ("d_out", "head_dim", "d_model", "kv_latent_dim", "rope_dim", "i
                  "3 * d_out", "num_heads * head_dim", "num_heads * d_out")
 
 
+def input_widths(call) -> dict[str, set[int]]:
+    """The widths (last sizes) of the x and of the context that each forward of the failing ``call`` was given."""
+    found: dict[str, set[int]] = {}
+
+    def add(name, value):
+        if isinstance(value, np.ndarray) and value.ndim >= 2:
+            found.setdefault(name, set()).add(int(value.shape[-1]))
+
+    add("x", call.kwargs.get("x"))
+    for step in call.kwargs.get("steps") or ():
+        if step.get("method") == "forward" and step.get("args"):
+            add("x", step["args"][0])
+            add("context", (step.get("kwargs") or {}).get("context"))
+    return found
+
+
 def matmul_sizes(match, call):
     """A product whose inner sizes differ: which named sizes met, of which operands (a tensor of one width, a
     matrix made for another: an nn.Linear(in, out) is applied as such a product, its second operand (in x out)).
@@ -280,6 +296,10 @@ def matmul_sizes(match, call):
                        (f"if a layer's width came from a global or the book's example: it was made for width {other} "
                         f"and got x, of width d_in = {d_in}; build every layer from the constructor's arguments "
                         "(nn.Linear(d_in, ...)), never from globals",), "shapes", "error")
+    widths = input_widths(call)
+    if widths.get("x") == {inner} and widths.get("context") == {other}:
+        shows += (f" This check gave x of width {inner} and a context of width {other}: the matrix made for the "
+                  "context's width got a tensor as wide as x.")
     if "features" in _kinds(inner, names) & _kinds(other, names):
         # Two widths of the module's own met (a layer made for the context's width got x's): the names say all the
         # sizes show, and another name one of them shares (cached tokens, say) would only suggest a wrong story.

@@ -10,6 +10,7 @@ for each operation it runs), kept for the test that is running only.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,40 +18,47 @@ import numpy as np
 from .findings import Finding
 
 KEPT = 8  # the latest operations of the running test: a check compares what its last few calls gave
-# (test id, [(array, (its short name, its name with where it was given))])
-_recent: list[tuple[str, list[tuple[np.ndarray, tuple[str, str]]]]] = []
+_recent: list[tuple] = []  # (test id, op, its keyword arguments, a function giving its parameter names or None)
 
 
 def _test_id() -> str:
     return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
 
 
-def note(op: str, kwargs: dict, parameters: list[str] | None = None) -> None:
-    """Remember the arrays an operation on the learner's code was given: a function's arguments (named by
-    ``parameters``, the function's own names, where known), a module's input x."""
+def note(op: str, kwargs: dict, parameters: Callable[[], list[str] | None] | None = None) -> None:
+    """Remember the arrays an operation on the learner's code was given: a function's arguments, a module's input
+    x. ``parameters``: gives the function's own names, where known (asked only when a check fails)."""
     test = _test_id()
+    _recent[:] = [entry for entry in _recent if entry[0] == test][-(KEPT - 1):] + [(test, op, kwargs, parameters)]
+
+
+def _arrays(op, kwargs, parameters) -> list[tuple[np.ndarray, tuple[str, str]]]:
+    """(array, (its short name, its name with where it was given)) of one operation."""
     arrays = []
     if op == "call":
         func = kwargs.get("func", "the function")
+        names = None
         for index, value in enumerate(kwargs.get("args") or ()):
             if isinstance(value, np.ndarray):
-                name = parameters[index] if parameters and index < len(parameters) else f"argument {index + 1}"
+                if names is None:
+                    names = (parameters() if parameters is not None else None) or []
+                name = names[index] if index < len(names) else f"argument {index + 1}"
                 arrays.append((value, (name, f"{name} (argument {index + 1} of {func})")))
         for key, value in (kwargs.get("kwargs") or {}).items():
             if isinstance(value, np.ndarray):
                 arrays.append((value, (key, f"{key} (given to {func})")))
     elif op in ("forward", "heads_forward") and isinstance(kwargs.get("x"), np.ndarray):
         arrays.append((kwargs["x"], ("x", "the input x")))
-    _recent[:] = [entry for entry in _recent if entry[0] == test][-(KEPT - 1):] + [(test, arrays)]
+    return arrays
 
 
 def inputs() -> list[tuple[np.ndarray, tuple[str, str]]]:
     """The arrays given to the learner's code in the running test, latest first, each once."""
     test, seen, found = _test_id(), set(), []
-    for entry_test, arrays in reversed(_recent):
+    for entry_test, op, kwargs, parameters in reversed(_recent):
         if entry_test != test:
             continue
-        for value, name in arrays:
+        for value, name in _arrays(op, kwargs, parameters):
             if id(value) not in seen:
                 seen.add(id(value))
                 found.append((value, name))

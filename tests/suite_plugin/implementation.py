@@ -64,7 +64,7 @@ class Witness:
             self.failed = (exc, Call(op, kwargs))
             raise
         # (the arrays it was given, for the residual probe of a check that then fails: diagnosis.residual)
-        note(op, kwargs, parameter_names(module, kwargs.get("func"), self.root) if op == "call" else None)
+        note(op, kwargs, lambda: parameter_names(module, kwargs.get("func"), self.root))
         return result
 
     def call_that_raised(self, exc):
