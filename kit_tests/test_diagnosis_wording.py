@@ -287,17 +287,16 @@ def broadcast_error(a, b, dim):
 
 
 @pytest.mark.parametrize(("shape", "a", "b"), [((3, 5, 5), 5, 3), ((4, 5), 5, 4), ((2, 6, 6), 6, 2)])
-def test_an_axis_one_place_to_the_right_is_said_as_such_and_a_reduction_with_if(shape, a, b):
+def test_an_axis_one_place_to_the_right_is_said_as_such_with_the_steps_that_give_it(shape, a, b):
     """A row sum without keepdim=True: sum(dim=-1) of a (3, 5, 5) tensor is (3, 5), which meets the (3, 5, 5) at
     dimension 1 (3 against 5). The sizes show the input's axis 0 one place to the right; a reduction that dropped
-    an axis gives that, and so does any tensor that lost an axis: said with "if", and never the batch axis read
-    where the tokens were meant (a fix the code already follows)."""
+    an axis gives that, and so do two axes swapped: both said with "if", neither as fact, and never the batch axis
+    read where the tokens were meant (a fix the code already follows)."""
     call = Call("call", {"func": "causal_weights_simple", "args": [np.zeros(shape, np.float32)], "kwargs": {}})
     [found] = error_findings(broadcast_error(a, b, 1), call)
     assert "one place to the right" in found.shows and "size of its axis 0" in found.shows
-    assert "gives this very error" in found.shows
-    assert len(found.causes) == 1 and found.causes[0].startswith("if ") and "keepdim=True" in found.causes[0]
-    assert not found.stated
+    assert len(found.causes) == 2 and all(c.startswith("if ") for c in found.causes) and not found.stated
+    assert "keepdim=True" in found.causes[0] and "axes 0 and 1 the other way round" in found.causes[1]
     said = " ".join(found.lines())
     assert "shape[0]" not in said and "read it from the last axes" not in said
 
@@ -376,6 +375,9 @@ def test_an_output_that_is_the_expected_one_plus_an_input_says_so():
     assert "equals -2 x inputs (argument 2 of all_context_vectors)" in said
     said = message(weights @ inputs + inputs + 0.01 * rng.normal(size=(6, 3)), weights @ inputs)
     assert "minus the expected" not in said  # (not within the check's tolerance: nothing said)
+    # A function whose right output is its input (dropout at p = 0): zeros are no input subtracted, but a scale.
+    note("call", {"func": "dropout_by_hand", "args": [inputs, 0.0]}, lambda: ["x", "p"])
+    assert "minus the expected" not in message(np.zeros_like(inputs), inputs)
 
 
 def test_the_residual_reads_only_the_running_test_s_inputs(monkeypatch):

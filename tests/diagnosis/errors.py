@@ -133,19 +133,6 @@ def broadcast_sizes(match):
     return {int(match[1]), int(match[2])}, int(match[3])
 
 
-def torch_broadcast_error(a: tuple, b: tuple):
-    """(size of a, size of b, dimension) that torch's error quotes when shapes ``a`` and ``b`` do not broadcast, or
-    None when they do: the shapes lined up from the right, the first mismatch counted from the last dimension."""
-    ndim = max(len(a), len(b))
-    for i in range(ndim - 1, -1, -1):
-        offset = ndim - 1 - i
-        size_a = a[len(a) - 1 - offset] if offset < len(a) else 1
-        size_b = b[len(b) - 1 - offset] if offset < len(b) else 1
-        if size_a != size_b and 1 not in (size_a, size_b):
-            return size_a, size_b, i
-    return None
-
-
 def call_inputs(call) -> list[tuple[tuple, str]]:
     """(shape, how to name it) of each array the failing ``call`` gave the learner's code."""
     found = []
@@ -164,9 +151,9 @@ def call_inputs(call) -> list[tuple[tuple, str]]:
 def shifted_axis(match, call):
     """Two sizes that could not be broadcast, at dimension k, that are the sizes of axes k and k - 1 of an input the
     check gave: one operand holds the input's axis k - 1 one place to the right of where the input has it. That is
-    what the sizes show. A reduction of that input over axis k without keepdim=True, combined with the input, gives
-    exactly this error (torch lines shapes up from the right); so does any tensor that lost one axis (an index, a
-    squeeze), so the reduction is said with "if": the error shows the shapes, not the step that made them."""
+    what the sizes show, and two kinds of step give exactly that: a reduction over an axis without keepdim=True
+    (its result lacks that axis, and torch lines shapes up from the right), and axes k - 1 and k swapped in one
+    tensor. The error cannot tell them apart: both are said, each with "if"."""
     a, b, dim = int(match[1]), int(match[2]), int(match[3])
     for shape, label in call_inputs(call):
         if not 1 <= dim < len(shape) or shape[dim] == shape[dim - 1] or {a, b} != {shape[dim], shape[dim - 1]}:
@@ -174,20 +161,16 @@ def shifted_axis(match, call):
         own, moved = shape[dim], shape[dim - 1]
         # (a size named only as an axis of this input is said as a number: the sentence names the axis already)
         names = {size: [n for n in found if not n.startswith("axis ")] for size, found in named_sizes(call).items()}
-        # The axes whose reduction (the result without that axis), combined with the input, gives this error.
-        axes = [r for r in range(len(shape)) if (a, b, dim) in (
-            torch_broadcast_error(shape, shape[:r] + shape[r + 1:]),
-            torch_broadcast_error(shape[:r] + shape[r + 1:], shape))]
-        which = f"axis {axes[0]}" if len(axes) == 1 else f"axis {' or '.join(map(str, axes))} (of equal sizes)"
         shows = (f"torch could not combine two tensors at dimension {dim}: one holds there {_named(own, names)}, the "
                  f"size of axis {dim} of {label} (shape {shape}); the other holds {_named(moved, names)}, the size of "
-                 f"its axis {dim - 1}: one place to the right of where {label} has it. {label[0].upper() + label[1:]} "
-                 f"reduced over its {which} without keeping that axis, then combined with {label}, gives this very "
-                 "error (the reduced tensor lacks that axis, and torch lines shapes up from the right).")
-        return Finding(shows, ("if a sum, max or mean over an axis feeds this operation: it dropped the reduced axis "
-                               "(no keepdim=True), so its result lines up with the wrong axes (each row meets another "
-                               "row's sum or max); keep the axis, x.sum(dim=dim, keepdim=True) or x.max(dim=dim, "
-                               "keepdim=True).values",), "shapes", "error")
+                 f"its axis {dim - 1}: one place to the right of where {label} has it.")
+        return Finding(shows, (
+            "if a sum, max or mean over an axis feeds this operation: it dropped the reduced axis (no keepdim=True), "
+            "so under broadcasting (shapes lined up from the right) its other axes sit one place to the right and "
+            "each row meets another row's sum or max; keep the axis, x.sum(dim=dim, keepdim=True) or "
+            "x.max(dim=dim, keepdim=True).values",
+            f"if one tensor has its axes {dim - 1} and {dim} the other way round: a transpose missing or extra, or a "
+            "view or reshape to another order of axes than the tensor holds"), "shapes", "error")
     return None
 
 
