@@ -409,3 +409,19 @@ def test_dropout_that_changed_the_weights_but_zeroed_none_is_not_said_to_have_ke
     with pytest.raises(AssertionError) as failed:
         check_dropout(plain.astype(np.float32), plain.astype(np.float32), 0.5, "weights")
     assert "every value was kept unchanged: nothing was dropped" in str(failed.value)
+
+
+def test_stage_6_s_row_sums_without_keepdim_are_named_on_one_table_of_weights():
+    """On one (T, T) table a row sum without keepdim=True raises nothing: (T,) broadcasts along the last axis and
+    column j is divided by row j's sum. The simple mask's own mistakes reproduce that on the check's weights."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).parents[1] / "tests" / "test_s06_causal_mask.py"
+    spec = importlib.util.spec_from_file_location("s06", path)
+    s06 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s06)
+    weights = np.random.default_rng(3).dirichlet(np.ones(6), size=6).astype(np.float32)
+    masked = weights * np.tril(np.ones((6, 6), np.float32))
+    said = message(masked / masked.sum(axis=-1), masked / masked.sum(axis=-1, keepdims=True),
+                   diagnosis=s06.simple(None, weights))
+    assert f"{LIKELY} the row sums were taken without keepdim=True" in said, said
