@@ -49,7 +49,8 @@ def impl(pytestconfig):
 
 class Witness:
     """The implementation's backend, remembering the last operation that raised and its exception: the
-    evidence that a reading of the error is checked against before a failure report shows it."""
+    evidence that a reading of the error is checked against before a failure report shows it; and noting the
+    arrays each operation was given, which the residual probe of a failing check reads (diagnosis.residual)."""
 
     def __init__(self, backend, root=None):
         self.backend = backend
