@@ -277,3 +277,151 @@ def test_an_output_of_nan_names_no_change_that_also_gives_nan():
 
     said = message(np.full(3, np.nan), np.ones(3), diagnosis=[Searched(compute, [switch])])
     assert "no finite value" in said and "mistake" not in said.lower() and "-inf" not in said
+
+
+# ---------------------------------------------------------------- rule 6: shape errors say what the sizes show
+
+def broadcast_error(a, b, dim):
+    return (f"RuntimeError: The size of tensor a ({a}) must match the size of tensor b ({b}) at non-singleton "
+            f"dimension {dim}")
+
+
+@pytest.mark.parametrize(("shape", "a", "b"), [((3, 5, 5), 5, 3), ((4, 5), 5, 4), ((2, 6, 6), 6, 2)])
+def test_an_axis_one_place_to_the_right_is_said_as_such_with_the_steps_that_give_it(shape, a, b):
+    """A row sum without keepdim=True: sum(dim=-1) of a (3, 5, 5) tensor is (3, 5), which meets the (3, 5, 5) at
+    dimension 1 (3 against 5). The sizes show the input's axis 0 one place to the right; a reduction that dropped
+    an axis gives that, and so do two axes swapped: both said with "if", neither as fact, and never the batch axis
+    read where the tokens were meant (a fix the code already follows)."""
+    call = Call("call", {"func": "causal_weights_simple", "args": [np.zeros(shape, np.float32)], "kwargs": {}})
+    [found] = error_findings(broadcast_error(a, b, 1), call)
+    assert "one place to the right" in found.shows and "size of its axis 0" in found.shows
+    assert len(found.causes) == 2 and all(c.startswith("if ") for c in found.causes) and not found.stated
+    assert "keepdim=True" in found.causes[0] and "axes 0 and 1 the other way round" in found.causes[1]
+    said = " ".join(found.lines())
+    assert "shape[0]" not in said and "read it from the last axes" not in said
+
+
+def test_sizes_that_are_not_an_input_s_neighbouring_axes_are_not_read_as_a_shift():
+    call = Call("call", {"func": "causal_weights_simple", "args": [np.zeros((3, 5, 5), np.float32)], "kwargs": {}})
+    found = error_findings(broadcast_error(5, 3, 2), call)  # (a (3, 3) table meeting the last axis: no shift)
+    assert not any("one place to the right" in f.shows for f in found)
+
+
+def cross_call(batch=2, tokens=6, d_in=3, d_context=7, d_out=20, cached=False):
+    """A cross-attention forward whose sizes are pairwise distinct (or, with ``cached``, d_in = a step's length)."""
+    steps = [{"method": "forward", "args": [np.zeros((batch, d_in if cached else tokens, d_in), np.float32)],
+              "kwargs": {"context": np.zeros((batch, 5, d_context), np.float32)}}]
+    if cached:
+        steps.insert(0, {"method": "forward", "args": [np.zeros((batch, d_in, d_in), np.float32)],
+                         "kwargs": {"use_cache": True}})
+    return Call("session", {"cls": "CrossAttention", "init": dict(d_in=d_in, d_context=d_context, d_out=d_out,
+                                                                  num_heads=2), "steps": steps})
+
+
+def test_a_layer_made_for_another_of_the_module_s_widths_is_said_by_the_sizes_alone():
+    """Keys projected from x where the context is meant: W_key, made for d_context, gets x of width d_in. The sizes
+    say which widths met; "build every layer from the constructor's arguments" would send the student to a fix
+    their code follows already, and a transposed-product list to three fixes none of which applies."""
+    text = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (12x3 and 7x20)"
+    [found] = error_findings(text, cross_call())
+    assert "a tensor of width d_in (3) met a matrix made for width d_context (7)" in found.shows
+    assert found.causes == () and found.lines() == [f"Evidence: {found.shows}"]
+    assert "gave x of width 3 and a context of width 7: the matrix made for the context's width got a tensor as " \
+           "wide as x" in found.shows
+    # d_in shared with the cached tokens of a step: still two widths of the module, no story of transposed axes
+    [found] = error_findings("RuntimeError: mat1 and mat2 shapes cannot be multiplied (10x4 and 7x18)",
+                             cross_call(d_in=4, d_out=18, cached=True))
+    assert found.causes == (), found.causes
+    # d_in = d_out and d_context = b * num_tokens: the second operand transposed fits by coincidence of sizes
+    [found] = error_findings("RuntimeError: mat1 and mat2 shapes cannot be multiplied (48x64 and 48x64)",
+                             cross_call(batch=4, tokens=12, d_in=64, d_context=48, d_out=64))
+    assert found.causes == () and "transposed" not in found.shows
+
+
+def test_a_layer_width_that_is_no_size_of_the_check_may_have_come_from_a_global():
+    text = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (12x3 and 9x20)"
+    [found] = error_findings(text, cross_call())
+    assert "No size of this check is 9" in found.shows
+    assert len(found.causes) == 1 and found.causes[0].startswith("if ") and "never from globals" in found.causes[0]
+
+
+# ---------------------------------------------------------------- rule 7: what an exception's own text says
+
+@pytest.mark.parametrize(("torch_name", "dtype", "words"), [
+    ("c10::BFloat16", "bfloat16", "torch.finfo(scores.dtype).min"), ("c10::Half", "float16", "float('-inf')"),
+    ("float", "float32", "torch.finfo(scores.dtype).min"), ("int64_t", "int64", "integer tensor")])
+def test_a_fill_value_that_overflows_its_dtype_is_read_from_the_exception(torch_name, dtype, words):
+    """masked_fill(mask, torch.finfo(torch.float32).min) on bfloat16 scores: the exception names the dtype, so its
+    range and a value every such dtype holds may be stated."""
+    [found] = error_findings(f"RuntimeError: value cannot be converted to type {torch_name} without overflow")
+    assert found.stated and f"its dtype, {dtype}," in found.causes[0] and words in found.causes[0]
+    if dtype == "bfloat16":
+        assert "-3.39e+38 to 3.39e+38" in found.causes[0] and "float32).min = -3.403e+38" in found.causes[0]
+
+
+# ---------------------------------------------------------------- rule 8: the residual, in every stage
+
+def test_an_output_that_is_the_expected_one_plus_an_input_says_so():
+    """Context vectors plus the inputs: the output minus the expected values equals the inputs the function was
+    given, whatever made it so; said by name in any stage's check (compare.assert_close)."""
+    from diagnosis.residual import note
+    rng = np.random.default_rng(0)
+    weights, inputs = rng.dirichlet(np.ones(6), size=6), rng.normal(size=(6, 3))
+    note("call", {"func": "all_context_vectors", "args": [weights, inputs]}, lambda: ["attn_weights", "inputs"])
+    said = message(weights @ inputs + inputs, weights @ inputs)
+    assert ("out minus the expected values equals inputs (argument 2 of all_context_vectors)" in said
+            and "something adds inputs to the result" in said), said
+    said = message(weights @ inputs - 2 * inputs, weights @ inputs)
+    assert "equals -2 x inputs (argument 2 of all_context_vectors)" in said
+    said = message(weights @ inputs + inputs + 0.01 * rng.normal(size=(6, 3)), weights @ inputs)
+    assert "minus the expected" not in said  # (not within the check's tolerance: nothing said)
+    # A function whose right output is its input (dropout at p = 0): zeros are no input subtracted, but a scale.
+    note("call", {"func": "dropout_by_hand", "args": [inputs, 0.0]}, lambda: ["x", "p"])
+    assert "minus the expected" not in message(np.zeros_like(inputs), inputs)
+
+
+def test_the_residual_reads_only_the_running_test_s_inputs(monkeypatch):
+    from diagnosis.residual import note
+    x = np.arange(6.0).reshape(2, 3) + 1
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "an earlier test (call)")
+    note("call", {"func": "f", "args": [x]}, lambda: ["x"])
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "this test (call)")
+    assert "minus the expected" not in message(2 * x, x)
+
+
+# ---------------------------------------------------------------- rule 9: dropout's evidence says what was measured
+
+def test_dropout_that_changed_the_weights_but_zeroed_none_is_not_said_to_have_kept_them_unchanged():
+    """Dropout on the scores before the softmax: no weight is 0, yet the weights changed, and every row still sums
+    to 1: what a dropout before the softmax gives, said as such; "every value was kept unchanged" would be false."""
+    from diagnosis import check_dropout
+    rng = np.random.default_rng(1)
+    scores = rng.normal(size=(40, 8))
+    keep = rng.uniform(size=scores.shape) >= 0.5
+    plain = np.exp(scores) / np.exp(scores).sum(-1, keepdims=True)
+    dropped = np.where(keep, scores * 2, 0.0)
+    trained = np.exp(dropped) / np.exp(dropped).sum(-1, keepdims=True)
+    with pytest.raises(AssertionError) as failed:
+        check_dropout(trained.astype(np.float32), plain.astype(np.float32), 0.5, "weights")
+    said = str(failed.value)
+    assert "kept unchanged" not in said and "dropped nothing" not in said
+    assert "no weight became 0" in said and "dropout acting before the softmax" in said
+    with pytest.raises(AssertionError) as failed:
+        check_dropout(plain.astype(np.float32), plain.astype(np.float32), 0.5, "weights")
+    assert "every value was kept unchanged: nothing was dropped" in str(failed.value)
+
+
+def test_stage_6_s_row_sums_without_keepdim_are_named_on_one_table_of_weights():
+    """On one (T, T) table a row sum without keepdim=True raises nothing: (T,) broadcasts along the last axis and
+    column j is divided by row j's sum. The simple mask's own mistakes reproduce that on the check's weights."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).parents[1] / "tests" / "test_s06_causal_mask.py"
+    spec = importlib.util.spec_from_file_location("s06", path)
+    s06 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s06)
+    weights = np.random.default_rng(3).dirichlet(np.ones(6), size=6).astype(np.float32)
+    masked = weights * np.tril(np.ones((6, 6), np.float32))
+    said = message(masked / masked.sum(axis=-1), masked / masked.sum(axis=-1, keepdims=True),
+                   diagnosis=s06.simple(None, weights))
+    assert f"{LIKELY} the row sums were taken without keepdim=True" in said, said

@@ -44,12 +44,19 @@ def simple_mistakes(weights):
     def renormalised(w):
         return w / w.sum(axis=-1, keepdims=True)
 
-    return {
+    mistakes = {
         "the rows were not renormalised after masking": weights * lower,
         again: renormalised(softmax(weights) * lower),
         again + " (a softmax of the masked weights gives their zeros weight exp(0) > 0)": softmax(weights * lower),
         again + " (a softmax of the weights masked with -inf)": softmax(np.where(lower > 0, weights, -np.inf)),
     }
+    masked = weights * lower
+    if masked.shape[-1] == masked.shape[-2] and masked.ndim == 2:  # (a batch's sums of another length do not broadcast)
+        # The sums taken without keepdim=True: a (T,) that broadcasts along the last axis, column j over row j's sum.
+        mistakes[("the row sums were taken without keepdim=True: masked.sum(dim=-1) has shape (num_tokens,), which "
+                  "broadcasts along the last axis, so column j is divided by row j's sum; keep the axis, "
+                  "masked.sum(dim=-1, keepdim=True)")] = masked / masked.sum(axis=-1)
+    return mistakes
 
 
 @pytest.mark.public

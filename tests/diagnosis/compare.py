@@ -12,6 +12,7 @@ import numpy as np
 
 from .explain import Evidence, Listed, Said, explain
 from .findings import Finding, diagnosed
+from .residual import Residual
 
 # pytest leaves this module's frames out of a failure's traceback: it ends at the test's line, then the
 # message says what differs (`pytest --fulltrace` shows every frame).
@@ -85,6 +86,8 @@ def assert_close(name, actual, expected, *, rtol=1e-4, atol=1e-6, diagnosis: Seq
     else:
         return
     sources = list(diagnosis)
+    if actual.shape == expected.shape:  # (every stage's: the output minus the expected values, against the inputs)
+        sources.append(Residual(expected, name, first_label))
     if mistakes is not None:
         sources.append(Listed(mistakes))
     if probes:

@@ -39,11 +39,10 @@ def check_dropout(trained, plain, p, name, *, atol=1e-6, second=None):
     kept = live & (np.abs(trained) > atol)
     fraction, tolerance = kept.sum() / live.sum(), kept_fraction_tolerance(p, live.sum())
     if fraction >= 1:
-        found = [Finding(f"in training mode with dropout p={p}, every value was kept unchanged: nothing was dropped.",
-                         ("the dropout is never applied to the attention weights (a module's self.dropout, created but "
-                          "not called), or it runs in eval mode: apply it to the weights; nn.Dropout acts in training "
-                          "mode only",), "dropout", "probe")]
-        raise diagnosed(f"{name}: training mode with dropout p={p} dropped nothing.\n"
+        found = nothing_zeroed(trained, plain, p, atol)
+        said = ("dropped nothing" if np.allclose(trained, plain, rtol=1e-4, atol=1e-5) else
+                f"zeroed no value (dropout zeroes about {p:.2g} of them)")
+        raise diagnosed(f"{name}: training mode with dropout p={p} {said}.\n"
                         + "\n".join(line for f in found for line in f.lines()), found)
     if abs(fraction - (1 - p)) >= tolerance:
         found = rate_mistakes(trained, plain, kept, p)
@@ -55,6 +54,31 @@ def check_dropout(trained, plain, p, name, *, atol=1e-6, second=None):
     assert_close(f"{name}: kept values / values without dropout", ratio,
                  np.full(ratio.shape, 1 / (1 - p), np.float32), rtol=1e-4, atol=1e-5,
                  diagnosis=[Said(lambda values: scale_findings(values, p, second, atol))])
+
+
+def nothing_zeroed(trained, plain, p, atol=1e-6) -> list[Finding]:
+    """What a training-mode output in which no value became 0 shows (``plain``: the output without dropout, of a case
+    whose output is the attention weights): unchanged, dropout did nothing; changed, with every row still summing to
+    what it sums to without dropout and no weight negative, the weights went through a softmax after dropout acted
+    (dropout after the softmax zeroes weights and scales the others, so rows no longer sum to 1)."""
+    trained, plain = np.asarray(trained, np.float64), np.asarray(plain, np.float64)
+    changed = ~np.isclose(trained, plain, rtol=1e-4, atol=1e-5)
+    if not changed.any():
+        return [Finding(f"in training mode with dropout p={p}, every value was kept unchanged: nothing was dropped.",
+                        ("the dropout is never applied (a module's self.dropout, created but not called), or it runs "
+                         "in eval mode",), "dropout", "probe")]
+    share = f"{int(changed.sum())} of the {changed.size} values"
+    if (np.allclose(trained.sum(axis=-1), plain.sum(axis=-1), rtol=1e-4, atol=1e-5)
+            and np.all(trained >= -atol)):
+        return [Finding(f"in training mode with dropout p={p}, no weight became 0, yet {share} differ from "
+                        "the weights without dropout, and every row still sums to what it sums to without dropout: a "
+                        "softmax came after what changed them. That is what dropout acting before the softmax gives "
+                        "(on the scores, or on the queries or keys they are made of); dropout after the softmax "
+                        "zeroes weights and scales the others by 1 / (1 - p), so its rows no longer sum to 1.",
+                        ("dropout acts before the softmax: apply it to the attention weights, after the softmax",),
+                        "dropout", "probe")]
+    return [Finding(f"in training mode with dropout p={p}, no value became 0, yet {share} differ from the "
+                    "output without dropout.", (), "dropout", "probe")]
 
 
 # The factors a kept value can be scaled by, as functions of the rate: the right one is 1 / (1 - p). At p = 0.5 the

@@ -133,19 +133,44 @@ def broadcast_sizes(match):
     return {int(match[1]), int(match[2])}, int(match[3])
 
 
-def size_from_the_batch_axis(match, call):
-    """Two sizes that could not be broadcast and that are the batch axis and a token axis of one input the check
-    gave: a size was read from the batch axis (shape[0] of a batch) where the number of tokens was meant."""
-    sizes, _ = broadcast_sizes(match)
-    if call is None or call.op != "call" or len(sizes) != 2:
-        return None
-    for value in [*call.kwargs.get("args", ()), *(call.kwargs.get("kwargs") or {}).values()]:
-        shape = np.shape(value)
-        if len(shape) >= 3 and shape[0] in sizes and shape[-1] in sizes and shape[0] != shape[-1]:
-            return (f"a tensor sized {shape[0]}, the batch size of an input of shape {tuple(shape)} (its axis 0), met "
-                    f"one sized {shape[-1]}, its number of tokens: a size was read from shape[0], which is the number "
-                    "of tokens only for a single table; read it from the last axes (shape[-1]), the same for one table "
-                    "and for a batch")
+def call_inputs(call) -> list[tuple[tuple, str]]:
+    """(shape, how to name it) of each array the failing ``call`` gave the learner's code."""
+    found = []
+    if call.op == "call":
+        for index, value in enumerate(call.kwargs.get("args") or ()):
+            if isinstance(value, np.ndarray):
+                found.append((tuple(int(s) for s in value.shape), f"argument {index + 1}"))
+        for key, value in (call.kwargs.get("kwargs") or {}).items():
+            if isinstance(value, np.ndarray):
+                found.append((tuple(int(s) for s in value.shape), key))
+    elif isinstance(call.kwargs.get("x"), np.ndarray):
+        found.append((tuple(int(s) for s in call.kwargs["x"].shape), "x"))
+    return found
+
+
+def shifted_axis(match, call):
+    """Two sizes that could not be broadcast, at dimension k, that are the sizes of axes k and k - 1 of an input the
+    check gave: one operand holds the input's axis k - 1 one place to the right of where the input has it. That is
+    what the sizes show, and two kinds of step give exactly that: a reduction over an axis without keepdim=True
+    (its result lacks that axis, and torch lines shapes up from the right), and axes k - 1 and k swapped in one
+    tensor. The error cannot tell them apart: both are said, each with "if"."""
+    a, b, dim = int(match[1]), int(match[2]), int(match[3])
+    for shape, label in call_inputs(call):
+        if not 1 <= dim < len(shape) or shape[dim] == shape[dim - 1] or {a, b} != {shape[dim], shape[dim - 1]}:
+            continue
+        own, moved = shape[dim], shape[dim - 1]
+        # (a size named only as an axis of this input is said as a number: the sentence names the axis already)
+        names = {size: [n for n in found if not n.startswith("axis ")] for size, found in named_sizes(call).items()}
+        shows = (f"torch could not combine two tensors at dimension {dim}: one holds there {_named(own, names)}, the "
+                 f"size of axis {dim} of {label} (shape {shape}); the other holds {_named(moved, names)}, the size of "
+                 f"its axis {dim - 1}: one place to the right of where {label} has it.")
+        return Finding(shows, (
+            "if a sum, max or mean over an axis feeds this operation: it dropped the reduced axis (no keepdim=True), "
+            "so under broadcasting (shapes lined up from the right) its other axes sit one place to the right and "
+            "each row meets another row's sum or max; keep the axis, x.sum(dim=dim, keepdim=True) or "
+            "x.max(dim=dim, keepdim=True).values",
+            f"if one tensor has its axes {dim - 1} and {dim} the other way round: a transpose missing or extra, or a "
+            "view or reshape to another order of axes than the tensor holds"), "shapes", "error")
     return None
 
 
@@ -201,18 +226,46 @@ def view_sizes(match, call):
     return None
 
 
+# What a layer of a module can give (an output width): a matrix made as (this width x something) and applied the wrong
+# way round shows this width where the input's belongs.
+OUTPUT_WIDTHS = ("d_out", "head_dim", "d_model", "kv_latent_dim", "rope_dim", "index_dim", "num_kv_groups * head_dim",
+                 "3 * d_out", "num_heads * head_dim", "num_heads * d_out")
+
+
+def input_widths(call) -> dict[str, set[int]]:
+    """The widths (last sizes) of the x and of the context that each forward of the failing ``call`` was given."""
+    found: dict[str, set[int]] = {}
+
+    def add(name, value):
+        if isinstance(value, np.ndarray) and value.ndim >= 2:
+            found.setdefault(name, set()).add(int(value.shape[-1]))
+
+    add("x", call.kwargs.get("x"))
+    for step in call.kwargs.get("steps") or ():
+        if step.get("method") == "forward" and step.get("args"):
+            add("x", step["args"][0])
+            add("context", (step.get("kwargs") or {}).get("context"))
+    return found
+
+
 def matmul_sizes(match, call):
-    """A product whose inner sizes differ: the sizes by their names, and the mistakes that give them (a transposed
-    operand, a layer built for another width), each said with "if": the error shows the sizes, not the step."""
+    """A product whose inner sizes differ: which named sizes met, of which operands (a tensor of one width, a
+    matrix made for another: an nn.Linear(in, out) is applied as such a product, its second operand (in x out)).
+    A class of mistake is said, with "if", only where the named sizes are exactly what it gives: the second operand
+    (output width x input width), a weight applied without its transpose or made with its sizes swapped; a width
+    that is no size of this check at all, one that came from somewhere else than the constructor's arguments.
+    Otherwise the sizes are the evidence (a layer made for the context's width that got x's says so), with the
+    general classes of a meeting of those kinds of size (``_meeting_causes``), as the general reading has them."""
     m, inner, other, n = (int(g) for g in match.groups())
     d_in = call.init.get("d_in")
     names = named_sizes(call)
-    transposed = n == inner  # (the second operand transposed would fit)
-    others = {call.init.get("d_out"), call.init.get("head_dim")}
-    wrong_layer = bool(d_in) and inner == d_in and other != d_in and d_in not in others
-    shows = (f"a product ({m}x{inner}) @ ({other}x{n}) whose inner sizes differ: {_named(inner, names)} met "
-             f"{_named(other, names)}.")
-    if transposed:  # (nn.Linear(d_out, d_in), its arguments swapped, shows the same sizes)
+    shows = (f"a product ({m}x{inner}) @ ({other}x{n}) whose inner sizes differ: a tensor of width "
+             f"{_named(inner, names)} met a matrix made for width {_named(other, names)} (if that matrix is a "
+             f"layer's weight: a layer nn.Linear({other}, {n}), made for width {other}, got a tensor of width "
+             f"{inner}).")
+    # (the second operand transposed would fit, and it is shaped (an output width, the input's width) as a weight is)
+    as_a_weight = n == inner and any(name in OUTPUT_WIDTHS for name in names.get(other, ()))
+    if as_a_weight:  # (nn.Linear(d_out, d_in), its arguments swapped, shows the same sizes)
         return Finding(shows + f" The second matrix transposed, ({n}x{other}), would fit.",
                        ("if a weight is applied by hand: is a transpose missing or extra? x @ W takes W of shape "
                         "(d_in, d_out); nn.Linear(d_in, d_out)'s weight has shape (d_out, d_in) and is applied as "
@@ -221,12 +274,20 @@ def matmul_sizes(match, call):
                         "out_features))",
                         "if several projections share one weight (q, k and v fused): the output is split or viewed "
                         "in another layout than the weight was made in"), "shapes", "error")
-    if wrong_layer:
-        return Finding(shows, (f"a layer built for inputs of width {other} got x, whose width is d_in = {d_in}: if "
-                               "its width came from a global or the book's example, build every layer from the "
-                               "constructor's arguments (nn.Linear(d_in, ...)), never from globals",), "shapes",
-                       "error")
-    return None
+    if bool(d_in) and inner == d_in and other not in names:
+        return Finding(shows + f" No size of this check is {other}.",
+                       (f"if a layer's width came from a global or the book's example: it was made for width {other} "
+                        f"and got x, of width d_in = {d_in}; build every layer from the constructor's arguments "
+                        "(nn.Linear(d_in, ...)), never from globals",), "shapes", "error")
+    widths = input_widths(call)
+    if widths.get("x") == {inner} and widths.get("context") == {other}:
+        shows += (f" This check gave x of width {inner} and a context of width {other}: the matrix made for the "
+                  "context's width got a tensor as wide as x.")
+    if "features" in _kinds(inner, names) & _kinds(other, names):
+        # Two widths of the module's own met (a layer made for the context's width got x's): the names say all the
+        # sizes show, and another name one of them shares (cached tokens, say) would only suggest a wrong story.
+        return Finding(shows, (), "shapes", "error")
+    return Finding(shows, _meeting_causes(inner, other, names), "shapes", "error")
 
 
 def parameter_sizes(match, call):
@@ -329,8 +390,42 @@ def dtypes_met(match, call):
             "and device=x.device, or keep constant ones as buffers (module.to(dtype) converts those)")
 
 
+# torch's names of a dtype in "value cannot be converted to type ... without overflow": (its name in Python, the
+# largest finite value, whether it is a floating dtype).
+OVERFLOW = r"value cannot be converted to type ([\w:]+) without overflow"
+BFLOAT16_MAX, INT64_MAX = 3.3895313892515355e38, 2 ** 63 - 1
+DTYPE_RANGES = {
+    "c10::BFloat16": ("bfloat16", BFLOAT16_MAX, True), "at::BFloat16": ("bfloat16", BFLOAT16_MAX, True),
+    "c10::Half": ("float16", 65504.0, True), "at::Half": ("float16", 65504.0, True),
+    "float": ("float32", 3.4028234663852886e38, True), "double": ("float64", 1.7976931348623157e308, True),
+    "int64_t": ("int64", INT64_MAX, False), "long": ("int64", INT64_MAX, False), "int": ("int32", 2 ** 31 - 1, False),
+    "int16_t": ("int16", 2 ** 15 - 1, False), "short": ("int16", 2 ** 15 - 1, False),
+    "int8_t": ("int8", 2 ** 7 - 1, False), "uint8_t": ("uint8", 2 ** 8 - 1, False),
+}
+FLOAT32_MIN = -3.4028234663852886e38
+
+
+def value_overflows(match, call):
+    """A value given to fill a tensor (masked_fill, fill_, torch.full, ...) that its dtype cannot hold: read from the
+    exception itself, which names the dtype; the range is that dtype's."""
+    known = DTYPE_RANGES.get(match[1])
+    if known is None:
+        return None
+    name, top, floating = known
+    if not floating:
+        low = 0 if name.startswith("uint") else -top - 1
+        return (f"a value given to fill a tensor (masked_fill, fill_, torch.full, ...) does not fit its dtype, {name}, "
+                f"whose values run from {low} to {top}: an integer tensor holds no -inf and no float's min; fill a "
+                "floating-point tensor (the scores), or use a value in that range")
+    outside = (f" (torch.finfo(torch.float32).min = {FLOAT32_MIN:.4g} lies outside it)" if top < -FLOAT32_MIN
+               else "")
+    return (f"a value given to fill a tensor (masked_fill, fill_, torch.full, ...) does not fit its dtype, {name}, "
+            f"whose finite values run from {-top:.4g} to {top:.4g}{outside}: take the fill value from the tensor's "
+            f"own dtype, torch.finfo(scores.dtype).min, or use float('-inf'), which every floating dtype holds")
+
+
 ERROR_READINGS = [
-    ErrorReading(BROADCAST, size_from_the_batch_axis),
+    ErrorReading(BROADCAST, shifted_axis),
     ErrorReading(r"parameter names differ from the documented ones\.\s*expected \(given by the test\): \[(.*?)\]\s*"
                  r"yours: \[(.*?)\]", parameters_not_registered, needs_call=False, proven=True),
     ErrorReading(rf"expected m1 and m2 to have the same dtype, but got: {DTYPES} != {DTYPES}", dtypes_met, proven=True),
@@ -340,6 +435,7 @@ ERROR_READINGS = [
     ErrorReading(rf"Input type \({DTYPES}\) and (?:bias|weight) type \({DTYPES}\) should be the same", dtypes_met,
                  proven=True),
     ErrorReading(BROADCAST, mask_not_cut),
+    ErrorReading(OVERFLOW, value_overflows, needs_call=False, proven=True),
     ErrorReading(r"view size is not compatible with input tensor's size and stride",
                  "view() on a tensor that is not contiguous in memory (what transpose() returns): call .contiguous() "
                  "first, or use .reshape()"),

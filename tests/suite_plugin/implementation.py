@@ -2,7 +2,9 @@
 (``suite_runtime.adapters``), the reference's answers remembered across a grading worker's submissions."""
 from __future__ import annotations
 
+import ast
 import hashlib
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 from diagnosis import Call
+from diagnosis.residual import note
 from suite_runtime.adapters import Implementation, LocalBackend
 from suite_runtime.stage_names import register_markers, stage_of
 
@@ -38,32 +41,64 @@ def impl(pytestconfig):
     root = Path(pytestconfig.getoption("impl"))
     backend = pytestconfig.hook.pytest_attnkit_backend(config=pytestconfig, root=root)
     if backend is None:
-        yield Implementation(Witness(LocalBackend(root)))
+        yield Implementation(Witness(LocalBackend(root), root))
         return
     with backend:
-        yield Implementation(Witness(backend))
+        yield Implementation(Witness(backend, root))
 
 
 class Witness:
     """The implementation's backend, remembering the last operation that raised and its exception: the
-    evidence that a reading of the error is checked against before a failure report shows it."""
+    evidence that a reading of the error is checked against before a failure report shows it; and noting the
+    arrays each operation was given, which the residual probe of a failing check reads (diagnosis.residual)."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, root=None):
         self.backend = backend
+        self.root = root  # the folder of the stage modules under test (where a function's own names are read)
         self.failed = None  # (the exception, diagnosis.Call)
 
     def run(self, op, module, **kwargs):
         __tracebackhide__ = True  # (a student's traceback goes from the test to their code)
         try:
-            return self.backend.run(op, module, **kwargs)
+            result = self.backend.run(op, module, **kwargs)
         except Exception as exc:
             self.failed = (exc, Call(op, kwargs))
             raise
+        # (the arrays it was given, for the residual probe of a check that then fails: diagnosis.residual)
+        note(op, kwargs, lambda: parameter_names(module, kwargs.get("func"), self.root))
+        return result
 
     def call_that_raised(self, exc):
         """The operation that raised ``exc``, or None when ``exc`` came from elsewhere (forgotten once asked)."""
         failed, self.failed = self.failed, None
         return failed[1] if failed is not None and failed[0] is exc else None
+
+
+def parameter_names(module, func, root=None) -> list[str] | None:
+    """The parameter names of ``func`` in stage ``module``: the stub's (as documented), else the reference's, else
+    those of the module under test, read from the source (never imported here)."""
+    for folder in ("exercises", "solutions"):  # (the kit's own files: read once)
+        names = _kit_names(str(ROOT / folder / f"{module}.py"), func)
+        if names is not None:
+            return names
+    # (a grading worker's submissions follow one another in one folder: read afresh)
+    return _names_in(Path(root) / f"{module}.py", func) if root is not None else None
+
+
+@lru_cache(maxsize=256)
+def _kit_names(path, func):
+    return _names_in(Path(path), func)
+
+
+def _names_in(path: Path, func) -> list[str] | None:
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == func:
+            return [a.arg for a in node.args.posonlyargs + node.args.args]
+    return None
 
 
 class _MemoBackend:
