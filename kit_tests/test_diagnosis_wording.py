@@ -425,3 +425,113 @@ def test_stage_6_s_row_sums_without_keepdim_are_named_on_one_table_of_weights():
     said = message(masked / masked.sum(axis=-1), masked / masked.sum(axis=-1, keepdims=True),
                    diagnosis=s06.simple(None, weights))
     assert f"{LIKELY} the row sums were taken without keepdim=True" in said, said
+# ---------------------------------------------------------------- rule 6: a step left out is matched, not seen
+
+def test_a_step_left_out_is_said_as_what_was_matched_never_as_missing():
+    """m05 of a held-out set: queries and keys rotated along the head axis, so a query and a key of one head turn by
+    the same angle and the scores equal those of no rotation; the code calls apply_rope. The match says what was
+    matched and that RoPE as written has no effect, never that it is not applied."""
+    from diagnosis import attention as A
+    spec = A.Attention(num_heads=2, rope_theta=10_000.0)
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 5, 6))
+    weights = {f"{n}.weight": rng.normal(size=(8, 6)) for n in ("W_query", "W_key", "W_value")}
+    weights |= {"out_proj.weight": rng.normal(size=(8, 8)), "out_proj.bias": rng.normal(size=8)}
+    actual = A.forward(spec, x, weights, {"rope": "none"})  # what a rotation by the head's index gives
+    said = message(actual, A.forward(spec, x, weights),
+                   diagnosis=[Searched(lambda c: A.forward(spec, x, weights, c), A.switches(spec, 6, 8))])
+    assert "your output equals what the right computation gives with no rotation at all" in said, said
+    assert f"{LIKELY} RoPE as written has no effect" in said and "not applied" not in said, said
+
+
+@pytest.mark.parametrize("module", ["attention", "flex", "latent", "sinks"])
+def test_the_shared_mechanisms_never_call_a_step_missing(module):
+    """Every searched step left out in the mechanisms many stages share is worded with search.no_effect."""
+    import importlib
+
+    from diagnosis.search import NO_EFFECT
+    found = importlib.import_module(f"diagnosis.{module}")
+    switches = [v for v in vars(found).values() if isinstance(v, Switch)]
+    switches += [s for v in vars(found).values() if isinstance(v, dict) for s in v.values() if isinstance(s, Switch)]
+    said = [w for s in switches for w in s.wrong.values()
+            if any(p in w.split(":")[0] for p in ("not applied", "is missing", "was ignored", "were not scaled"))
+            and w not in NO_EFFECT]
+    assert switches and not said, said
+
+
+def test_a_soft_cap_of_another_form_is_searched():
+    """score * tanh(score / cap) (a published softcap slip): the soft-capping mechanism's switches hold its form."""
+    from diagnosis import flex as F
+    rng = np.random.default_rng(1)
+    q, k, v = rng.normal(size=(1, 2, 6, 4)) * 4, rng.normal(size=(1, 2, 6, 4)), rng.normal(size=(1, 2, 6, 4))
+    spec = F.Flex("causal", "soft_cap", cap=2.0)
+    actual = F.attention(spec, q, k, v, {"cap": "score_times"})
+    said = message(actual, F.attention(spec, q, k, v),
+                   diagnosis=[Searched(lambda c: F.attention(spec, q, k, v, c), F.switches(spec, 2))])
+    assert f"{LIKELY} tanh's result was multiplied by the score, not by cap" in said, said
+
+
+# ---------------------------------------------------------------- rule 7: no conclusion from what a probe cannot read
+
+def test_a_mask_is_not_read_from_outputs_that_are_not_weights():
+    """m03 of a held-out set: the value cache filled with keys, so the exposing case's outputs are not weights; a
+    reading of which keys a query sees from them would blame a mask that is right."""
+    from diagnosis import attention as A
+    from diagnosis.caches import step_rows_findings
+    allowed = np.tril(np.ones((5, 5), bool))
+    garbage = np.random.default_rng(0).normal(size=(1, 1, 5, 5))
+    assert step_rows_findings(garbage, allowed, [2, 1, 2], A.Attention()) == []
+    seen_late = np.where(np.triu(np.ones((5, 5), bool), 0), 0.2, 0.0)[None, None]  # (each row sees the future)
+    assert step_rows_findings(seen_late, allowed, [2, 1, 2], A.Attention())
+
+
+def test_torch_s_own_registry_is_not_a_plain_dict_of_modules():
+    import torch
+
+    from suite_runtime.adapters import unregistered
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(2)])
+            self.out_proj = torch.nn.Linear(4, 4)
+            self.plain = [torch.nn.Linear(2, 2)]
+            self.alias = list(self.heads)  # (registered through self.heads: nothing lost)
+
+    assert unregistered(Wrapper()) == ["plain (a plain list of 1 modules)"]
+
+
+def test_empty_heads_share_no_weight():
+    """Heads of width d_out // num_heads = 0: their empty weights all have data_ptr 0, and are no shared weight."""
+    import types
+
+    import torch
+
+    from suite_runtime.adapters import op_inspect
+
+    class Head(torch.nn.Module):
+        def __init__(self, d_in, d_out):
+            super().__init__()
+            self.W_query, self.W_key = torch.nn.Linear(d_in, d_out), torch.nn.Linear(d_in, d_out)
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, d_in, d_out, num_heads):
+            super().__init__()
+            self.heads = torch.nn.ModuleList([Head(d_in, d_out // num_heads) for _ in range(num_heads)])
+
+    module = types.ModuleType("empty_heads")
+    module.Wrapper = Wrapper
+    info = op_inspect(module, "Wrapper", {"d_in": 4, "d_out": 2, "num_heads": 3})
+    assert info["distinct_parameter_storages"] == info["parameter_count_with_duplicates"] == 12
+
+
+# ---------------------------------------------------------------- rule 8: an error whose text names the dtype
+
+@pytest.mark.parametrize(("text", "dtype"), [
+    ("RuntimeError: masked_fill_ only supports boolean masks, but got mask with dtype float", "float32"),
+    ("RuntimeError: masked_fill_ only supports boolean masks, but got mask with dtype c10::BFloat16", "bfloat16"),
+])
+def test_a_float_mask_given_to_masked_fill_is_read(text, dtype):
+    [found] = error_findings(text)
+    [line] = found.lines()
+    assert line.startswith(LIKELY) and f"has dtype {dtype}" in line and ".bool()" in line, line

@@ -70,10 +70,16 @@ def test_output_is_the_heads_side_by_side(stage, num_heads):
                  hint="The output is the heads' outputs side by side, along the last dimension.")
 
 
-def heads_built(info) -> str:
-    """What the module's own parameters show about how its heads were built: each reading only where it holds."""
+def heads_built(info, d_in=None, d_out=None) -> str:
+    """What the module's own parameters show about how its heads were built: each reading only where it holds.
+    d_in, d_out: the constructor's, which every head's W_query must be built with (its weight (d_out, d_in))."""
     names = list(info["parameters"])
     said = []
+    built = info["parameters"].get("heads.0.W_query.weight")
+    if d_in and d_out and built and built != [d_out, d_in]:
+        said.append(f"heads.0.W_query.weight has shape {tuple(built)} where the constructor's arguments give (d_out, "
+                    f"d_in) = ({d_out}, {d_in}): each head is a CausalAttention(d_in, d_out, ...) of d_out outputs, "
+                    "the wrapper's output num_heads * d_out wide")
     if info.get("unregistered"):
         said.append("not registered as submodules: " + ", ".join(info["unregistered"])
                     + " (hold the heads in nn.ModuleList)")
@@ -94,7 +100,7 @@ def test_heads_do_not_share_weights(stage):
     assert info["distinct_parameter_storages"] == info["parameter_count_with_duplicates"] == 9, (
         "the 3 heads should own 9 separate weight matrices (W_query, W_key, W_value each); found "
         f"{info['distinct_parameter_storages']} distinct of {info['parameter_count_with_duplicates']}: "
-        + heads_built(info))
+        + heads_built(info, d_in=4, d_out=2))
     shapes = {n: s for n, s in info["parameters"].items()}
     assert shapes.get("heads.2.W_query.weight") == [2, 4], (
         f"heads.2.W_query.weight should have shape (d_out, d_in) = (2, 4); parameters: {shapes}"

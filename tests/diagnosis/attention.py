@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .search import Switch
+from .search import Switch, no_effect
 
 Choices = Mapping[str, Any]
 NONE: Mapping[str, Any] = {}
@@ -280,10 +280,16 @@ def padded(allowed, real, choice=None):
 
 # ---------------------------------------------------------------- the switches
 
+def not_scaled(k: str) -> str:
+    """The words of a scaling left out, where the width of one head's keys is called ``k``."""
+    return no_effect("with the scores not scaled", f"the scaling by 1 / sqrt({k})",
+                     f"divide the scores by sqrt({k}) before the softmax, and keep the result")
+
+
 def scaling_switch(spec: Attention, head_dim: int, d_in: int, d_out: int) -> Switch:
     """Scaling the scores: the wrong divisors a learner can pick, those the sizes of the case can tell apart."""
     k = spec.head_name
-    wrong = {"none": f"the scores were not scaled by 1 / sqrt({k})",
+    wrong = {"none": not_scaled(k),
              "times": f"the scores were multiplied by sqrt({k}); divide by it",
              "no_sqrt": f"the scores were divided by {k}; divide by sqrt({k})"}
     if d_out != head_dim:
@@ -317,8 +323,12 @@ SOFTMAX_BY_HAND = Switch("by_hand", "softmax", {
     "flat": "one softmax over the whole tensor: the max and the sum must be taken per row (keepdim=True)",
     "sum": "the scores were divided by their sum, not passed through softmax (exp, then divide by the sum of the "
            "exponentials)"})
+NO_CAUSAL_MASK = no_effect("with no causal mask at all (every query sees every key, the later ones included)",
+                           "the causal mask", "give the keys after each query -inf before the softmax (or pass "
+                           "is_causal=True to F.scaled_dot_product_attention), and keep the result: masked_fill "
+                           "returns a new tensor, masked_fill_ changes the scores in place")
 CAUSAL = Switch("causal", "masking", {
-    "none": "the causal mask is missing: tokens see the future",
+    "none": NO_CAUSAL_MASK,
     "diagonal": "the mask hides each token's own position too (torch.triu(..., diagonal=0), or j < i): a token "
                 "attends to itself and the tokens before it; mask the strict upper triangle, "
                 "torch.triu(..., diagonal=1)",
@@ -348,7 +358,8 @@ WINDOW = Switch("window", "masking", {
     "minus_one": "the window is off by one: the query's own token counts as one of the window's, so key j takes "
                  "part when j <= i and i - j < window (yours holds window - 1 tokens)",
     "two_sided": "the band is not causal: keys after the query (j > i) take part; add j <= i",
-    "none": "the window was not applied: every earlier token takes part (plain causal attention)"})
+    "none": no_effect("with no window (every earlier token takes part: plain causal attention)", "the window",
+                      "key j takes part when j <= i and i - j < window")})
 PADDING = Switch("padding", "padding", {
     "inverted": "the key_padding_mask is inverted: True marks a REAL token that takes part, False a padding token",
     "queries": "the key_padding_mask was applied on the query axis (rows of the scores): it says which KEYS are "
@@ -368,17 +379,21 @@ ROLES = Switch("roles", "projections", {
     "keys_values": "the keys were projected with W_value and the values with W_key (the two swapped)",
     "queries_values": "the queries were projected with W_value and the values with W_query (the two swapped)"})
 OUT_BIAS = Switch("out_bias", "projections", {
-    "missing": "out_proj's bias is missing from the output (out_proj applied without its bias, or its bias left at "
-               "zeros)"})
+    "missing": no_effect("with out_proj's bias left out", "out_proj's bias", "the output is out_proj(context) "
+                         "with its bias added (its bias loaded, not left at zeros)")})
+NO_QKV_BIAS = no_effect("with no biases in W_query, W_key and W_value", "qkv_bias",
+                        "pass bias=qkv_bias to W_query, W_key and W_value")
+NO_OUT_PROJ = no_effect("without out_proj", "out_proj",
+                        "apply it to the concatenated heads, self.out_proj(context_vec), and return its result")
 PROJECTIONS = {
     "values": Switch("values", "projections", {
         "inputs": "the values were the inputs: mix the projected values W_value(x), not x",
         "keys": "the values were projected with W_key: values = W_value(x)",
         "queries": "the values were projected with W_query: values = W_value(x)"}),
     "bias": Switch("bias", "projections", {
-        "ignored": "qkv_bias was ignored: pass bias=qkv_bias to W_query, W_key and W_value"}),
+        "ignored": NO_QKV_BIAS}),
     "out_proj": Switch("out_proj", "projections", {
-        "missing": "out_proj was not applied to the concatenated heads"}),
+        "missing": NO_OUT_PROJ}),
 }
 HEADS = {
     "split": Switch("split", "heads", {
@@ -399,7 +414,10 @@ KV_REPEAT = Switch("kv_repeat", "grouped-query attention", {
               "head h % num_kv_groups); use repeat_interleave(group_size, dim=1) for both: query head h uses kv "
               "head h // group_size"})
 ROPE = Switch("rope", "rotary positions", {
-    "none": "RoPE was not applied: rotate the queries and the keys with apply_rope before the scores",
+    "none": no_effect("with no rotation at all", "RoPE", "rotate the queries and the keys with apply_rope before the "
+                      "scores, along the token axis: apply_rope takes (b, num_heads, num_tokens, head_dim), and "
+                      "where another axis stands in the tokens' place a query and a key of one head turn by the same "
+                      "angle, which cancels in q . k"),
     "values": "RoPE was applied to the values: rotate only the queries and the keys (a score q.k depends on their "
               "positions); the values carry content, not position",
     "interleaved": "interleaved pairs (x[2i], x[2i+1]) were rotated where Llama's halves layout is meant: pair "

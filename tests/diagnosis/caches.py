@@ -700,7 +700,12 @@ def step_rows_findings(observed, allowed, chunks, spec: A.Attention) -> list[Fin
     """Which keys the new queries of each cached step (after the first) see, against what their positions allow:
     the rows of the mask they took (those of positions 0.. where they sit at start.., or one position late), or
     no cached key at all."""
-    seen = np.asarray(observed) > TINY
+    observed = np.nan_to_num(np.asarray(observed, dtype=np.float64))
+    if np.any(observed < -1e-6) or np.any(observed > 1 + 1e-4):
+        # Not attention weights at all: the exposure makes the outputs the weights only where the values mixed are
+        # the tokens' own (one-hot) values; a cache that holds anything else gives numbers no mask can be read from.
+        return []
+    seen = observed > TINY
     n = allowed.shape[-1]
     ends = np.cumsum(chunks)
     for start, end in zip(ends[:-1], ends[1:]):

@@ -681,3 +681,53 @@ def _factors(size: int, names: dict[int, list[str]]) -> str:
             if int(np.prod(combo)) == size:
                 return " x ".join(_named(v, names) for v in combo)
     return ""
+
+
+# ---------------------------------------------------------------- a mask of the wrong dtype
+
+FLOAT_MASK = r"masked_fill_? only supports boolean masks, but got mask with dtype ([\w:]+)"
+
+
+def mask_not_boolean(match, call):
+    """masked_fill given a mask of numbers (a float buffer, a triu of ones without dtype=torch.bool): the error's own
+    text says which dtype the mask had, so the reading needs nothing else."""
+    dtype = DTYPE_NAMES.get(match[1], match[1])
+    return (f"the mask given to masked_fill has dtype {dtype}, and masked_fill takes a boolean mask (True where a "
+            "score is replaced): convert it with .bool() (a float buffer cut to the tokens: self.mask.bool()[:n, :n]) "
+            "or build it boolean (torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1), or a comparison such as "
+            "j > i)")
+
+
+NONE_FLOAT = r"argument '(\w+)' must be float, not NoneType"
+
+
+def none_for_a_float(match, call):
+    """A None passed where torch wants a number (SDPA's dropout_p = p if training else None): the text names it."""
+    name = match[1]
+    if name == "dropout_p":
+        return ("dropout_p was None: it takes a float, 0.0 where nothing is dropped (dropout_p=self.dropout_p if "
+                "self.training else 0.0)")
+    return f"{name} was None: it takes a float"
+
+
+HEAD_ROWS = (r"size mismatch for (heads\.\d+\.[\w.]+\.weight): copying a param with shape "
+             r"torch\.Size\(\[(\d+), (\d+)\]\) from checkpoint, the shape in current model is "
+             r"torch\.Size\(\[(\d+), (\d+)\]\)")
+
+
+def heads_split_in_width(match, call):
+    """A wrapper of heads (one module per head, each of d_out outputs) whose heads have d_out // num_heads rows:
+    the width of one head of MultiHeadAttention. The shapes are the evidence; the sentence says them by name."""
+    name, given, built = match[1], int(match[2]), int(match[4])
+    d_out, h = call.init.get("d_out"), call.init.get("num_heads")
+    if not (d_out and h and h > 1 and given == d_out and built == d_out // h and match[3] == match[5]):
+        return None
+    return Finding(f"{name} has shape ({built}, {match[5]}): a head of width d_out // num_heads = {d_out} // {h} = "
+                   f"{built}, where each head of this wrapper "
+                   f"has d_out = {d_out} outputs (the output is num_heads * d_out = {h * d_out} wide, the heads side "
+                   "by side): your heads are as wide as one head of MultiHeadAttention.", (), "heads", "error")
+
+
+ERROR_READINGS += [ErrorReading(HEAD_ROWS, heads_split_in_width),
+                   ErrorReading(FLOAT_MASK, mask_not_boolean, needs_call=False, proven=True),
+                   ErrorReading(NONE_FLOAT, none_for_a_float, needs_call=False, proven=True)]

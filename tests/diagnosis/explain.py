@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from .findings import Finding, merged
-from .search import Compute, Switch, findings_of, search, separate
+from .search import NO_EFFECT, Compute, Switch, findings_of, search, separate
 
 
 class Evidence(Protocol):
@@ -102,6 +102,9 @@ class Listed:
         named = [why for why, values in (mistakes or {}).items() if _matches(actual, values, rtol, atol)]
         if not named:
             return []
+        if len(named) == 1 and named[0] in NO_EFFECT:  # (a step left out: what was matched, search.no_effect)
+            return [Finding(f"{self.what} equal what the right computation gives {NO_EFFECT[named[0]]}, on this "
+                            "check's inputs.", (named[0],), "", "listed", weight=30)]
         if len(named) == 1:
             return [Finding(f"this mistake gives {self.what} on this check's inputs.", (named[0],), "", "listed",
                             weight=30)]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .findings import Finding
-from .search import Switch
+from .search import Switch, no_effect
 
 Choices = Mapping[str, Hashable]
 NONE: Choices = {}
@@ -90,10 +90,14 @@ def scores(spec: Flex, q, k, choices: Choices = NONE) -> np.ndarray:
         slope = slopes(q.shape[-3], choices)[:, None, None]
         s = s - sign * slope * distance
     elif spec.score == "soft_cap":
-        cap = spec.cap
+        cap, choice = spec.cap, choices.get("cap")
+        if choice == "before_scale":  # (the cap taken on q . k before the scaling, the scaling applied after it)
+            return cap * np.tanh(s / scale / cap) * scale
         s = {None: lambda a: cap * np.tanh(a / cap), "no_divide": lambda a: cap * np.tanh(a),
              "no_multiply": lambda a: np.tanh(a / cap), "clamp": lambda a: np.clip(a, -cap, cap),
-             "missing": lambda a: a}[choices.get("cap")](s)
+             "missing": lambda a: a, "score_times": lambda a: a * np.tanh(a / cap),
+             "times_inside": lambda a: cap * np.tanh(a * cap),
+             "twice": lambda a: cap * np.tanh(np.tanh(a / cap))}[choice](s)
     return s
 
 
@@ -112,19 +116,22 @@ def attention(spec: Flex, q, k, v, choices: Choices = NONE) -> np.ndarray:
 # ---------------------------------------------------------------- the switches
 
 STRICT = "the diagonal was masked: a query sees its own token too, q_idx >= kv_idx (not >)"
-NO_MASK = "the mask_mod was not applied: pass a block mask made from it to flex_attention (block_mask=...)"
+NO_MASK = no_effect("with no mask_mod (every query sees every key)", "the mask_mod",
+                    "pass a block mask made from it to flex_attention (block_mask=...)")
 CAUSAL = Switch("causal", "masking", {
     "diagonal": STRICT,
     "past": "the mask is reversed: queries see later keys instead of earlier ones; q_idx >= kv_idx",
     "next": "the mask lets each query see the next token too (q_idx + 1 >= kv_idx): q_idx >= kv_idx",
-    "none": "the causal part of the mask is missing: a query sees later keys; require q_idx >= kv_idx"})
+    "none": no_effect("with no causal condition in the mask (a query sees later keys)", "the mask_mod's causal "
+                      "condition", "require q_idx >= kv_idx")})
 MASK = Switch("mask", "masking", {"missing": NO_MASK})
 WINDOW = Switch("window", "masking", {
     "plus_one": "the window is off by one: q_idx - kv_idx < window (window tokens, the query's own included)",
     "minus_one": "the window is off by one: q_idx - kv_idx < window (window tokens, the query's own included; yours "
                  "holds window - 1)",
     "two_sided": "the window is not causal: also require q_idx >= kv_idx (a window of past tokens only)",
-    "none": "the window was not applied: the mask_mod must also require q_idx - kv_idx < window"})
+    "none": no_effect("with no window (every earlier key takes part)", "the mask_mod's window condition",
+                      "also require q_idx - kv_idx < window")})
 DOC_NOT_CAUSAL = "tokens of a document see its later tokens: the document mask must be causal too (q_idx >= kv_idx)"
 DOC_IGNORED = "the documents were ignored: a token sees only its own document's tokens (document_ids must match)"
 DOCUMENTS = Switch("documents", "documents", {"not_causal": DOC_NOT_CAUSAL, "ignored": DOC_IGNORED})
@@ -145,10 +152,17 @@ CAP = Switch("cap", "soft-capping", {
     "no_divide": CAP_NO_DIVIDE,
     "no_multiply": CAP_NO_MULTIPLY,
     "clamp": "the scores were clipped at +-cap (clamp): soft-capping squashes them smoothly, cap * tanh(score / cap)",
-    "missing": "the score_mod was not applied: pass score_mod=soft_cap(cap) to flex_attention"})
+    "score_times": "tanh's result was multiplied by the score, not by cap: soft-capping is cap * tanh(score / cap) "
+                   "(score * tanh(score / cap) is not bounded by cap: a large score passes through unchanged)",
+    "times_inside": "the score was multiplied by cap inside tanh, not divided: soft-capping is cap * tanh(score / cap)",
+    "twice": "the scores were capped twice: soft-capping is applied once, cap * tanh(score / cap)",
+    "before_scale": "the cap was taken on q . k before the scaling by 1/sqrt(head_dim): the score_mod receives the "
+                    "scaled score and caps it as it is, cap * tanh(score / cap) (flex_attention scales first)",
+    "missing": no_effect("with no score_mod (the scores not capped)", "soft-capping",
+                         "pass score_mod=soft_cap(cap) to flex_attention")})
 SCALE = Switch("scale", "scaling", {
-    "none": "the scores were not scaled by 1/sqrt(head_dim): flex_attention scales them itself unless given "
-            "scale=...; leave its default",
+    "none": no_effect("with the scores not scaled", "the scaling by 1/sqrt(head_dim)", "flex_attention scales "
+                      "them itself unless given scale=...; leave its default"),
     "twice": "the scores were scaled twice (divided by head_dim): flex_attention already divides by sqrt(head_dim) "
              "before the score_mod"})
 

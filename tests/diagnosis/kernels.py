@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .attention import not_scaled
 from .search import Switch
 
 Choices = Mapping[str, Any]
@@ -199,7 +200,7 @@ def attention(q, k, v, causal: bool):
 
 
 SCALE = Switch("scale", "scaling", {
-    "none": "the scores were not scaled by 1 / sqrt(d)",
+    "none": not_scaled("d"),
     "block_d": "the scores were scaled by 1 / sqrt(BLOCK_D), the padded head size (a power of 2 >= 16), not by "
                "1 / sqrt(d), the head's real size: pass the scale from the wrapper, 1 / math.sqrt(d)",
     "no_sqrt": "the scores were divided by d; divide by sqrt(d)"})
@@ -398,7 +399,7 @@ PARTIAL_SWITCHES = [
     Switch("partial_o", "online softmax", {
         "unnormalised": "each split stored its accumulator without dividing it by its running sum: o_s = acc / l_i "
                         "(the combine weighs normalised outputs)"}),
-    Switch("scale", "scaling", {"none": "the scores were not scaled by 1 / sqrt(d)"}),
+    Switch("scale", "scaling", {"none": not_scaled("d")}),
 ]
 DECODE_SWITCHES = PARTIAL_SWITCHES + COMBINE_SWITCHES
 

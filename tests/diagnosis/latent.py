@@ -23,7 +23,7 @@ import numpy as np
 from . import attention as A
 from . import caches as C
 from .probes import ExposedWeights, weight_findings
-from .search import Switch
+from .search import Switch, no_effect
 
 Choices = Mapping[str, Hashable]
 NONE: Choices = {}
@@ -139,19 +139,19 @@ SCALE_WORDS = {
     "latent_rope": "the scores were scaled by 1/sqrt(kv_latent_dim + rope_dim): the content part counts head_dim "
                    "features whatever form computes it, so scale by 1 / sqrt(head_dim + rope_dim)",
     "twice": "the scores were scaled by 1/sqrt(2 head_dim + rope_dim): head_dim counted twice",
-    "none": "the scores were not scaled: divide them by sqrt(head_dim + rope_dim)",
+    "none": no_effect("with the scores not scaled", "the scaling", "divide the scores by sqrt(head_dim + rope_dim)"),
     "no_sqrt": "the scores were divided by head_dim + rope_dim; divide by its square root",
 }
 NORM = Switch("norm", "latent", {
-    "missing": "kv_norm was not applied: the latent is kv_norm(W_kv_down(x)), and it is the normalised latent that "
-               "is cached",
-    "no_weight": "kv_norm's weight (its learned scale) was not applied: RMSNorm multiplies the normalised latent by "
-                 "kv_norm.weight",
+    "missing": no_effect("without kv_norm", "kv_norm", "the latent is kv_norm(W_kv_down(x)), and it is the "
+                         "normalised latent that is cached"),
+    "no_weight": no_effect("with kv_norm's weight (its learned scale) left out", "kv_norm's weight", "RMSNorm "
+                           "multiplies the normalised latent by kv_norm.weight"),
     "tokens": "kv_norm normalised over the tokens: RMSNorm takes the mean of squares over the latent's features "
               "(the last axis)"})
 ROPE_SCORE = Switch("rope_score", "latent", {
-    "missing": "the rotary part of the scores is missing: add q_rope . k_rope (the one rotary key, broadcast over "
-               "the heads) to the content scores"})
+    "missing": no_effect("with the content scores alone", "the rotary part of the scores", "add q_rope . k_rope "
+                         "(the one rotary key, broadcast over the heads) to the content scores")})
 QUERY_LAYOUT = Switch("query_layout", "latent", {
     "rope_first": "each head's query was split rotary part first: W_query gives, per head, head_dim content features "
                   "THEN rope_dim rotary ones (split([head_dim, rope_dim], dim=-1))",
@@ -164,7 +164,9 @@ UP_SPLIT = Switch("up_split", "heads", {
                "weight.view(num_heads, head_dim, kv_latent_dim)"})
 VALUES = Switch("values", "projections", {
     "keys": "the values were made with W_key_up: each head's values are W_value_up(latent)"})
-NO_ROPE = "RoPE was not applied: rotate q_rope and the rotary keys at the tokens' positions (apply_rope)"
+NO_ROPE = no_effect("with no rotation at all", "RoPE", "rotate q_rope and the rotary keys at the tokens' positions "
+                    "(apply_rope, along the token axis: a query and a key turned by one angle whatever their positions "
+                    "give the scores of no rotation)")
 
 
 def rope_switch() -> Switch:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .attention import NO_CAUSAL_MASK, NO_OUT_PROJ, NO_QKV_BIAS, not_scaled
+
 # NumPy references for the common mistakes (the trusted side computes them itself).
 
 def softmax(x, axis=-1):
@@ -97,7 +99,7 @@ def multihead_mistakes(x, weights, num_heads, out_proj=True, head_counts=True):
     candidates = {
         "the scores were scaled by sqrt(d_out), the model width; each head's dot products have "
         "head_dim terms, so divide by sqrt(head_dim)": run(scale="d_out"),
-        "the scores were not scaled by 1 / sqrt(head_dim)": run(scale="none"),
+        not_scaled("head_dim"): run(scale="none"),
         "the scores were multiplied by sqrt(d_k) (d_k = head_dim, the width of one head's keys); "
         "divide by it": run(scale="times_head_dim"),
         "keys @ queries^T: the scores are transposed (row i must hold query i's scores, "
@@ -106,16 +108,16 @@ def multihead_mistakes(x, weights, num_heads, out_proj=True, head_counts=True):
         "flattens them and gives the masked future weight exp(0) > 0": run(softmaxes=2),
         "the heads were split with view alone: view to (b, num_tokens, num_heads, head_dim), "
         "then transpose(1, 2)": run(split="view_only"),
-        "the causal mask is missing: tokens see the future": run(mask="none"),
+        NO_CAUSAL_MASK: run(mask="none"),
         "masked with 0 instead of -inf: a masked score of 0 still gets weight": run(mask="zero"),
         sdpa: run(mask="inverted"),
         sdpa + " (here a row left with nothing to attend to gives NaN)": run(mask="inverted_nan"),
-        "qkv_bias was ignored: pass bias=qkv_bias to W_query, W_key and W_value": run(qkv_bias=False),
+        NO_QKV_BIAS: run(qkv_bias=False),
     }
     if x.shape[-1] == weights["W_value.weight"].shape[0]:
         candidates["the values were the inputs: mix the projected values W_value(x), not x"] = run(values="inputs")
     if out_proj:
-        candidates["out_proj was not applied to the concatenated heads"] = multihead(
+        candidates[NO_OUT_PROJ] = multihead(
             x, weights, num_heads, out_proj=False)
     d_out = weights["W_query.weight"].shape[0]
     for other in range(1, d_out + 1) if head_counts else ():

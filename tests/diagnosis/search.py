@@ -21,6 +21,21 @@ from .findings import Finding
 
 Choices = Mapping[str, Any]  # switch name -> the value chosen (a switch not named keeps its right value)
 
+# What a step left out gives, for the words of each such change (``no_effect``): a match shows that the learner's
+# numbers equal the computation without the step, that is, that the step as their code does it changes nothing; it
+# does not show that the code lacks it (a call whose result is dropped, a rotation along an axis where every token
+# gets the same angle, an in-place change of a copy give the same numbers).
+NO_EFFECT: dict[str, str] = {}
+
+
+def no_effect(matched: str, step: str, fix: str) -> str:
+    """The words of a wrong value that leaves ``step`` out: "<step> as written has no effect: <fix>". A search
+    that matches it says what was matched (``matched``: "with no rotation at all"), never that the step is
+    missing."""
+    words = f"{step} as written has no effect on the result: {fix}"
+    NO_EFFECT[words] = matched
+    return words
+
 
 @dataclass(frozen=True)
 class Switch:
@@ -131,6 +146,9 @@ def findings_of(found: list[Change], what: str, separated: bool = False) -> list
     also = " and on a second case of other sizes" if separated else ""
     if len(found) == 1:
         change = found[0]
+        if len(change.words) == 1 and change.words[0] in NO_EFFECT:  # (a step left out: what was matched)
+            return [Finding(f"{what} equals what the right computation gives {NO_EFFECT[change.words[0]]}, on this "
+                            f"check's inputs{also}.", (change.text,), mechanisms, "mutation", weight=20)]
         count = "one change" if len(change.words) == 1 else "two changes"
         return [Finding(f"the right computation with {count} gives {what}, on this check's inputs{also}.",
                         (change.text,), mechanisms, "mutation", weight=20)]

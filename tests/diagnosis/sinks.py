@@ -18,7 +18,7 @@ import numpy as np
 from . import attention as A
 from . import caches as C
 from .findings import Finding
-from .search import Switch
+from .search import Switch, no_effect
 
 Choices = Mapping[str, Hashable]
 NONE: Choices = {}
@@ -168,7 +168,8 @@ WINDOW = Switch("window", "masking", {
                 "included)",
     "minus_one": "the window is off by one: key j is inside it when i - j < window (window tokens, the query's own "
                  "included; yours holds window - 1)",
-    "none": "the window was not applied: besides the sink tokens, a query sees only its last window positions"})
+    "none": no_effect("with no window (every earlier token takes part)", "the window", "besides the sink tokens, a "
+                      "query sees only its last window positions")})
 NOT_CAUSAL = "the mask lets queries see later keys: j <= i must hold as well"
 CAUSAL = A.CAUSAL.plus({"none": NOT_CAUSAL})
 

@@ -56,7 +56,7 @@ ONLINE = [Switch("max", MECHANISM, {"tile_only": MAX_NOT_CARRIED}),
           Switch("acc", MECHANISM, {"stale": ACC_STALE,
                                     "divided": INVERTED_CORRECTION.format(what="accumulator", name="acc")}),
           Switch("guard", MECHANISM, {"missing_first": NAN_GUARD})]
-SCALE = Switch("scale", "scaling", {"none": "the scores were not scaled by 1 / sqrt(d)",
+SCALE = Switch("scale", "scaling", {"none": A.not_scaled("d"),
                                     "no_sqrt": "the scores were divided by d: divide by sqrt(d)",
                                     "times": "the scores were multiplied by sqrt(d): divide by it"})
 

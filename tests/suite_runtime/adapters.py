@@ -221,10 +221,13 @@ def unregistered(model) -> list[str]:
     """Attributes of ``model`` (and its submodules) that hold modules in a plain list, tuple or dict: torch does not
     register those, so their parameters are neither the module's nor loaded, moved or trained with it."""
     found = []
+    # (torch's own registry, vars(sub)["_modules"], is a dict of the registered ones: a module counts as unregistered
+    # only where nn.Module does not reach it at all)
+    registered = {id(m) for m in model.modules()}
     for prefix, sub in model.named_modules():
         for name, value in vars(sub).items():
             values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-            count = sum(isinstance(v, torch.nn.Module) for v in values)
+            count = sum(isinstance(v, torch.nn.Module) and id(v) not in registered for v in values)
             if count:
                 kind = type(value).__name__
                 found.append(f"{prefix + '.' if prefix else ''}{name} (a plain {kind} of {count} modules)")
@@ -294,7 +297,9 @@ def op_inspect(module, cls, init):
     return {
         "parameters": {n: list(p.shape) for n, p in model.named_parameters()},
         "parameter_count_with_duplicates": len(params_all),
-        "distinct_parameter_storages": len({p.data_ptr() for _, p in params_all}),
+        # (an empty tensor has no storage to share: its data_ptr is 0 whichever parameter it is, so it counts by
+        # identity, as the same Parameter reused still does)
+        "distinct_parameter_storages": len({p.data_ptr() if p.numel() else id(p) for _, p in params_all}),
         "buffers": {n: to_plain(b, n) for n, b in model.named_buffers()},
         "persistent_buffers": sorted(n for n, _ in model.named_buffers() if n in persistent),
         "modules": {n: type(m).__name__ for n, m in model.named_modules() if n},
