@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from shlex import quote
 
-from suite_runtime import SPEED_CHECK_POLICIES
+from suite_runtime import DEFAULT_SPEED_CHECKS, SPEED_CHECK_POLICIES, SpeedChecks
 from suite_runtime.stage_names import is_stage_module
 
 from .errors import AttnkitError, GradeError, SampleError
@@ -267,7 +267,7 @@ def cmd_gradescope(args):
     return 0
 
 
-def course_speed_checks() -> str:
+def course_speed_checks() -> SpeedChecks:
     """The speed_checks of the course in the current folder (an instructor builds Gradescope's zip there, as
     ``gradescope_assignment`` assumes), else "skip"."""
     from .course.settings import Course
@@ -276,7 +276,7 @@ def course_speed_checks() -> str:
     try:
         return Course.load(".").speed_checks
     except CourseError:  # not in a course
-        return SPEED_CHECK_POLICIES[0]
+        return DEFAULT_SPEED_CHECKS
 
 
 def cmd_doctor(args):

@@ -44,6 +44,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
+from suite_runtime import DEFAULT_SPEED_CHECKS, SpeedChecks
+
 from .. import kit
 from ..authoring.stubs import out_of_sync
 from ..errors import CourseError
@@ -209,7 +211,7 @@ def _check_target(root: Path):
 
 def build(root, *, course_id="attention-kit", assignments=None, total=100, points=None,
           test_timeout=TEST_TIMEOUT, time_budget=None, exchange_root=None, db_url=None, allow_plain=False,
-          speed_checks="skip") -> Course:
+          speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS) -> Course:
     """(Re)create the course at ``root`` with ``assignments`` (names of the kit's assignments; default: all of
     them), keeping any other assignment it had; returns it, describing the first assignment built.
     ``total`` and ``points`` (marker -> points) apply to each assignment; ``speed_checks``: "skip" or "count" (see

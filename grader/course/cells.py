@@ -30,6 +30,8 @@ import os
 import warnings
 from pathlib import Path
 
+from suite_runtime import DEFAULT_SPEED_CHECKS, SpeedChecks
+
 from .. import submission as S
 from ..grading.scoring import stage_report, stage_score
 from ..grading.worker import WorkerError, grade_folder
@@ -49,7 +51,7 @@ class Grading:
     ``speed_checks``: the course's choice for speed checks that cannot run here ("skip" or "count")."""
 
     def __init__(self, assignment: str, test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None,
-                 folder=None, speed_checks: str = "skip"):
+                 folder=None, speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS):
         self.folder = Path(folder or os.getcwd()).resolve()
         self.error: WorkerError | None = None
         course = course_of(self.folder)

@@ -27,6 +27,7 @@ import jinja2
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from suite_runtime import DEFAULT_SPEED_CHECKS, SpeedChecks
 from suite_runtime.stage_names import MODULE, stage_command
 
 from .. import kit
@@ -92,7 +93,7 @@ def _meta(grade_id, *, grade=False, points=None):
 
 
 def grade_source(stage: kit.Stage, points: float, test_timeout: float, time_budget: float | None = None,
-                 first: bool = False, speed_checks: str = "skip") -> str:
+                 first: bool = False, speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS) -> str:
     """An autograder cell. The first grades the submission (grader.course.cells.Grading), with the course's time
     limits and its choice for speed checks that cannot run (``speed_checks``); each reports its stage.
 
@@ -101,7 +102,7 @@ def grade_source(stage: kit.Stage, points: float, test_timeout: float, time_budg
     release, puts it back for grading, and the feedback page leaves it out again."""
     options = f", time_budget={time_budget!r}" if time_budget is not None else ""
     # (written only where it is not Grading's default: the cells of a course that keeps the default stay as they were)
-    options += f", speed_checks={speed_checks!r}" if speed_checks != "skip" else ""
+    options += f", speed_checks={speed_checks!r}" if speed_checks != DEFAULT_SPEED_CHECKS else ""
     grading = (f"from grader.course.cells import Grading\n"
                f"grading = Grading({stage.assignment!r}, test_timeout={test_timeout!r}{options})\n")
     return (
@@ -123,8 +124,8 @@ def setup_source(test_timeout: float) -> str:
         time_limit=repr(float(test_timeout)), stage_module=MODULE.pattern, packages=repr(packages)).rstrip("\n")
 
 
-def build_notebook(assignment: str, points: dict[str, float], test_timeout: float,
-                   time_budget: float | None = None, speed_checks: str = "skip") -> nbformat.NotebookNode:
+def build_notebook(assignment: str, points: dict[str, float], test_timeout: float, time_budget: float | None = None,
+                   speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS) -> nbformat.NotebookNode:
     """The source notebook of ``assignment``; ``points`` maps each of its stage modules to its points (teaching
     order); ``test_timeout`` and ``time_budget`` are the course's time limits (grader.sandbox.limits.Limits),
     ``speed_checks`` its choice for speed checks that cannot run (grader.course.settings.Course)."""

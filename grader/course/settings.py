@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from suite_runtime import SPEED_CHECK_POLICIES
+from suite_runtime import DEFAULT_SPEED_CHECKS, SPEED_CHECK_POLICIES, SpeedChecks
 
 from .. import kit
 from ..errors import CourseError
@@ -34,7 +34,7 @@ class Course:
     allow_plain: bool = False  # grade where no confinement holds, learner code unconfined (the instructor's choice)
     # the kernels' speed checks that cannot run where grading runs (no GPU): "skip" leaves them out of the stage's
     # count, "count" fails them (SPEED_CHECK_POLICIES; the grading worker's pytest gets it as --speed-checks)
-    speed_checks: str = "skip"
+    speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS
 
     @property
     def source(self) -> Path:

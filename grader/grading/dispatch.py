@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import Protocol
 
+from suite_runtime import DEFAULT_SPEED_CHECKS, SpeedChecks
+
 from ..sandbox.confinement import ConfinementRecord
 from ..sandbox.limits import ATTEMPTS, Limits
 from .contracts import ClassJob, Result
@@ -33,7 +35,8 @@ class Results(Protocol):
 class Workers:
     """``count`` grading worker processes (each started on first use), lent to one job at a time."""
 
-    def __init__(self, limits: Limits, count: int, *, allow_plain: bool = False, private=(), speed_checks="skip"):
+    def __init__(self, limits: Limits, count: int, *, allow_plain: bool = False, private=(),
+                 speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS):
         self.handles = [WorkerProcess(limits, allow_plain=allow_plain, private=private, speed_checks=speed_checks,
                                       on_start=self._started) for _ in range(count)]
         self.refused: WorkerRefused | None = None  # no confinement holds where the workers run: nothing can be graded
@@ -86,7 +89,7 @@ class LocalResults:
     workers start at once (torch, pytest, the sandbox: a second or so) while the caller goes on."""
 
     def __init__(self, jobs: Iterable[ClassJob], limits: Limits, workers: int, *, allow_plain: bool = False,
-                 private=(), speed_checks="skip"):
+                 private=(), speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS):
         self.workers = Workers(limits, workers, allow_plain=allow_plain, private=private, speed_checks=speed_checks)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnkit-grade")
         self.futures: dict[Future[Result], ClassJob] = {self.pool.submit(self.workers.grade, job): job for job in jobs}

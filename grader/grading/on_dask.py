@@ -18,6 +18,8 @@ from dataclasses import asdict
 
 from distributed import Client, WorkerPlugin, as_completed, get_worker
 
+from suite_runtime import DEFAULT_SPEED_CHECKS, SpeedChecks
+
 from ..errors import SchedulerError
 from ..sandbox.limits import Limits
 from .contracts import ClassJob, Result
@@ -30,7 +32,8 @@ CONNECT_SECONDS = 10  # for the scheduler to take the connection and answer
 class GradingWorkers(WorkerPlugin):
     """The grading workers of one Dask worker process."""
 
-    def __init__(self, limits: dict, name: str, allow_plain: bool = False, speed_checks: str = "skip"):
+    def __init__(self, limits: dict, name: str, allow_plain: bool = False,
+                 speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS):
         self.limits, self.name, self.allow_plain, self.speed_checks = limits, name, allow_plain, speed_checks
         self.workers = None
 
@@ -95,7 +98,8 @@ def confinement(client: Client, scheduler: str, allow_plain: bool = False) -> tu
 class DaskResults:
     """(job, result) as they complete on the cluster at ``scheduler``, like ``dispatch.LocalResults``."""
 
-    def __init__(self, jobs, limits: Limits, scheduler: str, allow_plain: bool = False, speed_checks: str = "skip"):
+    def __init__(self, jobs, limits: Limits, scheduler: str, allow_plain: bool = False,
+                 speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS):
         self.client = connect(scheduler)
         self.plugin = GradingWorkers(asdict(limits), name=f"attnkit-grade-{uuid.uuid4().hex[:12]}",
                                      allow_plain=allow_plain, speed_checks=speed_checks)

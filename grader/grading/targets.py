@@ -9,6 +9,7 @@ from pathlib import Path
 from shlex import quote
 from typing import Protocol
 
+from suite_runtime import DEFAULT_SPEED_CHECKS, SpeedChecks
 from suite_runtime.stage_names import module_files
 
 from ..errors import TargetError
@@ -41,7 +42,8 @@ class Target:
     course_root: Path | None = None  # the nbgrader course (None: a plain folder of submissions)
     where: str = "the target"  # where the submissions were looked for, and how they get there (said if none)
     allow_plain: bool = False  # grade where no confinement holds (learner code unconfined: the instructor's choice)
-    speed_checks: str = "skip"  # speed checks that cannot run where grading runs: "skip" (not counted) or "count"
+    # the speed checks that cannot run where grading runs: "skip" (not counted) or "count"
+    speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS
     submissions_root: Path | None = None  # (a plain folder of submissions) that folder
     chosen: str = ""  # how the assignment was chosen when none was named and there was a choice (said at the start)
 

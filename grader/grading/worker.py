@@ -41,7 +41,7 @@ from typing import IO, Any, cast
 
 import pytest
 
-from suite_runtime import SPEED_CHECK_POLICIES
+from suite_runtime import DEFAULT_SPEED_CHECKS, SPEED_CHECK_POLICIES, SpeedChecks
 
 from .. import submission as S
 from ..kit import KIT, suite_files
@@ -76,7 +76,7 @@ class WorkerRefused(WorkerError):
     there (the message says what to do)."""
 
 
-def pytest_args(staging: Path, speed_checks: str = "skip") -> list[str]:
+def pytest_args(staging: Path, speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS) -> list[str]:
     """The arguments of a grading session whose implementation is the folder ``staging``; ``speed_checks``: the
     course's choice for speed checks that cannot run here (tests/suite_plugin/speed.py), always given, so that
     ATTNKIT_SPEED_CHECKS in the grader's environment does not decide it."""
@@ -162,7 +162,8 @@ class JobLoop:
 
 
 def serve(jobs: Iterable[Job], answer: Callable[[Message], object], limits: Limits, *, isolate: bool = True,
-          started: float | None = None, allow_plain: bool = False, private=(), speed_checks: str = "skip") -> int:
+          started: float | None = None, allow_plain: bool = False, private=(),
+          speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS) -> int:
     """Grade ``jobs`` ({"sources": {file name: bytes}, "seed", "stages": the stage modules to grade, None:
     every stage of the kit}) in one pytest session in this process,
     passing each answer to ``answer``; ``speed_checks``: see ``pytest_args``. ``isolate=False`` runs the
@@ -203,7 +204,7 @@ def main(argv=None) -> int:
                               for job in map(json.loads, jobs))
     return serve(decoded, lambda answer: answers.write(json.dumps(answer) + "\n"), Limits(**settings["limits"]),
                  isolate=settings["isolate"], started=started, allow_plain=settings.get("allow_plain", False),
-                 private=settings.get("private", ()), speed_checks=settings.get("speed_checks", "skip"))
+                 private=settings.get("private", ()), speed_checks=settings.get("speed_checks", DEFAULT_SPEED_CHECKS))
 
 
 def _die_with_parent():
@@ -241,7 +242,8 @@ class WorkerProcess:
     restarted after a failure."""
 
     def __init__(self, limits: Limits, isolate: bool = True, *, allow_plain: bool = False, private=(),
-                 speed_checks: str = "skip", on_start: Callable[[WorkerProcess], object] | None = None):
+                 speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS,
+                 on_start: Callable[[WorkerProcess], object] | None = None):
         """``allow_plain``: grade with learner code unconfined where nothing else holds (the instructor's explicit
         choice); ``private``: what boxes must not reach besides the kit (grader.sandbox.template.Sandbox);
         ``speed_checks``: "skip" or "count" the speed checks that cannot run (the course's choice, see
@@ -390,7 +392,7 @@ class WorkerProcess:
 
 
 def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None = None, *, allow_plain=False,
-                 private=(), speed_checks: str = "skip") -> Graded:
+                 private=(), speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS) -> Graded:
     """The verdicts of the submission in nbgrader's autograded copy ``folder`` on ``graded_stages`` (None:
     every stage), graded by a worker of its own: {"fingerprint", "seed", "tests", "output_capped",
     "confinement", "seconds"}. ``allow_plain``, ``private``, ``speed_checks``: see WorkerProcess. A failure of the

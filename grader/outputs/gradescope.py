@@ -62,6 +62,7 @@ from pathlib import Path, PurePosixPath
 
 import jinja2
 
+from suite_runtime import DEFAULT_SPEED_CHECKS, SpeedChecks
 from suite_runtime.stage_names import module_files, stage_test_file
 
 from ..errors import UploadError
@@ -106,7 +107,7 @@ def run_autograder() -> str:
 
 def build_zip(out, assignment: str = "attention", points: dict[str, float] | None = None,
               test_timeout: float = TEST_TIMEOUT, time_budget: float | None = None, allow_plain: bool = False,
-              speed_checks: str = "skip") -> Path:
+              speed_checks: SpeedChecks = DEFAULT_SPEED_CHECKS) -> Path:
     """Write Gradescope's autograder zip for ``assignment`` to ``out``; ``points``: stage module -> points
     (default: the course's default plan, 100 in all); ``allow_plain``: grade even where no confinement holds;
     ``speed_checks``: "skip" or "count" the speed checks that cannot run (Gradescope has no GPU)."""
@@ -386,7 +387,7 @@ def run(root, settings_file) -> dict:
                 # All of the container's root (the kit, this run's settings, run_autograder, results/) is the
                 # grader's: boxes get a copy of the submission's modules.
                 graded = grade_folder(folder, limits, list(points), allow_plain=settings.get("allow_plain", False),
-                                      private=[root], speed_checks=settings.get("speed_checks", "skip"))
+                                      private=[root], speed_checks=settings.get("speed_checks", DEFAULT_SPEED_CHECKS))
             found = results(graded, points)  # (the worker, and every box of it, is gone)
         except UploadError as exc:
             found = to_fix(str(exc))

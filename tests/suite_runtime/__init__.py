@@ -10,4 +10,8 @@ grader (kit_tests/test_kit.py holds them to it).
 # Triton's interpreter): "skip" leaves them out of the stage's count, "count" fails them. The one list of them: the
 # suite's speed checks (suite_plugin.speed) and the grader's course settings both read it here (the root conftest,
 # which cannot import this package in a student's folder, repeats it; kit_tests check that the two agree).
-SPEED_CHECK_POLICIES = ("skip", "count")
+from typing import Literal, get_args
+
+SpeedChecks = Literal["skip", "count"]
+SPEED_CHECK_POLICIES: tuple[SpeedChecks, ...] = get_args(SpeedChecks)
+DEFAULT_SPEED_CHECKS: SpeedChecks = "skip"  # a course's choice unless it makes another
