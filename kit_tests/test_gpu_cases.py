@@ -22,6 +22,10 @@ from catalogue import BUGS
 from grader.kit import EXERCISES, KIT, SOLUTIONS, SUITE
 from suite_runtime.adapters import load_stage_module, peak_memory
 
+# Whole suites or gradings run in its fixtures: seconds idle, minutes on a loaded machine (pytest's default of
+# 120 s is for single tests).
+pytestmark = pytest.mark.timeout(600)
+
 # What gpu_check.sh may assume on a GPU machine: python3 with these (and what they require), nothing else. (A CUDA
 # build of torch requires triton, which the kernels assignment's CUDA cases run; the CPU build here does not.)
 GPU_MACHINE = ("torch", "triton", "numpy", "pytest", "pytest-timeout", "pip", "setuptools")  # (a venv: the last two)

@@ -21,6 +21,10 @@ from grader.course.samples import edited, write_modules
 from grader.kit import KIT, SOLUTIONS, stages, suite_files
 from suite_runtime.adapters import SubmissionError, load_stage_module
 
+# Whole suites or gradings run in its fixtures: seconds idle, minutes on a loaded machine (pytest's default of
+# 120 s is for single tests).
+pytestmark = pytest.mark.timeout(600)
+
 
 def run_suite(impl, tmp_path, *extra):
     """Run the stage suites against impl; return ({test id: (outcome, message)}, stdout)."""

@@ -32,6 +32,10 @@ from grader.course.settings import Course
 from grader.grading import records as R
 from runs import Nbgrader, attnkit
 
+# Whole suites or gradings run in its fixtures: seconds idle, minutes on a loaded machine (pytest's default of
+# 120 s is for single tests).
+pytestmark = pytest.mark.timeout(600)
+
 ASSIGNMENT = "attention"
 STUDENTS = ("reference", "tril-for-triu", "softmax-dim0")  # full marks, one stage partly, several stages
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")

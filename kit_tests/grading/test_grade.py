@@ -264,10 +264,10 @@ def test_every_student_is_graded_and_the_bad_one_costs_only_its_limit(course):
     loop = {s["marker"]: s for s in found["endless-loop"]["stages"]}["context_vectors"]
     assert {t["limit"] for t in loop["tests"]} == {"time"}
     assert R.limits_hit(found["endless-loop"]) == ["context_vectors"]
-    # The endless loop held up its own worker for its time limit (10 s of CPU time); the others went on.
+    # The endless loop held up its own worker for its time limit (10 s of CPU time); the others went on, each
+    # graded in less time than the loop's (a ratio: a loaded machine stretches both alike).
     others = max(found[s]["seconds"] for s in STUDENTS if s != "endless-loop")
-    assert others < 15, f"a correct submission took {others:.1f} s"
-    assert found["endless-loop"]["seconds"] < 60
+    assert others < found["endless-loop"]["seconds"], f"a correct submission took {others:.1f} s, the loop less"
     for record in found.values():
         assert record["confinement"] == {"mode": PROMISED, "missing": [] if PROMISED == "namespaces" else ["uid"]}
     assert list(tmpdir.iterdir()) == [], "the run left files in TMPDIR"

@@ -134,6 +134,8 @@ def test_gradescope_s_autograder_keeps_the_choice_and_grades_with_it(tmp_path, m
     assert asked["speed_checks"] == "count"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # two gradings of the kernels in Triton's interpreter: 24 s idle, over 120 s at a load of 10
 def test_the_kernels_reference_loses_exactly_its_speed_checks_under_count(tmp_path):
     """``attnkit grade`` of a folder on a course's points (no GPU here: every speed check cannot run), once with the
     course's "count", once told "skip"."""

@@ -25,7 +25,7 @@ from grader.kit import KIT, SOLUTIONS, marker, plan_points, stage_info, stages
 from grader.outputs.gradescope import GRADING_NEEDS, ROOT_ENV, check_worth
 from grader.sandbox.limits import Limits
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 IMAGE_ONLY = Path(__file__).parent.parent / "image_only"
 
