@@ -29,10 +29,11 @@ NO_EFFECT: dict[str, str] = {}
 
 
 def no_effect(matched: str, step: str, fix: str) -> str:
-    """The words of a wrong value that leaves ``step`` out: "<step> as written has no effect: <fix>". A search
-    that matches it says what was matched (``matched``: "with no rotation at all"), never that the step is
-    missing."""
-    words = f"{step} as written has no effect on the result: {fix}"
+    """The words of a wrong value that leaves ``step`` out: "<step> is missing or, as written, has no effect: <fix>".
+    Both are causes of such a match (RoPE turned along an axis where every position is the same leaves the scores
+    as no RoPE does), so neither is said alone; a search that matches it says what was matched (``matched``: "with
+    no rotation at all")."""
+    words = f"{step} is missing or, as written, has no effect on the result: {fix}"
     NO_EFFECT[words] = matched
     return words
 
@@ -147,8 +148,8 @@ def findings_of(found: list[Change], what: str, separated: bool = False) -> list
     if len(found) == 1:
         change = found[0]
         if len(change.words) == 1 and change.words[0] in NO_EFFECT:  # (a step left out: what was matched)
-            return [Finding(f"{what} equals what the right computation gives {NO_EFFECT[change.words[0]]}, on this "
-                            f"check's inputs{also}.", (change.text,), mechanisms, "mutation", weight=20)]
+            return [Finding(f"the right computation gives {what} {NO_EFFECT[change.words[0]]}, on this check's "
+                            f"inputs{also}.", (change.text,), mechanisms, "mutation", weight=20)]
         count = "one change" if len(change.words) == 1 else "two changes"
         return [Finding(f"the right computation with {count} gives {what}, on this check's inputs{also}.",
                         (change.text,), mechanisms, "mutation", weight=20)]
