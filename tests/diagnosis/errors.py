@@ -17,6 +17,12 @@ from .findings import Finding
 # message, and only as far as the evidence goes: each reading is checked against the operation that
 # raised (``Call``: the constructor arguments and the sizes of the inputs the test gave), and one the
 # evidence does not bear out is not shown. A message that says nothing specific beats a wrong one.
+#
+# A shape error shows where two sizes met, never which step made them so: many steps give the same numbers (a query
+# split into num_kv_groups heads gives the sizes of a view by x's width where num_kv_groups * head_dim = d_in). Its
+# readings state the facts, which named sizes met in which operation at which dimension, and name no cause: nothing
+# was run on the learner's code that reproduced one. A cause is said only where the error's own text is the cause (a
+# view of a tensor that is not contiguous, a float mask given to masked_fill).
 
 # What a stub's NotImplementedError means: no mistake, a part not written yet (a report shows it as such, never as a
 # "Likely mistake:"; a student's pytest says it in one line at the stub, its summary "fill in the TODOs").
@@ -151,9 +157,9 @@ def call_inputs(call) -> list[tuple[tuple, str]]:
 def shifted_axis(match, call):
     """Two sizes that could not be broadcast, at dimension k, that are the sizes of axes k and k - 1 of an input the
     check gave: one operand holds the input's axis k - 1 one place to the right of where the input has it. That is
-    what the sizes show, and two kinds of step give exactly that: a reduction over an axis without keepdim=True
-    (its result lacks that axis, and torch lines shapes up from the right), and axes k - 1 and k swapped in one
-    tensor. The error cannot tell them apart: both are said, each with "if"."""
+    what the sizes show (torch lines shapes up from the right, so an axis missing on the left of a tensor moves the
+    others one place to the right); which step did it (a reduction without keepdim=True, two axes swapped, ...) is
+    not in the error, and none is said."""
     a, b, dim = int(match[1]), int(match[2]), int(match[3])
     for shape, label in call_inputs(call):
         if not 1 <= dim < len(shape) or shape[dim] == shape[dim - 1] or {a, b} != {shape[dim], shape[dim - 1]}:
@@ -164,66 +170,103 @@ def shifted_axis(match, call):
         shows = (f"torch could not combine two tensors at dimension {dim}: one holds there {_named(own, names)}, the "
                  f"size of axis {dim} of {label} (shape {shape}); the other holds {_named(moved, names)}, the size of "
                  f"its axis {dim - 1}: one place to the right of where {label} has it.")
-        return Finding(shows, (
-            "if a sum, max or mean over an axis feeds this operation: it dropped the reduced axis (no keepdim=True), "
-            "so under broadcasting (shapes lined up from the right) its other axes sit one place to the right and "
-            "each row meets another row's sum or max; keep the axis, x.sum(dim=dim, keepdim=True) or "
-            "x.max(dim=dim, keepdim=True).values",
-            f"if one tensor has its axes {dim - 1} and {dim} the other way round: a transpose missing or extra, or a "
-            "view or reshape to another order of axes than the tensor holds"), "shapes", "error")
+        return Finding(shows, (), "shapes", "error")
     return None
 
 
 def mask_not_cut(match, call):
-    """A causal mask kept at context_length x context_length (or cut to the book's 6 tokens) meeting the
-    scores of a sequence of another length: chapter 3's modules, whose queries and keys are x's num_tokens."""
-    sizes, _ = broadcast_sizes(match)
+    """Chapter 3's modules, whose queries and keys are x's num_tokens: two sizes that could not be broadcast, one
+    x's num_tokens and the other the constructor's context_length, or 6 where no size of this check is 6 (the
+    number of tokens of the book's example). Facts only: which tensor was sized so (a mask, a table of positions,
+    another buffer) is not in the error."""
+    sizes, dim = broadcast_sizes(match)
     length = call.init.get("context_length")
     for _, num_tokens, num_keys in call.forwards():
         if num_keys != num_tokens:
             continue
         if length and length > num_tokens and sizes == {num_tokens, length}:
-            if any(k in call.init for k in ("rope_dim", "theta_base")):  # (RoPE's tables have context_length rows)
-                return (f"a tensor of context_length = {length} rows met one of num_tokens = {num_tokens}: if it is "
-                        "the causal mask, cut it to the sequence (mask[:num_tokens, :num_tokens]); if it is RoPE's "
-                        "cos and sin, a slice of them came out of another length than the tokens it rotates "
-                        "(cos[offset:offset + num_tokens] with an offset that runs past the table's end, say)")
-            return (f"the causal mask is context_length x context_length ({length} x {length}) and met the scores of "
-                    f"num_tokens = {num_tokens} tokens: cut it to the sequence, self.mask.bool()[:num_tokens, "
-                    ":num_tokens] with num_tokens = x.shape[1] (never hard-code the sequence length)")
+            return Finding(f"torch could not combine two tensors at dimension {dim}: one is {length} long there, "
+                           f"context_length = {length} (an argument of the constructor), the other {num_tokens}, "
+                           f"x's num_tokens (x holds {num_tokens} tokens): a tensor sized by context_length met one "
+                           "sized by the sequence.", (), "masking", "error")
         if sizes == {num_tokens, BOOK_LENGTH} and BOOK_LENGTH not in call.sizes():
-            return (f"something sized for {BOOK_LENGTH} tokens (the book's example; no size of this check is "
-                    f"{BOOK_LENGTH}) met the scores of num_tokens = {num_tokens} tokens: never hard-code the sequence "
-                    "length or read it from a global: size the mask buffer with the constructor's context_length "
-                    "and cut it with num_tokens = x.shape[1]")
+            return Finding(f"torch could not combine two tensors at dimension {dim}: one is {BOOK_LENGTH} long "
+                           f"there, the other {num_tokens}, x's num_tokens (x holds {num_tokens} tokens); no size "
+                           f"of this check is {BOOK_LENGTH} ({BOOK_LENGTH} is the number of tokens in the book's "
+                           "example): something in the forward has a length that follows neither x nor the "
+                           "constructor's arguments.", (), "masking", "error")
     return None
 
 
 def view_sizes(match, call):
-    """A view/reshape to sizes that do not fit: which of the sizes the test gave it got wrong."""
+    """A view/reshape to sizes that do not fit, read against the forward that raised: the tensor's values as
+    (b, num_tokens, values per token) of a forward the check ran, and what the view asks for in their place, every
+    size by its names. Facts only: which step gave the tensor or the view those sizes is not in the error (a size
+    read from another axis, a global, another count of heads: each gives the same numbers), so no cause is said."""
     shape, size = [int(s) for s in match[1].split(",")], int(match[2])
     if len(shape) < 3 or min(shape) < 1:
         return None
-    d_in, d_out, num_heads = (call.init.get(k) for k in ("d_in", "d_out", "num_heads"))
-    lead, width = shape[:2], int(np.prod(shape[2:]))
-    for b, num_tokens, _ in call.forwards():
-        if size == b * num_tokens * width and lead != [b, num_tokens]:
-            which = "the batch size b" if shape[0] != b else "num_tokens"
-            return (f"a view to sizes ({shape[0]}, {shape[1]}, ...) where x holds (b, num_tokens) = "
-                    f"({b}, {num_tokens}): take {which} from x.shape instead of hard-coding it")
-        if lead != [b, num_tokens] or not (d_in and d_out) or d_in == d_out:
+    names = named_sizes(call)
+    asked = int(np.prod(shape[2:]))
+    runs = sorted(call.forwards(), key=lambda run: list(run[:2]) != shape[:2])  # (a forward the view's lead fits first)
+    for b, num_tokens, _ in runs:
+        if size % (b * num_tokens):
             continue
-        if size == b * num_tokens * d_out and width == d_in:
-            return (f"a tensor of width d_out = {d_out} was viewed with x's width d_in = {d_in}: take the width from "
-                    "the constructor (self.d_out), never from x's last size")
-        if size == b * num_tokens * d_in and width == d_out:
-            return (f"a tensor of x's width d_in = {d_in} was viewed as d_out = {d_out} wide: the heads split the "
-                    "projections' outputs W_query(x), W_key(x), W_value(x) (width d_out), not x itself")
-        if size == b * num_tokens * d_out and len(shape) == 4 and num_heads and shape[2] != num_heads:
-            return (f"the heads were split as {shape[2]} x {shape[3]} where the constructor's arguments give num_heads "
-                    f"= {num_heads}, head_dim = d_out // num_heads = {d_out // num_heads}: take both from the "
-                    "constructor's arguments (num_heads, d_out), never from a global or the book's example")
+        held = size // (b * num_tokens)
+        if shape[:2] != [b, num_tokens] and held not in names:
+            continue
+        shows = (f"a view or reshape to {tuple(shape)} of a tensor of {size} values = b x num_tokens x {held} "
+                 f"({b} x {num_tokens} x {held}; {held} = {_width(held, names, call)}): ")
+        if shape[:2] == [b, num_tokens]:
+            shows += (f"the view keeps x's (b, num_tokens) = ({b}, {num_tokens}) first and asks for "
+                      f"{_per_token(shape[2:], names)} = {asked} values per token{_also(asked, names, call)}, where "
+                      f"the tensor holds {held}." + _by_name(asked, held, names))
+        else:
+            wrong = [f"its {place} size is {got} where x's {what} is {want}"
+                     for place, got, what, want in (("first", shape[0], "batch size b", b),
+                                                    ("second", shape[1], "num_tokens", num_tokens)) if got != want]
+            shows += ("; ".join(wrong) + (f", and it asks for {asked} values per token{_also(asked, names, call)} "
+                                          f"where the tensor holds {held}" if asked != held else "") + ".")
+        return Finding(shows, (), "shapes", "error")
     return None
+
+
+def _width(size: int, names: dict[int, list[str]], call) -> str:
+    """A per-token width by its names (features and heads first), and d_out as num_heads x head_dim."""
+    found = [n for n in names.get(int(size), ()) if not n.startswith((*TOKEN_NAMES, "axis "))]
+    words = " = ".join(found) if found else "no size of this check"
+    d_out, h = call.init.get("d_out"), call.init.get("num_heads")
+    if d_out and h and size == d_out and d_out % h == 0 and "num_heads * head_dim" not in found:
+        words += f" = num_heads x head_dim ({h} x {d_out // h})"
+    return words
+
+
+def _by_name(asked: int, held: int, names: dict[int, list[str]]) -> str:
+    """" Per token: the view asks for d_in, the tensor holds d_out.": the two widths by their names, where both have
+    names (a width only a count of tokens or the batch shares is said as a number above)."""
+    def width(size):
+        return " = ".join(n for n in names.get(int(size), ()) if not n.startswith((*TOKEN_NAMES, "axis ")))
+    if asked == held or not (width(asked) and width(held)):
+        return ""
+    return f" Per token: the view asks for {width(asked)}, the tensor holds {width(held)}."
+
+
+def _also(size: int, names: dict[int, list[str]], call) -> str:
+    """" (6 = d_in = num_kv_groups * head_dim)": every name of a per-token count, where it has one."""
+    words = _width(size, names, call)
+    return "" if words.startswith("no size") else f" ({size} = {words})"
+
+
+def _per_token(sizes, names) -> str:
+    """The view's sizes after (b, num_tokens), each by its names: "num_kv_groups (2) x head_dim (3)"; a count of
+    tokens or the batch only where a size has no other name (the view has put b and num_tokens first already)."""
+    def widths(found):
+        return [n for n in found if n not in TOKEN_NAMES and not n.startswith(TOKEN_NAMES)] or found
+    return " x ".join(_named(s, {v: widths(found) for v, found in names.items()}) for s in sizes)
+
+
+# The names a forward gives its counts of tokens and its batch (``named_sizes``).
+TOKEN_NAMES = ("the batch size b", "b * num_tokens", "num_tokens", "num_keys", "cached tokens")
 
 
 # What a layer of a module can give (an output width): a matrix made as (this width x something) and applied the wrong
@@ -251,11 +294,9 @@ def input_widths(call) -> dict[str, set[int]]:
 def matmul_sizes(match, call):
     """A product whose inner sizes differ: which named sizes met, of which operands (a tensor of one width, a
     matrix made for another: an nn.Linear(in, out) is applied as such a product, its second operand (in x out)).
-    A class of mistake is said, with "if", only where the named sizes are exactly what it gives: the second operand
-    (output width x input width), a weight applied without its transpose or made with its sizes swapped; a width
-    that is no size of this check at all, one that came from somewhere else than the constructor's arguments.
-    Otherwise the sizes are the evidence (a layer made for the context's width that got x's says so), with the
-    general classes of a meeting of those kinds of size (``_meeting_causes``), as the general reading has them."""
+    Facts only: the second operand transposed would fit (a weight's layout, output width x input width), a width
+    that is no size of this check at all, a layer made for the context's width that got x's. Which step made the
+    sizes so is not in the error, and no cause is said."""
     m, inner, other, n = (int(g) for g in match.groups())
     d_in = call.init.get("d_in")
     names = named_sizes(call)
@@ -265,36 +306,21 @@ def matmul_sizes(match, call):
              f"{inner}).")
     # (the second operand transposed would fit, and it is shaped (an output width, the input's width) as a weight is)
     as_a_weight = n == inner and any(name in OUTPUT_WIDTHS for name in names.get(other, ()))
-    if as_a_weight:  # (nn.Linear(d_out, d_in), its arguments swapped, shows the same sizes)
-        return Finding(shows + f" The second matrix transposed, ({n}x{other}), would fit.",
-                       ("if a weight is applied by hand: is a transpose missing or extra? x @ W takes W of shape "
-                        "(d_in, d_out); nn.Linear(d_in, d_out)'s weight has shape (d_out, d_in) and is applied as "
-                        "x @ weight.T",
-                        "if the layer is an nn.Linear: its two sizes are swapped (nn.Linear(in_features, "
-                        "out_features))",
-                        "if several projections share one weight (q, k and v fused): the output is split or viewed "
-                        "in another layout than the weight was made in"), "shapes", "error")
-    if bool(d_in) and inner == d_in and other not in names:
-        return Finding(shows + f" No size of this check is {other}.",
-                       (f"if a layer's width came from a global or the book's example: it was made for width {other} "
-                        f"and got x, of width d_in = {d_in}; build every layer from the constructor's arguments "
-                        "(nn.Linear(d_in, ...)), never from globals",), "shapes", "error")
+    if as_a_weight:
+        shows += f" The second matrix transposed, ({n}x{other}), would fit."
+    elif bool(d_in) and inner == d_in and other not in names:
+        shows += f" No size of this check is {other}."
     widths = input_widths(call)
     if widths.get("x") == {inner} and widths.get("context") == {other}:
         shows += (f" This check gave x of width {inner} and a context of width {other}: the matrix made for the "
                   "context's width got a tensor as wide as x.")
-    if "features" in _kinds(inner, names) & _kinds(other, names):
-        # Two widths of the module's own met (a layer made for the context's width got x's): the names say all the
-        # sizes show, and another name one of them shares (cached tokens, say) would only suggest a wrong story.
-        return Finding(shows, (), "shapes", "error")
-    return Finding(shows, _meeting_causes(inner, other, names), "shapes", "error")
+    return Finding(shows, (), "shapes", "error")
 
 
 def parameter_sizes(match, call):
     """A layer whose input width (the last size of a weight) is not the documented one: what the sizes are, by the
-    names the constructor's arguments give them. Which step made the layer so is not in the error: a layer built
-    from another width (a global, the book's example), or built as wide as something else the module holds (all
-    heads side by side)."""
+    names the constructor's arguments give them. Which step made the layer so is not in the error (a global, the
+    book's example, the width of another tensor of the module: each gives these sizes), and none is said."""
     name = match[1]
     given, built = ([int(s) for s in re.findall(r"\d+", group)] for group in (match[2], match[3]))
     d_in = call.init.get("d_in")
@@ -303,11 +329,7 @@ def parameter_sizes(match, call):
     names = named_sizes(call)
     what = _named(built[-1], names)
     return Finding(f"{name} has shape {tuple(built)} where the documented one is {tuple(given)}: it takes inputs of "
-                   f"width {what}, not d_in = {d_in}.",
-                   ("if the layer is built from a global or the book's example: build it from the constructor's "
-                    "arguments (nn.Linear(d_in, ...)), never from globals",
-                    f"if it was sized as another tensor of the module ({what}), size it for what it is applied to"),
-                   "shapes", "error")
+                   f"width {what}, not d_in = {d_in}.", (), "shapes", "error")
 
 
 def parameter_rows(match, call):
@@ -503,14 +525,9 @@ def explain_error(text, call=None, readings=None):
 # ---------------------------------------------------------------- sizes by their names
 #
 # A shape error quotes numbers; the case that raised chose every size, pairwise distinct where it can, so a number
-# names a size. One reading serves every stage: it says which named sizes met where, and the class of mistake that
-# makes such a meeting where the names leave one (heads not repeated, a transpose of the wrong axes, tensors joined
-# on the wrong axis), always with "if": the sizes show where two tensors met, not which step made them so.
-
-HEADS = ("num_heads", "num_kv_groups", "index_heads")
-TOKENS = ("num_tokens", "num_keys", "cached tokens", "context_length", "block_size", "window", "top_k")
-FEATURES = ("d_in", "d_out", "head_dim", "d_model", "kv_latent_dim", "rope_dim", "index_dim", "d_context")
-
+# names a size. One reading serves every stage: it says which named sizes met where, in which operation, and nothing
+# more: the sizes show where two tensors met, not which step made them so (heads not repeated, a table of positions
+# read along the heads, a transpose of the wrong axes all give a num_heads meeting a num_tokens).
 
 def named_sizes(call) -> dict[int, list[str]]:
     """{size: its names} for the failing ``call``: the constructor's whole-number arguments and the call's, the
@@ -562,44 +579,6 @@ def _named(size: int, names: dict[int, list[str]]) -> str:
     return f"{' or '.join(found)} ({size})" if found else str(size)
 
 
-def _kinds(size, names) -> set[str]:
-    kinds = set()
-    for name in names.get(int(size), ()):
-        kinds |= {kind for kind, group in (("heads", HEADS), ("tokens", TOKENS), ("features", FEATURES))
-                  if any(name.startswith(g) for g in group)}
-        kinds |= {"batch"} if name == "the batch size b" else set()
-    return kinds
-
-
-def _meeting_causes(a: int, b: int, names) -> tuple[str, ...]:
-    """The classes of mistake that make a tensor sized ``a`` meet one sized ``b`` on one axis, where the names
-    leave them; none where they do not (the sizes alone are then the evidence)."""
-    names_a, names_b = set(names.get(int(a), ())), set(names.get(int(b), ()))
-    kinds_a, kinds_b = _kinds(a, names), _kinds(b, names)
-    causes = []
-    heads = ({"num_heads"}, {"num_kv_groups"})
-    if any(x <= names_a and y <= names_b for x, y in (heads, heads[::-1])):
-        causes.append("if these are the query heads and the key/value heads: the key/value heads were not repeated "
-                      "to the query heads' count (repeat_interleave(num_heads // num_kv_groups, dim=<the heads "
-                      "axis>)), or one projection was built for the other count")
-    if ("heads" in kinds_a and "tokens" in kinds_b) or ("tokens" in kinds_a and "heads" in kinds_b):
-        causes.append("if a size or a table was taken from the wrong axis: after the split into heads the layout is "
-                      "(b, num_heads, num_tokens, head_dim), so x.shape[1] is num_heads there and num_tokens before; "
-                      "or a transpose(1, 2) is missing or extra (a tensor kept token-major where head-major is meant)")
-    if ("tokens" in kinds_a and "features" in kinds_b) or ("features" in kinds_a and "tokens" in kinds_b):
-        causes.append("if an operand was transposed on the wrong axes: .T (or .t(), .mT on the wrong tensor) on a "
-                      "batched tensor reverses or swaps other axes than the last two; use .transpose(-2, -1)")
-    if ("batch" in kinds_a) != ("batch" in kinds_b) and ("batch" in kinds_a | kinds_b):
-        causes.append("if a size was read from the batch axis (shape[0]) where another axis was meant, or the batch "
-                      "axis was moved by a transpose or a view")
-    lengths = ("num_tokens", "num_keys", "cached tokens")
-    if any(n.startswith(lengths) for n in names_a) and any(n.startswith(lengths) for n in names_b):
-        causes.append("if one tensor is sized for the new tokens and the other for every key (cached and new): a "
-                      "mask, a table of positions or a cache cut to the wrong length, or a cache joined on another "
-                      "axis than the token axis")
-    return tuple(causes)
-
-
 CAT = r"Sizes of tensors must match except in dimension (\d+)\. Expected size (\d+) but got size (\d+)"
 
 
@@ -641,35 +620,28 @@ def size_reading(text: str, call) -> Finding | None:
         a, b, dim = int(match[1]), int(match[2]), int(match[3])
         shows = (f"torch could not combine a tensor whose dimension {dim} is {_named(a, names)} with one whose "
                  f"dimension {dim} is {_named(b, names)}.")
-        return Finding(shows, _meeting_causes(a, b, names), "shapes", "error")
+        return Finding(shows, (), "shapes", "error")
     if match := re.search(CAT, text):
         dim, a, b = int(match[1]), int(match[2]), int(match[3])
-        causes = (f"if they were meant to be joined along the axis where one is {a} and the other {b}: torch.cat "
-                  f"joins along dim={dim}, and every other axis must agree; join along the axis that differs (for a "
-                  "cache, the token axis)",)
-        return Finding(f"torch.cat along dimension {dim} got tensors that differ on another axis: "
-                       f"{_named(a, names)} against {_named(b, names)}.", causes + _meeting_causes(a, b, names),
-                       "shapes", "error")
+        return Finding(f"torch.cat joined tensors along dimension {dim}, where every other axis must agree, and on "
+                       f"another axis one has {_named(a, names)} and another {_named(b, names)}.", (), "shapes",
+                       "error")
     if match := re.search(MATMUL, text):
         m, inner, other, n = (int(g) for g in match.groups())
         return Finding(f"a product ({m}x{inner}) @ ({other}x{n}) whose inner sizes differ: {_named(inner, names)} met "
-                       f"{_named(other, names)}.", _meeting_causes(inner, other, names), "shapes", "error")
+                       f"{_named(other, names)}.", (), "shapes", "error")
     if match := re.search(VIEW, text):
         shape, size = [int(s) for s in match[1].split(",")], int(match[2])
         factors = _factors(size, names)
         shows = (f"a view or reshape to [{', '.join(_named(s, names) if s > 0 else str(s) for s in shape)}] of a "
                  f"tensor of {size} values" + (f" = {factors}" if factors else "") + ": the sizes asked for do not "
                  "multiply to that.")
-        return Finding(shows, ("if a size in the view was taken from another tensor or axis than the one it "
-                               "describes (x.shape[...] of the wrong axis, a global, the book's example)",),
-                       "shapes", "error")
+        return Finding(shows, (), "shapes", "error")
     if match := re.search(BATCHED_PRODUCT, text):
         a, b, c, d = (int(g) for g in match.groups())
-        pairs = [(x, y) for x, y in ((a, c), (b, d)) if x != y]
         shows = (f"a batched product expected its second operand to start with [{_named(a, names)}, "
                  f"{_named(b, names)}] and got [{_named(c, names)}, {_named(d, names)}].")
-        causes = tuple(dict.fromkeys(c for x, y in pairs for c in _meeting_causes(x, y, names)))
-        return Finding(shows, causes, "shapes", "error")
+        return Finding(shows, (), "shapes", "error")
     return None
 
 
