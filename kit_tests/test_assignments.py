@@ -189,6 +189,7 @@ def add_stage(kit: Path, assignment: str, fresh: bool = False):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # (a whole grading: seconds idle, minutes on a loaded machine)
 def test_a_new_stage_and_a_new_assignment_need_only_their_own_files(tmp_path):
     kit = tmp_path / "kit"
     ignore = shutil.ignore_patterns("__pycache__", ".pytest_cache", "*.egg-info")

@@ -65,6 +65,7 @@ print(json.dumps(found))
 """
 
 
+@pytest.mark.timeout(600)  # (compiles every kernel for two GPUs: 21 s idle, minutes on a loaded machine)
 def test_every_reference_kernel_compiles_for_an_h100_and_an_a100(tmp_path):
     jobs = [[*kernel, arch, dtype] for kernel in KERNELS for arch, dtype in TARGETS
             if not (kernel[0] == "combine" and dtype == "bf16")]

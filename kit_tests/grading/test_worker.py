@@ -5,6 +5,8 @@ release changes that, instead of letting it grade one submission with another's 
 """
 from types import SimpleNamespace
 
+import pytest
+
 from grader import submission as S
 from grader.course.samples import by_student, edited, write_modules
 from grader.grading.plugin import GradingPlugin
@@ -27,6 +29,7 @@ def graded(worker, jobs):
         worker.close()
 
 
+@pytest.mark.timeout(600)  # (a whole grading: seconds idle, minutes on a loaded machine)
 def test_one_session_grades_each_submission_as_a_fresh_one_does(tmp_path, monkeypatch):
     scratch = tmp_path / "tmpdir"
     scratch.mkdir()
