@@ -113,9 +113,10 @@ def test_samples_lose_points_exactly_on_the_stages_they_break(graded, assignment
 @pytest.mark.parametrize("assignment", LATER)
 def test_attnkit_grade_gives_nbgrader_s_scores_and_keeps_the_other_assignments(graded, assignment):
     root, scores = graded["root"], graded["scores"][assignment]
-    assert sorted(recorded(root, assignment)) == sorted(students(assignment)), "attnkit grade grades every sample"
+    records = recorded(root, assignment)
+    assert sorted(records) == sorted(students(assignment)), "attnkit grade grades every sample"
     for student in autograded(assignment):
-        assert recorded(root, assignment)[student] == pytest.approx(scores[student]), student
+        assert records[student] == pytest.approx(scores[student]), student
     chapter3 = stage_scores(Course.load(root, FIRST), [BOTH])[BOTH]
     assert chapter3 == Course.load(root, FIRST).points, "the chapter-3 grades of a student with several"
     assert (root / "attnkit-grades" / assignment / "report" / "index.html").is_file()

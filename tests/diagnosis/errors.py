@@ -75,6 +75,15 @@ class Call:
         return [(list(s.get("args") or ()), s.get("kwargs") or {}) for s in self.kwargs.get("steps") or ()
                 if self.op == "session" and s.get("function") == name]
 
+    def arrays(self) -> list[tuple[np.ndarray, int | str]]:
+        """(array, where it was given) of each array the operation gave the learner's code directly: a function's
+        positional arguments (their index), its keyword arguments (their name), a module's input ("x")."""
+        if self.op == "call":
+            return ([(v, i) for i, v in enumerate(self.kwargs.get("args") or ()) if isinstance(v, np.ndarray)]
+                    + [(v, k) for k, v in (self.kwargs.get("kwargs") or {}).items() if isinstance(v, np.ndarray)])
+        x = self.kwargs.get("x")
+        return [(x, "x")] if isinstance(x, np.ndarray) else []
+
     def sizes(self) -> set:
         """Every size the test chose: the dimensions of every array it passed and every whole-number argument."""
         found = set()
@@ -139,21 +148,6 @@ def broadcast_sizes(match):
     return {int(match[1]), int(match[2])}, int(match[3])
 
 
-def call_inputs(call) -> list[tuple[tuple, str]]:
-    """(shape, how to name it) of each array the failing ``call`` gave the learner's code."""
-    found = []
-    if call.op == "call":
-        for index, value in enumerate(call.kwargs.get("args") or ()):
-            if isinstance(value, np.ndarray):
-                found.append((tuple(int(s) for s in value.shape), f"argument {index + 1}"))
-        for key, value in (call.kwargs.get("kwargs") or {}).items():
-            if isinstance(value, np.ndarray):
-                found.append((tuple(int(s) for s in value.shape), key))
-    elif isinstance(call.kwargs.get("x"), np.ndarray):
-        found.append((tuple(int(s) for s in call.kwargs["x"].shape), "x"))
-    return found
-
-
 def shifted_axis(match, call):
     """Two sizes that could not be broadcast, at dimension k, that are the sizes of axes k and k - 1 of an input the
     check gave: one operand holds the input's axis k - 1 one place to the right of where the input has it. That is
@@ -161,7 +155,8 @@ def shifted_axis(match, call):
     others one place to the right); which step did it (a reduction without keepdim=True, two axes swapped, ...) is
     not in the error, and none is said."""
     a, b, dim = int(match[1]), int(match[2]), int(match[3])
-    for shape, label in call_inputs(call):
+    for value, where in call.arrays():
+        shape, label = tuple(int(s) for s in value.shape), f"argument {where + 1}" if isinstance(where, int) else where
         if not 1 <= dim < len(shape) or shape[dim] == shape[dim - 1] or {a, b} != {shape[dim], shape[dim - 1]}:
             continue
         own, moved = shape[dim], shape[dim - 1]

@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from .findings import Finding, merged
-from .search import NO_EFFECT, Compute, Switch, findings_of, search, separate
+from .search import NO_EFFECT, Compute, Switch, findings_of, left_out, search, separate
 
 
 class Evidence(Protocol):
@@ -103,8 +103,8 @@ class Listed:
         if not named:
             return []
         if len(named) == 1 and named[0] in NO_EFFECT:  # (a step left out: what was matched, search.no_effect)
-            return [Finding(f"the right computation gives {self.what} {NO_EFFECT[named[0]]}, on this check's inputs.",
-                            (named[0],), "", "listed", weight=30)]
+            return [Finding(left_out(named[0], self.what, "this check's inputs"), (named[0],), "", "listed",
+                            weight=30)]
         if len(named) == 1:
             return [Finding(f"this mistake gives {self.what} on this check's inputs.", (named[0],), "", "listed",
                             weight=30)]

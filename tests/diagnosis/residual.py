@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import Call
 from .findings import Finding
 
 KEPT = 8  # the latest operations of the running test: a check compares what its last few calls gave
@@ -34,21 +35,19 @@ def note(op: str, kwargs: dict, parameters: Callable[[], list[str] | None] | Non
 
 def _arrays(op, kwargs, parameters) -> list[tuple[np.ndarray, tuple[str, str]]]:
     """(array, (its short name, its name with where it was given)) of one operation."""
-    arrays = []
-    if op == "call":
-        func = kwargs.get("func", "the function")
-        names = None
-        for index, value in enumerate(kwargs.get("args") or ()):
-            if isinstance(value, np.ndarray):
-                if names is None:
-                    names = (parameters() if parameters is not None else None) or []
-                name = names[index] if index < len(names) else f"argument {index + 1}"
-                arrays.append((value, (name, f"{name} (argument {index + 1} of {func})")))
-        for key, value in (kwargs.get("kwargs") or {}).items():
-            if isinstance(value, np.ndarray):
-                arrays.append((value, (key, f"{key} (given to {func})")))
-    elif op in ("forward", "heads_forward") and isinstance(kwargs.get("x"), np.ndarray):
-        arrays.append((kwargs["x"], ("x", "the input x")))
+    func, names, arrays = kwargs.get("func", "the function"), None, []
+    if op not in ("call", "forward", "heads_forward"):  # (the operations whose result a check compares)
+        return arrays
+    for value, where in Call(op, kwargs).arrays():
+        if where == "x":
+            arrays.append((value, ("x", "the input x")))
+        elif isinstance(where, int):
+            if names is None:
+                names = (parameters() if parameters is not None else None) or []
+            name = names[where] if where < len(names) else f"argument {where + 1}"
+            arrays.append((value, (name, f"{name} (argument {where + 1} of {func})")))
+        else:
+            arrays.append((value, (where, f"{where} (given to {func})")))
     return arrays
 
 

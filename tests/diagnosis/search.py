@@ -38,6 +38,12 @@ def no_effect(matched: str, step: str, fix: str) -> str:
     return words
 
 
+def left_out(words: str, what: str, where: str) -> str:
+    """The evidence of a match with the step of ``words`` (``no_effect``) left out: what the right computation gives
+    without it, never that the code lacks it."""
+    return f"the right computation gives {what} {NO_EFFECT[words]}, on {where}."
+
+
 @dataclass(frozen=True)
 class Switch:
     """One choice a learner makes in a mechanism's computation: its name (the keyword the computation reads), the
@@ -148,8 +154,8 @@ def findings_of(found: list[Change], what: str, separated: bool = False) -> list
     if len(found) == 1:
         change = found[0]
         if len(change.words) == 1 and change.words[0] in NO_EFFECT:  # (a step left out: what was matched)
-            return [Finding(f"the right computation gives {what} {NO_EFFECT[change.words[0]]}, on this check's "
-                            f"inputs{also}.", (change.text,), mechanisms, "mutation", weight=20)]
+            return [Finding(left_out(change.words[0], what, f"this check's inputs{also}"), (change.text,), mechanisms,
+                            "mutation", weight=20)]
         count = "one change" if len(change.words) == 1 else "two changes"
         return [Finding(f"the right computation with {count} gives {what}, on this check's inputs{also}.",
                         (change.text,), mechanisms, "mutation", weight=20)]
