@@ -443,7 +443,7 @@ BUGS += [
                "key_padding_mask is inverted"),
     Submission("padding_mask_on_query_axis", M02,
                (("key_padding_mask.bool()[:, None, None, :]", "key_padding_mask.bool()[:, None, :, None]"),),
-               "the padding mask hides query rows instead of key columns", "applied on the query axis",
+               "the padding mask hides query rows instead of key columns", "sat on the query axis",
                not_said=("cut it to the sequence",)),
     Submission("large_negative_fill_keeps_empty_rows", M02,
                (("attn_scores.masked_fill(~allowed, -torch.inf)", "attn_scores.masked_fill(~allowed, -1e9)"),
@@ -465,7 +465,7 @@ BUGS += [
                (("future = self.mask[start:start + num_new, :num_keys]", "future = self.mask[:num_new, :num_new]"),),
                "the mask is cut for the new tokens alone, as a nanoGPT-style forward cuts its buffer to x's length: "
                "right for single tokens (a 1 x 1 mask broadcasts), an error for a chunk after cached tokens",
-               "cut for the new tokens alone", source="KV caches added to nanoGPT-style modules (bias[:, :, :T, :T])",
+               "sized for the new tokens alone", source="KV caches added to nanoGPT-style modules (bias[:, :, :T, :T])",
                not_said=("cut it to the sequence",)),
     Submission("cache_sdpa_causal_for_chunks", M03,
                (("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.nn.functional as F\n"),
@@ -612,7 +612,7 @@ BUGS += [
                     s = s.masked_fill(diagonal, -torch.inf)
 """)),
                "the diagonal tile's mask is built once at block_size x block_size: it does not fit the shorter last "
-               "tile", "full tile size",
+               "tile", "sized for a full tile",
                source="pure-PyTorch FlashAttention ports that precompute one block-sized causal mask",
                not_said=("cut it to the sequence",)),
     Submission("tiled_mask_bottom_right_tiles_top_left", M07,

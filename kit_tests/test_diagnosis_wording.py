@@ -585,3 +585,18 @@ def test_no_shape_reading_offers_a_list_of_possible_causes(text):
     found = error_findings(text, gqa_call())
     said = " ".join(line for f in found for line in f.lines())
     assert found and "Possible mistake" not in said and all(f.causes == () for f in found), said
+
+
+def test_two_dtypes_meeting_are_said_as_facts_and_not_read_where_the_check_gave_the_other():
+    """A check that ran the module in bfloat16 meets a float32 tensor: it was made or converted inside the code
+    (which step is not in the error: no cause). Where the check itself gave a tensor of the other dtype (an integer
+    table of positions), it may be that one: nothing is said."""
+    text = "RuntimeError: expected m1 and m2 to have the same dtype, but got: c10::BFloat16 != float"
+    made = Call("forward", {"cls": "CausalAttention", "dtype": "bfloat16", "x": np.zeros((2, 3, 4), np.float32)})
+    [found] = [f for f in error_findings(text, made) if f.mechanism == "dtypes"]
+    said = " ".join(found.lines())
+    assert found.causes == () and "made or converted inside your code" in said and "dtype=x.dtype" in said, said
+    given = Call("forward", {"cls": "CausalAttention", "dtype": "float32", "x": np.zeros((2, 3, 4), np.float32),
+                             "positions": np.zeros(3, np.int64)})
+    assert not [f for f in error_findings("RuntimeError: expected scalar type Float but found Long", given)
+                if f.mechanism == "dtypes"]

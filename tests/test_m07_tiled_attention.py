@@ -19,6 +19,7 @@ from diagnosis import (
     BROADCAST,
     About,
     ErrorReading,
+    Finding,
     assert_close,
     broadcast_sizes,
     readings_with,
@@ -67,19 +68,22 @@ def tile_sizes(n_q, n_kv, block_size):
 
 
 def full_tile(sizes, call):
-    """Something sized for a full tile (block_size) meeting a shorter tile, both ``sizes`` of the error being
-    those of a tiled_attention call the check made."""
+    """Something of a full tile's size (block_size) meeting a shorter tile, both ``sizes`` of the error being those of
+    a tiled_attention call the check made. Facts only: a mask, a buffer or a slice bound sized by block_size all give
+    these numbers, so no cause is said; that per-tile tensors follow the tile is said as the rule."""
     for args, kwargs in call.function_calls(FUNCTION):
         if len(args) < 2 or len(np.shape(args[0])) < 2 or len(np.shape(args[1])) < 2:
             continue
         block_size = int(kwargs.get("block_size", 64))
-        for size in tile_sizes(np.shape(args[0])[-2], np.shape(args[1])[-2], block_size) - {block_size}:
+        n_q, n_kv = np.shape(args[0])[-2], np.shape(args[1])[-2]
+        for size in tile_sizes(n_q, n_kv, block_size) - {block_size}:
             if sizes == {block_size, size}:
-                return (f"something built at the full tile size, block_size = {block_size} (a mask of block_size x "
-                        f"block_size, a buffer of block_size rows), met a shorter tile of {size}: the last tile of "
-                        "queries or keys is shorter when n_q or n_kv is not a multiple of block_size; size every "
-                        "per-tile tensor from the tile itself (q_end - q_start rows, k_end - k_start columns), e.g. "
-                        "a causal mask from the tile's own positions")
+                return Finding(f"two tensors that could not be combined hold block_size = {block_size} and "
+                               f"{size}: {size} is the length of one of this call's shorter tiles (n_q = {n_q} "
+                               f"queries and n_kv = {n_kv} keys in tiles of {block_size}): something sized for a full "
+                               "tile met a shorter one. Every per-tile tensor takes its sizes from the tile itself "
+                               "(q_end - q_start rows, k_end - k_start columns), e.g. a causal mask from the tile's "
+                               "own positions.", (), "tiling", "error")
     return None
 
 

@@ -657,42 +657,46 @@ class CachedModule(AttentionModule):
 
 # ---------------------------------------------------------------- errors
 
-MASK_ROWS = ("take the mask buffer's rows start .. start + num_new - 1 and its first num_keys columns, "
-             "mask[start:start + num_new, :num_keys], start = num_keys - num_new (the tokens cached before this "
-             "step; 0 without the cache)")
+MASK_ROWS = ("a cached step's scores are (b, num_heads, num_new, num_keys), num_keys counting every cached token and "
+             "the new ones; the mask rows of its new queries are mask[start:start + num_new, :num_keys], start = "
+             "num_keys - num_new (the tokens cached before this step; 0 without the cache)")
 
 
 def cache_mask_sizes(match, call):
-    """An error reading (diagnosis.errors, for BROADCAST): a mask that does not fit a cached step's scores (b,
-    num_heads, num_new, num_keys): kept whole (context_length on a side), or cut for the new tokens alone (num_new
-    x num_new: the columns of the cached keys missing). Each is read only when the sizes and the axis in the error
-    are those it predicts for a step the check ran."""
+    """An error reading (diagnosis.errors, for BROADCAST): two sizes that could not be combined in a cached step,
+    read against the steps the check ran: which of the step's sizes met at which axis of its scores (b, num_heads,
+    num_new, num_keys). Facts only: a mask cut for the new tokens alone and keys that miss the cached ones give the
+    same numbers (as do a mask kept whole and keys read from a preallocated buffer), so no cause is said. What the
+    message adds, MASK_ROWS, is what a cached step computes, true of every correct module."""
     from .errors import broadcast_sizes
 
     sizes, dim = broadcast_sizes(match)
     length = call.init.get("context_length")
     runs = call.forwards()
+    met = f"torch could not combine two tensors at dimension {dim}"
     first = [n for _, n, k in runs if n == k and sizes == {0, n}]  # (steps with nothing cached before them)
     if first and dim == 2:
-        # The first step's mask rows, mask[num_keys - num_new:num_keys], are empty only when num_keys is 0.
-        return (f"the mask gave 0 rows for the {first[0]} new queries of the first step, whose keys are its own "
-                f"tokens: its rows mask[num_keys - num_new:num_keys] are empty when num_keys is 0, so the step "
-                "attended to no key at all: if the keys were read from the cache before the new ones were appended "
-                "(the cache's old contents only), append first and attend to everything cached, the new tokens "
-                "included")
+        return Finding(f"{met}, the queries' axis of the scores: one has 0 rows there, the other the {first[0]} new "
+                       "queries of the first step, whose keys are its own tokens (nothing cached before it); "
+                       + MASK_ROWS + ".", (), "KV cache", "error")
     for _, num_new, num_keys in runs:
-        uncut = {length, num_keys} if num_keys != length else {length, num_new}
-        if length and sizes == uncut and dim == (3 if num_keys != length else 2):
-            return (f"the mask buffer is context_length x context_length ({length} x {length}) and met the scores "
-                    f"of {num_new} new tokens over {num_keys} keys: {MASK_ROWS}")
+        step = f"a step of {num_new} new tokens over {num_keys} keys"
+        # A tensor of the buffer's length on the keys' axis (or, when the step's keys fill the buffer, its queries')
+        other, name, axis = (num_keys, "num_keys", 3) if num_keys != length else (num_new, "num_new", 2)
+        if length and sizes == {length, other} and dim == axis:
+            return Finding(f"{met}, in {step}: one is {length} long there, context_length (the mask buffer is "
+                           f"{length} x {length}), the other {other}, the step's {name}: a tensor as long as the "
+                           "buffer met one sized by the step; " + MASK_ROWS + ".", (), "KV cache", "error")
         if num_new < num_keys and sizes == {num_new, num_keys} and dim == 3:
-            return (f"a cached step's scores are num_new x num_keys = {num_new} x {num_keys} (the new queries attend "
-                    f"to every cached key), but the mask was cut for the new tokens alone ({num_new} x {num_new}): "
-                    + MASK_ROWS)
+            return Finding(f"{met}, the keys' axis of the scores, in {step}: one is {num_new} long there, the new "
+                           f"tokens alone, the other {num_keys}, every key: something sized for the new tokens alone "
+                           "met something sized for all the keys (in a cached step the new queries attend to every "
+                           "cached key as well as their own); " + MASK_ROWS + ".", (), "KV cache", "error")
         short = sizes - {num_new}
         if dim == 2 and num_new in sizes and len(short) == 1 and min(short) < num_new and length:
-            return (f"the mask gave {min(short)} rows for {num_new} new queries: its rows were taken past the end of "
-                    f"the mask buffer ({length} rows), so they start too late; " + MASK_ROWS)
+            return Finding(f"{met}, the queries' axis of the scores, in {step}: one has {min(short)} rows there, the "
+                           f"other the {num_new} new queries (the mask buffer has {length} rows); " + MASK_ROWS + ".",
+                           (), "KV cache", "error")
     return None
 
 

@@ -84,24 +84,30 @@ class Call:
         x = self.kwargs.get("x")
         return [(x, "x")] if isinstance(x, np.ndarray) else []
 
-    def sizes(self) -> set:
-        """Every size the test chose: the dimensions of every array it passed and every whole-number argument."""
-        found = set()
-
+    def given(self):
+        """Every array and whole number the operation gave the learner's code, however deep in its arguments."""
         def visit(value):
-            if isinstance(value, np.ndarray):
-                found.update(int(s) for s in value.shape)
-            elif isinstance(value, dict):
+            if isinstance(value, dict):
                 for v in value.values():
-                    visit(v)
+                    yield from visit(v)
             elif isinstance(value, (list, tuple)):
                 for v in value:
-                    visit(v)
+                    yield from visit(v)
+            elif isinstance(value, np.ndarray):
+                yield value
             elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-                found.add(int(value))
+                yield value
 
-        visit(self.kwargs)
-        return found
+        yield from visit(self.kwargs)
+
+    def sizes(self) -> set:
+        """Every size the test chose: the dimensions of every array it passed and every whole-number argument."""
+        return {int(s) for v in self.given() for s in (v.shape if isinstance(v, np.ndarray) else (v,))}
+
+    def whole_dtypes(self) -> set:
+        """The dtype (by name: bool, int64, ...) of every array of integers or booleans the operation gave (the
+        adapters put the floating ones in the check's dtype: no dtype of theirs reaches the learner's code)."""
+        return {str(v.dtype) for v in self.given() if isinstance(v, np.ndarray) and v.dtype.kind in "biu"}
 
 
 @dataclass(frozen=True)
@@ -392,8 +398,10 @@ DTYPES = r"(c10::BFloat16|c10::Half|BFloat16|Half|half|Float|float|Double|double
 
 
 def dtypes_met(match, call):
-    """Two tensors of different dtypes met in an operation: when the check ran the learner's code in one of them
-    (its parameters and inputs), the other was made inside the code with a fixed dtype."""
+    """Two tensors of different dtypes met in an operation, in a check that ran the learner's code with every
+    parameter and input in one of them: the other was made or converted inside the code. Which tensor, and whether
+    by torch.tensor/ones/zeros without dtype=, an arange or a .float(), is not in the error, so none is said; the rule
+    that avoids all of them is."""
     found = [DTYPE_NAMES[g] for g in match.groups() if g in DTYPE_NAMES]
     if len(set(found)) < 2:
         return None
@@ -401,10 +409,12 @@ def dtypes_met(match, call):
     if ran not in found:
         return None
     other = next(d for d in found if d != ran)
-    return (f"tensors of two dtypes met ({' and '.join(dict.fromkeys(found))}): this check ran your code with its "
-            f"parameters and inputs in {ran}, so a {other} tensor was made inside it with a fixed dtype "
-            "(torch.tensor/ones/zeros/full/empty without dtype=, or .float()): make new tensors with dtype=x.dtype "
-            "and device=x.device, or keep constant ones as buffers (module.to(dtype) converts those)")
+    if other in call.whole_dtypes():  # (the check gave a tensor of that dtype too: a mask, positions)
+        return None
+    return Finding(f"tensors of two dtypes met ({' and '.join(dict.fromkeys(found))}); this check ran your code with "
+                   f"its parameters and floating-point inputs in {ran}, so the {other} tensor was made or converted "
+                   "inside your code. Tensors made in a forward take dtype=x.dtype and device=x.device, and constant "
+                   "ones kept as buffers follow module.to(dtype).", (), "dtypes", "error")
 
 
 # torch's names of a dtype in "value cannot be converted to type ... without overflow": (its name in Python, the
@@ -445,12 +455,11 @@ ERROR_READINGS = [
     ErrorReading(BROADCAST, shifted_axis),
     ErrorReading(r"parameter names differ from the documented ones\.\s*expected \(given by the test\): \[(.*?)\]\s*"
                  r"yours: \[(.*?)\]", parameters_not_registered, needs_call=False, proven=True),
-    ErrorReading(rf"expected m1 and m2 to have the same dtype, but got: {DTYPES} != {DTYPES}", dtypes_met, proven=True),
-    ErrorReading(rf"[Ee]xpected scalar type {DTYPES} but found {DTYPES}", dtypes_met, proven=True),
-    ErrorReading(rf"query\.dtype: {DTYPES},? key\.dtype: {DTYPES}", dtypes_met, proven=True),
-    ErrorReading(rf"result type {DTYPES} can't be cast to the desired output type {DTYPES}", dtypes_met, proven=True),
-    ErrorReading(rf"Input type \({DTYPES}\) and (?:bias|weight) type \({DTYPES}\) should be the same", dtypes_met,
-                 proven=True),
+    ErrorReading(rf"expected m1 and m2 to have the same dtype, but got: {DTYPES} != {DTYPES}", dtypes_met),
+    ErrorReading(rf"[Ee]xpected scalar type {DTYPES} but found {DTYPES}", dtypes_met),
+    ErrorReading(rf"query\.dtype: {DTYPES},? key\.dtype: {DTYPES}", dtypes_met),
+    ErrorReading(rf"result type {DTYPES} can't be cast to the desired output type {DTYPES}", dtypes_met),
+    ErrorReading(rf"Input type \({DTYPES}\) and (?:bias|weight) type \({DTYPES}\) should be the same", dtypes_met),
     ErrorReading(BROADCAST, mask_not_cut),
     ErrorReading(OVERFLOW, value_overflows, needs_call=False, proven=True),
     ErrorReading(r"view size is not compatible with input tensor's size and stride",

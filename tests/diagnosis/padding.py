@@ -301,8 +301,9 @@ class PaddedAttention(AttentionModule):
 
 
 def padding_axis_sizes(match, call):
-    """An error reading (diagnosis.errors): a key padding mask (b, n_kv) that met the scores' query axis (n_q) where
-    n_q != n_kv: the mask was put on the query axis."""
+    """An error reading (diagnosis.errors): a size of n_kv (the keys, key_padding_mask's length) that met the scores'
+    query axis (n_q, dimension 2) where n_q != n_kv. Facts only: a mask put on the query axis and scores whose axes
+    are swapped give the same numbers, so no cause is said; where a key padding mask goes is said as the rule."""
     from .errors import broadcast_sizes
 
     sizes, dim = broadcast_sizes(match)
@@ -313,7 +314,11 @@ def padding_axis_sizes(match, call):
             continue
         n_q, n_kv = np.shape(args[0])[1], np.shape(real)[-1]
         if n_q != n_kv and sizes == {n_q, n_kv} and dim == 2:
-            return (f"the key_padding_mask ({n_kv} keys) met the query axis of the scores ({n_q} queries"
-                    f"{', the context has ' + str(np.shape(context)[1]) + ' tokens' if context is not None else ''}): "
-                    + A.PADDING.wrong["queries"])
+            keys = f"the context's {n_kv} tokens" if context is not None else f"{n_kv} keys"
+            return Finding(f"torch could not combine two tensors at dimension 2, the query axis of the scores (b, "
+                           f"num_heads, n_q, n_kv): one holds the {n_q} queries there, the other {n_kv}, the length "
+                           f"of the key_padding_mask ({keys}): something as long as the keys sat on the query axis. "
+                           "A key padding mask says which KEYS are padding: it masks columns, the last axis, "
+                           "key_padding_mask[:, None, None, :] against (b, num_heads, n_q, n_kv).", (), "padding",
+                           "error")
     return None
