@@ -10,13 +10,20 @@ from .findings import Finding, diagnosed
 
 __tracebackhide__ = True
 
+# Two float32 computations of the same values (with and without dropout, or a ratio of them) agree to float32's
+# rounding, a few ulps of values of order 1: these bound "the same" and "scaled by exactly this factor".
+SAME = {"rtol": 1e-4, "atol": 1e-5}
+# A value below this is a zero that dropout made (or an attention weight of a masked key): float32 noise is far
+# below it, and a kept weight of these cases far above.
+ZERO = 1e-6
+
 def kept_fraction_tolerance(p, n):
     """How far the kept fraction of n draws may stray from 1 - p: 5 standard deviations (a fixed seed
     makes each check deterministic; this keeps it true for any seed), at least 0.02."""
     return max(0.02, 5 * np.sqrt(p * (1 - p) / n))
 
 
-def check_dropout(trained, plain, p, name, *, atol=1e-6, second=None):
+def check_dropout(trained, plain, p, name, *, atol=ZERO, second=None):
     """Training-mode dropout of rate p: ``trained`` is ``plain`` (the same values without dropout) with
     each nonzero value either dropped (|value| <= atol) or kept and scaled by exactly 1 / (1 - p), about
     a fraction 1 - p of them kept; the zeros of ``plain`` (e.g. the masked future) stay 0. second: rate ->
@@ -30,7 +37,7 @@ def check_dropout(trained, plain, p, name, *, atol=1e-6, second=None):
         # Dropout on the scores, before the softmax, puts weight on masked scores it zeroed, and every row of
         # weights still sums to what it sums to without dropout (dropout after the softmax changes the sums).
         found = []
-        if np.allclose(trained.sum(axis=-1), plain.sum(axis=-1), rtol=1e-4, atol=1e-5):
+        if np.allclose(trained.sum(axis=-1), plain.sum(axis=-1), **SAME):
             found.append(Finding("each row of the output still sums to what it sums to without dropout, and masked "
                                  "weights became nonzero.",
                                  ("dropout acted on the scores before the softmax: apply it to the attention weights, "
@@ -40,7 +47,7 @@ def check_dropout(trained, plain, p, name, *, atol=1e-6, second=None):
     fraction, tolerance = kept.sum() / live.sum(), kept_fraction_tolerance(p, live.sum())
     if fraction >= 1:
         found = nothing_zeroed(trained, plain, p, atol)
-        said = ("dropped nothing" if np.allclose(trained, plain, rtol=1e-4, atol=1e-5) else
+        said = ("dropped nothing" if np.allclose(trained, plain, **SAME) else
                 f"zeroed no value (dropout zeroes about {p:.2g} of them)")
         raise diagnosed(f"{name}: training mode with dropout p={p} {said}.\n"
                         + "\n".join(line for f in found for line in f.lines()), found)
@@ -52,23 +59,23 @@ def check_dropout(trained, plain, p, name, *, atol=1e-6, second=None):
             + "".join(f"\n{line}" for f in found for line in f.lines()), found)
     ratio = trained[kept] / plain[kept]
     assert_close(f"{name}: kept values / values without dropout", ratio,
-                 np.full(ratio.shape, 1 / (1 - p), np.float32), rtol=1e-4, atol=1e-5,
+                 np.full(ratio.shape, 1 / (1 - p), np.float32), **SAME,
                  diagnosis=[Said(lambda values: scale_findings(values, p, second, atol))])
 
 
-def nothing_zeroed(trained, plain, p, atol=1e-6) -> list[Finding]:
+def nothing_zeroed(trained, plain, p, atol=ZERO) -> list[Finding]:
     """What a training-mode output in which no value became 0 shows (``plain``: the output without dropout, of a case
     whose output is the attention weights): unchanged, dropout did nothing; changed, with every row still summing to
     what it sums to without dropout and no weight negative, the weights went through a softmax after dropout acted
     (dropout after the softmax zeroes weights and scales the others, so rows no longer sum to 1)."""
     trained, plain = np.asarray(trained, np.float64), np.asarray(plain, np.float64)
-    changed = ~np.isclose(trained, plain, rtol=1e-4, atol=1e-5)
+    changed = ~np.isclose(trained, plain, **SAME)
     if not changed.any():
         return [Finding(f"in training mode with dropout p={p}, every value was kept unchanged: nothing was dropped.",
                         ("the dropout is never applied (a module's self.dropout, created but not called), or it runs "
                          "in eval mode",), "dropout", "probe")]
     share = f"{int(changed.sum())} of the {changed.size} values"
-    if (np.allclose(trained.sum(axis=-1), plain.sum(axis=-1), rtol=1e-4, atol=1e-5)
+    if (np.allclose(trained.sum(axis=-1), plain.sum(axis=-1), **SAME)
             and np.all(trained >= -atol)):
         return [Finding(f"in training mode with dropout p={p}, no weight became 0, yet {share} differ from "
                         "the weights without dropout, and every row still sums to what it sums to without dropout: a "
@@ -96,10 +103,10 @@ def _scale_matches(ratio, p) -> list[str]:
     ratio = np.asarray(ratio, np.float64)
     right = 1 / (1 - p)
     return [words for words, factor in SCALES.items()
-            if not np.isclose(factor(p), right, rtol=1e-4) and np.allclose(ratio, factor(p), rtol=1e-4, atol=1e-5)]
+            if not np.isclose(factor(p), right, rtol=1e-4) and np.allclose(ratio, factor(p), **SAME)]
 
 
-def scale_findings(ratio, p, second=None, atol=1e-6) -> list[Finding]:
+def scale_findings(ratio, p, second=None, atol=ZERO) -> list[Finding]:
     """The scale mistakes that give the learner's ``ratio`` (kept values / values without dropout) at rate ``p``,
     each held to a second rate (``second(rate)``: the learner's (trained, plain) there) where this one cannot tell
     them apart: a cause counts only where it gives the learner's numbers on both."""
@@ -140,7 +147,7 @@ def rate_mistakes(trained, plain, kept, p) -> list[Finding]:
     found = []
     twice = (1 - p) ** 2  # two independent draws must both keep a value, and each scales it by 1 / (1 - p)
     if (abs(fraction - twice) < kept_fraction_tolerance(1 - twice, n)
-            and np.allclose(ratio, 1 / twice, rtol=1e-4, atol=1e-5)):
+            and np.allclose(ratio, 1 / twice, **SAME)):
         found.append(Finding(
             f"{fraction:.3f} of the values were kept, about (1 - p)^2 = {twice:.3g}, each scaled by 1 / (1 - p)^2 = "
             f"{1 / twice:.3g}: what two dropouts in a row give, in both statistics.",
@@ -150,7 +157,7 @@ def rate_mistakes(trained, plain, kept, p) -> list[Finding]:
     if p != 0.5 and abs(fraction - p) < kept_fraction_tolerance(p, n):
         # Reproduced only where the scale is also what that mistake gives (1 / (1 - p) or 1 / p with keep < p):
         # the fraction alone is an effect.
-        scaled = any(np.allclose(ratio, f, rtol=1e-4, atol=1e-5) for f in (1 / (1 - p), 1 / p))
+        scaled = any(np.allclose(ratio, f, **SAME) for f in (1 / (1 - p), 1 / p))
         found.append(Finding(f"{fraction:.3f} of the values were kept, about p = {p:.3g} rather than 1 - p"
                              + (", each scaled by 1 / (1 - p) or 1 / p." if scaled else "."),
                              ("p was used as the probability of keeping a value: p is the probability of DROPPING an "
@@ -168,7 +175,7 @@ def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu",
     plain = stage.forward(cls, dict(init, dropout=0.0), x, weights, device=device)
     # Dropout can only be judged on a module that is right without it: otherwise this check would
     # blame dropout for another mistake of the stage (which its own checks name).
-    if plain.shape != exposed.shape or not np.allclose(plain, exposed, rtol=1e-4, atol=1e-5):
+    if plain.shape != exposed.shape or not np.allclose(plain, exposed, **SAME):
         raise AssertionError(
             f"{cls} with dropout=0 does not compute the expected output on this test's case (one-hot "
             "tokens whose output is the attention weights), so its dropout cannot be checked yet: fix this "
@@ -204,12 +211,13 @@ def eval_dropout_findings(out, plain, p) -> list[Finding]:
     out, plain = np.asarray(out, dtype=np.float64), np.asarray(plain, dtype=np.float64)
     if out.shape != plain.shape:
         return []
-    live = np.abs(plain) > 1e-6
-    dropped = live & (np.abs(out) <= 1e-6)
+    live = np.abs(plain) > ZERO
+    dropped = live & (np.abs(out) <= ZERO)
     kept = live & ~dropped
     if not np.any(dropped) or not np.any(kept):
         return []
     fraction = kept.sum() / live.sum()
+    # (a ratio of two weights each rounded in float32, some small: ten times SAME's bounds)
     scaled = np.allclose(out[kept] / plain[kept], 1 / (1 - p), rtol=1e-3, atol=1e-4)
     if not scaled or abs(fraction - (1 - p)) >= kept_fraction_tolerance(p, live.sum()):
         return []
