@@ -154,7 +154,11 @@ class CpuByKind:
 
     def _watch(self):
         while not self.done.wait(0.05):
-            for procs in self.folder.rglob("cgroup.procs"):
+            try:
+                found = list(self.folder.rglob("cgroup.procs"))
+            except OSError:  # (a box's cgroup removed while the walk was in it: read again at the next tick)
+                continue
+            for procs in found:
                 boxed = procs.parent != self.folder
                 try:
                     pids = procs.read_text().split()
