@@ -87,6 +87,10 @@ BUGS = [
     Submission("scaling_by_d_k", S04,
                (("torch.softmax(scores / d_k**0.5, dim=-1)", "torch.softmax(scores / d_k, dim=-1)"),),
                "scores divided by d_k instead of sqrt(d_k)", "divided by d_k"),
+    Submission("scaled_after_the_softmax", S04,
+               (("torch.softmax(scores / d_k**0.5, dim=-1)", "torch.softmax(scores, dim=-1) / d_k**0.5"),),
+               "the weights divided by sqrt(d_k) after the softmax instead of the scores before it",
+               "scaled after the softmax"),
     Submission("multiplying_by_sqrt_d_k", S04,
                (("torch.softmax(scores / d_k**0.5, dim=-1)", "torch.softmax(scores * d_k**0.5, dim=-1)"),),
                "scores multiplied by sqrt(d_k)", "multiplied by sqrt(d_k)",
@@ -139,6 +143,11 @@ BUGS = [
                (("        attn_weights = self.dropout(attn_weights)\n", ""),),
                "self.dropout is created but never applied", "dropped nothing",
                source="published notes on section 3.5.3 (CausalAttention)"),
+    Submission("dropout_on_the_context_vectors", S08,
+               (("        attn_weights = self.dropout(attn_weights)\n        return attn_weights @ values",
+                 "        return self.dropout(attn_weights @ values)"),),
+               "dropout applied to the context vectors instead of the attention weights: on one-hot values the "
+               "two are the same numbers, on dense values it zeroes single features", "dropout zeroed single features"),
     Submission("sequence_length_hard_coded", S08,
                (("self.mask.bool()[:num_tokens, :num_tokens]", "self.mask.bool()[:6, :6]"),),
                "the mask is cut to the book's 6 tokens", "no size of this check is 6"),
@@ -261,6 +270,11 @@ BUGS = [
                "True where a token takes part"),
     Submission("mha_dropout_never_applied", S10, (("        attn_weights = self.dropout(attn_weights)\n", ""),),
                "MultiHeadAttention creates self.dropout but never applies it", "dropped nothing"),
+    Submission("mha_dropout_on_the_context_vectors", S10,
+               (("        attn_weights = self.dropout(attn_weights)\n\n        context_vec = (attn_weights @ values)",
+                 "\n        context_vec = self.dropout(attn_weights @ values)"),),
+               "dropout applied to each head's context vectors instead of the attention weights",
+               "dropout zeroed single features"),
     Submission("mha_reads_a_global_head_count", S10,
                (("import torch.nn as nn\n", "import torch.nn as nn\n\nNUM_HEADS = 2  # the book's example\n"),
                 ("        self.num_heads = num_heads\n        self.head_dim = d_out // num_heads\n",
@@ -457,6 +471,19 @@ BUGS += [
                "the new tokens' positions are counted one too far: each new query also sees the next token",
                "one position late",
                not_said=("cut it to the sequence",)),
+    Submission("cache_read_before_appending", M03,
+               (("""            else:
+                self.cache_k = torch.cat([self.cache_k, keys], dim=2)
+                self.cache_v = torch.cat([self.cache_v, values], dim=2)
+            keys, values = self.cache_k, self.cache_v
+""", """            else:
+                past_k, past_v = self.cache_k, self.cache_v
+                self.cache_k = torch.cat([self.cache_k, keys], dim=2)
+                self.cache_v = torch.cat([self.cache_v, values], dim=2)
+                keys, values = past_k, past_v
+"""),),
+               "a cached step attends to the cache as it was before its own keys were appended: no new token sees "
+               "itself", "before this step's keys and values were appended"),
     Submission("cache_mask_not_offset", M03,
                (("future = self.mask[start:start + num_new, :num_keys]", "future = self.mask[:num_new, :num_keys]"),),
                "the mask's rows start at 0 at every step: a single new token sees only the first key",
@@ -577,6 +604,11 @@ BUGS += [
                  "allowed = self.band[:num_new, :num_cached + num_new]"),),
                "cached steps take the band's first rows for the new queries", "took the band's first rows"),
     # m07_tiled_attention
+    Submission("tiled_max_starts_at_zero", M07,
+               (("row_max = torch.full((*q_blk.shape[:-1], 1), -torch.inf, dtype=work, device=q.device)",
+                 "row_max = torch.zeros((*q_blk.shape[:-1], 1), dtype=work, device=q.device)"),),
+               "the running max starts at 0: rows whose scores are all far below 0 underflow",
+               "running max started at 0"),
     Submission("tiled_max_not_carried", M07,
                (("new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))",
                  "new_max = s.amax(dim=-1, keepdim=True)"),),
@@ -894,6 +926,10 @@ BUGS += [
                  "-torch.inf)"),),
                "the selection computed, the attention left dense and causal", "the attention ignores the selection"),
     # f06_gated_delta_rule
+    Submission("delta_rule_normalised_over_dim_1", F06,
+               (("q = F.normalize(heads(self.W_query(x)), dim=-1)", "q = F.normalize(heads(self.W_query(x)))"),
+                ("k = F.normalize(heads(self.W_key(x)), dim=-1)", "k = F.normalize(heads(self.W_key(x)))")),
+               "F.normalize without dim: its default dim=1 is the head axis", "normalised over the head axis"),
     Submission("delta_rule_without_the_correction", F06,
                (("update = beta[..., t, None] * (v[..., t, :] - predicted)  # (b, h, d_v)",
                  "update = beta[..., t, None] * v[..., t, :]  # (b, h, d_v)"),),

@@ -71,8 +71,11 @@ def torch_mha_switches(switches):
                         for k, w in ROLES.wrong.items()})
     bias = [s.plus({"ignored": "in_proj_bias was left at its initial zeros: copy the biases of W_query, W_key and "
                                "W_value into it"}) for s in switches if s.name == "bias"]
-    return [mask, roles, *bias, OUT_BIAS.plus({"missing": "out_proj.bias was not copied (nn.MultiheadAttention "
-                                                          "starts it at zeros)"})]
+    # (the output without out_proj's bias: a copy left out and a module built with bias=False give the same numbers)
+    return [mask, roles, *bias, OUT_BIAS.plus({"missing": (
+        "your output lacks out_proj.bias: it was not copied into nn.MultiheadAttention's out_proj, or the module was "
+        "built with bias=False, which removes out_proj's bias along with in_proj's (build it with bias=True, and "
+        "zero in_proj_bias when qkv_bias=False)")})]
 
 
 def subject(stage, function, init, use_mask=None, mask=None, **options):

@@ -136,8 +136,11 @@ def allowed_keys(spec: Attention, query_positions, key_positions, choices: Choic
         allowed = j <= i
     if spec.window is not None:
         w = spec.window
+        # rows: the band's lower bound counted by row and column index (the new tokens' rows from 0, the keys by
+        # their place in the cache), the causal bound by position: the same as the band without a cache.
+        rows, keys = np.arange(i.shape[0])[:, None], np.arange(j.shape[1])[None, :]
         band = {None: i - j < w, "plus_one": i - j <= w, "minus_one": i - j < w - 1, "two_sided": abs(i - j) < w,
-                "none": np.ones_like(allowed)}[choices.get("window")]
+                "none": np.ones_like(allowed), "rows": rows - keys < w}[choices.get("window")]
         allowed = allowed & band
     return ~allowed if inverted else allowed
 
@@ -146,13 +149,14 @@ def scale_of(spec: Attention, head_dim: int, d_in: int, d_out: int, choices: Cho
     """What the scores are multiplied by before the softmax."""
     return {None: 1 / np.sqrt(head_dim), "none": 1.0, "times": np.sqrt(head_dim), "no_sqrt": 1 / head_dim,
             "d_out": 1 / np.sqrt(d_out), "d_in": 1 / np.sqrt(d_in), "twice": 1 / head_dim,
-            "num_heads": 1 / np.sqrt(spec.num_heads)}[choices.get("scale")]
+            "num_heads": 1 / np.sqrt(spec.num_heads), "after_softmax": 1 / np.sqrt(head_dim)}[choices.get("scale")]
 
 
 def attention_weights(scores, allowed, scale: float, choices: Choices = NONE, empty_rows="nan"):
     """softmax(scores * scale) over the keys each query may attend to. ``empty_rows``: what a query with no key
     gets ("nan" as torch.softmax of a row of -inf gives, or "zero" as F.scaled_dot_product_attention gives)."""
-    s = np.asarray(scores, dtype=np.float64) * scale
+    after = choices.get("scale") == "after_softmax"  # (the weights scaled, not the scores)
+    s = np.asarray(scores, dtype=np.float64) * (1.0 if after else scale)
     if choices.get("scores") == "transposed":
         s = np.swapaxes(s, -1, -2)
     axis = -2 if choices.get("softmax") == "queries" else -1
@@ -173,7 +177,7 @@ def attention_weights(scores, allowed, scale: float, choices: Choices = NONE, em
             w = np.where(np.any(allowed, axis=-1, keepdims=True), w, 0.0)
     if choices.get("softmax") == "twice":
         w = softmax(w, axis)
-    return w
+    return w * scale if after else w
 
 
 def split(a, num_heads, choices: Choices = NONE):
@@ -291,7 +295,9 @@ def scaling_switch(spec: Attention, head_dim: int, d_in: int, d_out: int) -> Swi
     k = spec.head_name
     wrong = {"none": not_scaled(k),
              "times": f"the scores were multiplied by sqrt({k}); divide by it",
-             "no_sqrt": f"the scores were divided by {k}; divide by sqrt({k})"}
+             "no_sqrt": f"the scores were divided by {k}; divide by sqrt({k})",
+             "after_softmax": f"the weights were scaled after the softmax, softmax(scores) / sqrt({k}): divide the "
+                              f"scores by sqrt({k}) before the softmax, so that each query's weights sum to 1"}
     if d_out != head_dim:
         wrong["d_out"] = (f"the scores were scaled by sqrt(d_out), the model width; each head's dot products have "
                           f"{k} terms, so divide by sqrt({k})")
@@ -358,6 +364,10 @@ WINDOW = Switch("window", "masking", {
     "minus_one": "the window is off by one: the query's own token counts as one of the window's, so key j takes "
                  "part when j <= i and i - j < window (yours holds window - 1 tokens)",
     "two_sided": "the band is not causal: keys after the query (j > i) take part; add j <= i",
+    "rows": "the window's lower bound was not offset by the cache length, the causal bound was: in a cached step the "
+            "band was counted from the new tokens' rows (0, 1, ...) against the keys' places in the cache, so a new "
+            "query sees keys further back than window - 1; take the band at the queries' positions (start .. start "
+            "+ num_new - 1) as the causal mask is",
     "none": no_effect("with no window (every earlier token takes part: plain causal attention)", "the window",
                       "key j takes part when j <= i and i - j < window")})
 PADDING = Switch("padding", "padding", {

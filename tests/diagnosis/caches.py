@@ -80,6 +80,9 @@ ONE_EARLY_POSITIONS = ("the new tokens' positions start one too early in cached 
 KEYS_RESTART = ("the new keys were rotated from position 0 in each cached step, the new queries at their true "
                 "positions: rotate a step's new keys at the same positions as its new queries (offset = the number of "
                 "tokens cached)")
+STALE = ("from the second step on, the new queries attended to the cache as it was before this step's keys and values "
+         "were appended (so no new token saw itself): append the new keys and values first, then attend to "
+         "everything the cache holds, this step's tokens included")
 OVERWRITTEN = ("each step replaced the cache with its own keys and values instead of appending them: the next step saw "
                "the previous step's tokens only (torch.cat([cache, new], dim=<the token axis>) and store the result)")
 POSITIONS = Switch("positions", "KV cache", {
@@ -179,7 +182,7 @@ def cached_mask(spec: A.Attention) -> Switch:
 
 def cache_switches(spec: A.Attention, *, reset: bool = False) -> list[Switch]:
     """What a cache holds and where its new tokens' positions start: the switches a cached step adds."""
-    held = {"own_only": OWN_ONLY, "last_only": OVERWRITTEN}
+    held = {"own_only": OWN_ONLY, "last_only": OVERWRITTEN, "stale": STALE}
     if spec.window is not None:  # a bounded cache: which window positions it keeps
         held |= {"oldest": OLDEST, "cut_window": cut_before("window"), "cut_short": cut_before("window - 1")}
     found = [Switch("cache", "KV cache", held)]
@@ -213,12 +216,15 @@ def held(spec: A.Attention, chunks, choices: A.Choices = A.NONE):
         later = int(start > 0)
         turn = {"restart": np.arange(size), "keys_restart": np.arange(size), "one_late": new + later,
                 "one_early": new - later, "from_length": len(kept) + np.arange(size)}.get(position, new)
+        appended, appended_turn = np.concatenate([kept, new]), np.concatenate([turned, turn])
         if cache == "own_only":
             keys, turn_keys = new, turn
+        elif cache == "stale" and start > 0:  # (the cache read before this step's keys were appended to it)
+            keys, turn_keys = kept, turned
         elif cache == "last_only":
             keys, turn_keys = np.concatenate([previous, new]), np.concatenate([previous_turned, turn])
         else:
-            keys, turn_keys = np.concatenate([kept, new]), np.concatenate([turned, turn])
+            keys, turn_keys = appended, appended_turn
         previous, previous_turned = new, turn
         if position == "keys_restart":
             turn = new
@@ -226,10 +232,10 @@ def held(spec: A.Attention, chunks, choices: A.Choices = A.NONE):
         if window is not None and cache in ("cut_window", "cut_short"):
             last = window if cache == "cut_window" else max(window - 1, 1)
             keys, turn_keys, at = keys[-last:], turn_keys[-last:], at[-last:]
-        kept, turned = keys, turn_keys
+        kept, turned = (appended, appended_turn) if cache == "stale" else (keys, turn_keys)
         if window is not None:  # a bounded cache keeps window positions for the next step
             cut = slice(None, window) if cache == "oldest" else slice(-window, None)
-            kept, turned = keys[cut], turn_keys[cut]
+            kept, turned = kept[cut], turned[cut]
         yield new, turn, keys, at, turn_keys, kept, turned
         start += size
 
@@ -390,8 +396,10 @@ def positions_findings(recorded, expected, chunks, *, name="cache_positions", me
     wrong = [k for k, d in enumerate(off) if d]
     if wrong:
         k = wrong[0]
-        shows = (f"after step {k} ({fed[k]} tokens fed) your {name} are {recorded[k].tolist()}; the tokens the cache "
-                 f"holds are at positions {expected[k].tolist()}: the newest is {abs(off[k])} too "
+        # (what the cache must hold, never what it holds: a cache that kept the wrong tokens, labelled rightly,
+        # reads the same numbers as right tokens labelled wrongly)
+        shows = (f"after step {k} ({fed[k]} tokens fed) your {name} are {recorded[k].tolist()}; the cache must then "
+                 f"hold the tokens at positions {expected[k].tolist()}: your newest is {abs(off[k])} too "
                  f"{'small' if off[k] < 0 else 'large'}")
         held = [len(r) for r in recorded]  # (the learner's own cache's lengths)
         if k > 0 and all(off[j] == held[j - 1] - fed[j - 1] for j in range(k, len(off))):

@@ -196,6 +196,42 @@ def check_module_dropout(stage, cls, init, x, weights, p, exposed, device="cpu",
     check_dropout(trained, plain, p, f"{cls} output in training mode with dropout={p}",
                   second=lambda rate: (stage.forward(cls, dict(init, dropout=rate), x, weights, train=True, seed=0,
                                                      device=device), plain))
+    check_weights_dropped_whole(stage.forward(cls, init, dense_tokens(x), weights, train=True, seed=0,
+                                              device=device), x.shape[-1], f"{cls} output in training mode with "
+                                f"dropout={p}, on inputs whose values have no zero entry")
+
+
+def dense_tokens(x):
+    """Inputs of an exposing case's shape whose values (the identity W_value of each head maps a token to itself)
+    have no zero entry: every key's value vector is dense."""
+    rng = np.random.default_rng(3)
+    return (rng.uniform(0.5, 1.5, size=x.shape) * rng.choice([-1, 1], size=x.shape)).astype(np.float32)
+
+
+def check_weights_dropped_whole(out, head_dim, name):
+    """Dropout on the attention weights takes a key's whole value vector out of a head's sum: a head's output for a
+    token is then zero in every feature (every key dropped) or, with dense values, in none. Some features zero and
+    others not is what dropout on anything after the weights gives (the values, the context vectors, the output),
+    which the one-hot case of check_module_dropout cannot tell apart (its values are one-hot, so its outputs ARE the
+    weights). ``out`` (b, T, num_heads * head_dim), heads side by side as in every form of the exposing case."""
+    out = np.asarray(out, dtype=np.float64)
+    if out.ndim != 3 or out.shape[-1] % head_dim:
+        return
+    # (exactly 0: what dropout writes; a sum of kept weights times dense values is never exactly 0 unless every
+    # kept weight is, and then every feature is. Tiny sums, where the one heavy key was dropped, are not zeros.)
+    zero = out.reshape(*out.shape[:-1], -1, head_dim) == 0  # (b, T, num_heads, head_dim)
+    partial = zero.any(-1) & ~zero.all(-1)
+    if partial.any():
+        b, i, h = (int(v) for v in np.argwhere(partial)[0])
+        row = out[b, i, h * head_dim:(h + 1) * head_dim]
+        raise AssertionError(
+            f"{name}: {int(partial.sum())} of {partial.size} head outputs (token, head) have some features exactly 0 "
+            f"and others not; e.g. batch {b}, token {i}, head {h}: {np.array2string(row, precision=3)}.\n"
+            "Evidence: dropout zeroed single features. Dropout on the attention weights cannot do that: a dropped "
+            "weight takes a key's whole value vector out of the sum, so a head's output for a token is zero in every "
+            "feature or, with these values, in none. Dropout acted on something else (the values, the context "
+            "vectors or the output); in this stage it drops attention weights, "
+            "attn_weights = self.dropout(attn_weights), before attn_weights @ values.")
 
 
 

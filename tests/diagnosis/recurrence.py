@@ -113,8 +113,11 @@ def layer(x, weights, num_heads: int, choices: Choices = NONE, chunks=None, chun
     q, k, v = (A.split(A.linear(x, weights, n), num_heads, choices) for n in ("W_query", "W_key", "W_value"))
     norm = choices.get("norm")
 
+    # (heads / tokens: over axis 1 of (b, num_heads, T, d) or of (b, T, num_heads, d), F.normalize's default dim)
+    axis = {"heads": 1, "tokens": 2}.get(norm, -1)
+
     def unit(a):
-        return a / np.linalg.norm(a, axis=-1, keepdims=True)
+        return a / np.linalg.norm(a, axis=axis, keepdims=True)
 
     if norm != "missing":
         k = unit(k)
@@ -202,7 +205,12 @@ CHUNKED = [CHUNK, RECURRENT[4], RECURRENT[5], RECURRENT[1].only("sign", "missing
 LAYER = [
     Switch("norm", "layer", {
         "missing": "the queries and keys were not L2-normalised: F.normalize(..., dim=-1) over each head's features",
-        "keys_only": "the queries were not L2-normalised (the keys were): normalise both per head"}),
+        "keys_only": "the queries were not L2-normalised (the keys were): normalise both per head",
+        "heads": "the queries and keys were L2-normalised over the head axis, dim 1 of (b, num_heads, T, head_dim), "
+                 "which is F.normalize's default dim: normalise over each head's features, F.normalize(..., dim=-1)",
+        "tokens": "the queries and keys were L2-normalised over the token axis (dim 1 of (b, T, num_heads, "
+                  "head_dim), F.normalize's default dim): normalise over each head's features, "
+                  "F.normalize(..., dim=-1)"}),
     Switch("beta_act", "layer", {
         "missing": "beta = W_beta(x) without the sigmoid: beta = sigmoid(W_beta(x)) in (0, 1)"}),
     Switch("gate_act", "layer", {

@@ -50,7 +50,10 @@ OVERFLOW = ("NaN where standard attention has none, with nothing masked: an inf 
              "exp(old max - new max) (at most 1), never divided by it nor multiplied by exp(new max - old max), "
              "which grows without bound"))
 
-ONLINE = [Switch("max", MECHANISM, {"tile_only": MAX_NOT_CARRIED}),
+MAX_FROM_ZERO = ("the running max started at 0 instead of -inf: a row whose scores are all far below 0 keeps 0 as its "
+                 "shift, so its exps underflow (to 0, and the row to 0 / 0 = NaN, when every score is below about "
+                 "-100); start the running max at -inf")
+ONLINE = [Switch("max", MECHANISM, {"tile_only": MAX_NOT_CARRIED, "starts_zero": MAX_FROM_ZERO}),
           Switch("sum", MECHANISM, {"stale": SUM_STALE,
                                     "divided": INVERTED_CORRECTION.format(what="running sum", name="row_sum")}),
           Switch("acc", MECHANISM, {"stale": ACC_STALE,
@@ -106,7 +109,7 @@ def tiled(q, k, v, is_causal, block_size, choices: A.Choices = A.NONE):
         for q0 in range(0, n_q, block_size):
             q1 = min(q0 + block_size, n_q)
             qb = q[..., q0:q1, :] * np.float32(scale)
-            m = np.full((*qb.shape[:-1], 1), -np.inf, np.float32)
+            m = np.full((*qb.shape[:-1], 1), 0.0 if choices.get("max") == "starts_zero" else -np.inf, np.float32)
             total, acc = np.zeros_like(m), np.zeros_like(qb)
             kv_end = min(n_kv, q1) if is_causal and not reverse else n_kv
             starts = range(0, kv_end, block_size)

@@ -203,13 +203,17 @@ def inject(model, weights, cls):
     missing = [k for k in result.missing_keys if k in params]
     names = set(result.unexpected_keys) | set(missing)
     if names and all(k.endswith(".bias") for k in names):
-        # Only biases differ: the usual cause is a qkv_bias that never reached nn.Linear.
+        # Only biases differ: say the rule for the layers that differ (the projections' biases follow qkv_bias,
+        # out_proj's never does), never one for layers that are right.
         given = "the test gave biases yours lacks" if result.unexpected_keys else "yours has biases not given"
-        raise SubmissionError(
-            f"{cls}: {given}: {sorted(names)}.\n"
-            "The biases of W_query, W_key and W_value follow qkv_bias: pass it on to every projection, "
-            "nn.Linear(..., bias=qkv_bias) (out_proj always has a bias)."
-        )
+        layers, rules = {k.split(".")[-2] for k in names if "." in k}, []
+        if layers & {"W_query", "W_key", "W_value", "W_qkv"}:
+            rules.append("The biases of W_query, W_key and W_value (or a fused W_qkv) follow qkv_bias: "
+                         "nn.Linear(..., bias=qkv_bias) for each of them.")
+        if "out_proj" in layers:
+            rules.append("out_proj always has a bias, whatever qkv_bias says: nn.Linear(d_out, d_out).")
+        raise SubmissionError(f"{cls}: {given}: {sorted(names)}.\n" + " ".join(
+            rules or ["Each layer's bias is as the stage's docstring says."]))
     if names:
         raise SubmissionError(f"{cls}: parameter names differ from the documented ones.\n"
                               f"  expected (given by the test): {sorted(weights)}\n"
