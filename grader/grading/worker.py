@@ -171,7 +171,8 @@ def serve(jobs: Iterable[Job], answer: Callable[[Message], object], limits: Limi
     of those, see grader/sandbox/backend.py): for measurements (benchmarks/bench_grading.py's floor), never for
     grading."""
     started = time.monotonic() if started is None else started
-    with scratch.Folder("worker") as work, contextlib.ExitStack() as stack:
+    # (named after the process that started this one: a run waits for its own workers' folders, not another run's)
+    with scratch.Folder(f"worker-{os.getppid()}") as work, contextlib.ExitStack() as stack:
         sandbox = Sandbox(allow_plain=allow_plain, private=private) if isolate else None
         if sandbox is not None:
             stack.enter_context(sandbox)  # closed when the session ends, before its folder is removed
