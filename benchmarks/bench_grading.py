@@ -154,7 +154,11 @@ class CpuByKind:
 
     def _watch(self):
         while not self.done.wait(0.05):
-            for procs in self.folder.rglob("cgroup.procs"):
+            try:
+                groups = list(self.folder.rglob("cgroup.procs"))
+            except OSError:  # a box's cgroup removed while the tree was walked: this thread would end, and every
+                continue  # process's later time would count as the boxes' (read again at the next tick)
+            for procs in groups:
                 boxed = procs.parent != self.folder
                 try:
                     pids = procs.read_text().split()
