@@ -155,10 +155,10 @@ class CpuByKind:
     def _watch(self):
         while not self.done.wait(0.05):
             try:
-                found = list(self.folder.rglob("cgroup.procs"))
-            except OSError:  # (a box's cgroup removed while the walk was in it: read again at the next tick)
-                continue
-            for procs in found:
+                groups = list(self.folder.rglob("cgroup.procs"))
+            except OSError:  # a box's cgroup removed while the tree was walked: this thread would end, and every
+                continue  # process's later time would count as the boxes' (read again at the next tick)
+            for procs in groups:
                 boxed = procs.parent != self.folder
                 try:
                     pids = procs.read_text().split()
@@ -171,16 +171,18 @@ class CpuByKind:
                     except OSError:
                         continue
                     fields = stat.rsplit(")", 1)[1].split()
-                    kind = self.seen.get(pid, (None,))[0]  # (a process that has ended reads with no command)
-                    if kind is None or kind == "other":
+                    kind, seen_as = self.seen.get(pid, (None, 0.0, ""))[0::2]  # (an ended process reads no command)
+                    if kind is None or kind == "other" or (command and command != seen_as):
+                        # (again once its command changes: a worker or template seen between its fork and its exec
+                        # still reads the main process's command)
                         kind = self.BOXES if boxed else next(
                             (name for name, marks in self.TRUSTED if any(m in command for m in marks)), "other")
-                    self.seen[pid] = (kind, (int(fields[11]) + int(fields[12])) / self.TICK)
+                    self.seen[pid] = (kind, (int(fields[11]) + int(fields[12])) / self.TICK, command or seen_as)
 
     def breakdown(self, total: float) -> dict[str, float]:
         """kind -> CPU seconds; the boxes' figure is the total less what the other kinds were read to use."""
         kinds = dict.fromkeys([name for name, _ in self.TRUSTED] + [self.BOXES], 0.0)
-        for kind, cpu in self.seen.values():
+        for kind, cpu, _ in self.seen.values():
             if kind != self.BOXES:
                 kinds[kind] = kinds.get(kind, 0.0) + cpu
         kinds[self.BOXES] = max(0.0, total - sum(kinds.values()))

@@ -41,6 +41,7 @@ class GradingPlugin:
         self.ceilings: dict[str, int] = {}  # stage -> the MEMORY_HEADROOM its test module declares
         self.checks: list[Check] = []  # every collected check of a stage, in order
         self.collection_errors: list[str] = []
+        self._stage_checks: dict[str, list[str]] = {}
         self.fault = faults.from_environment()  # a failure of the grader's own to make, for the kit's tests
         self.begin()
 
@@ -97,7 +98,7 @@ class GradingPlugin:
     def stage_passed(self, stage: str) -> bool:
         """Whether every check of ``stage`` this submission is graded on has run and passed (a skipped one aside):
         a stage built on it then meets the learner's own module of it (grader.sandbox.backend)."""
-        checks = [c["nodeid"] for c in self.checks if stage_of(c["nodeid"]) == stage and self.grades(c["nodeid"])]
+        checks = self._stage_checks.get(stage, []) if self.stages is None or stage in self.stages else []
         outcomes = [self.outcomes[nodeid]["outcome"] if nodeid in self.outcomes else None for nodeid in checks]
         return "passed" in outcomes and all(outcome in ("passed", "skipped") for outcome in outcomes)
 
@@ -116,6 +117,11 @@ class GradingPlugin:
 
     def pytest_collection_finish(self, session):
         self.checks = [entry for entry in map(check_entry, (item.nodeid for item in session.items)) if entry]
+        self._stage_checks: dict[str, list[str]] = {}  # stage -> the nodeids of its checks (asked once per stage)
+        for check in self.checks:
+            stage = stage_of(check["nodeid"])
+            if stage is not None:
+                self._stage_checks.setdefault(stage, []).append(check["nodeid"])
         # A stage's test module may declare how much memory the stage may allocate when graded (the
         # sandbox holds its worker to it): the suite's word, read here in the trusted process.
         for item in session.items:

@@ -171,10 +171,11 @@ def _gradebook_holds(target: Target) -> bool:
 def _sweep_workers(seconds: float = 3.0):
     """Remove the folders of the workers this run stopped. A killed worker's lock is dropped only once the last of
     its processes has gone (its sandbox follows it by a parent-death signal, a moment later): sweep again for a few
-    seconds while a worker folder is still held, so that none is left behind for the next run to find."""
+    seconds while a folder of this run's workers (named after this process) is still held, so that none is left
+    behind for the next run to find. Another run's workers, which may grade on for long, are not waited for."""
     deadline = time.monotonic() + seconds
     scratch.sweep()
-    while time.monotonic() < deadline and scratch.held(scratch.PREFIX + "worker-"):
+    while time.monotonic() < deadline and scratch.held(f"{scratch.PREFIX}worker-{os.getpid()}-"):
         time.sleep(0.05)
         scratch.sweep()
 

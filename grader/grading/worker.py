@@ -171,7 +171,8 @@ def serve(jobs: Iterable[Job], answer: Callable[[Message], object], limits: Limi
     of those, see grader/sandbox/backend.py): for measurements (benchmarks/bench_grading.py's floor), never for
     grading."""
     started = time.monotonic() if started is None else started
-    with scratch.Folder("worker") as work, contextlib.ExitStack() as stack:
+    # (named after the process that started this one: a run waits for its own workers' folders, not another run's)
+    with scratch.Folder(f"worker-{os.getppid()}") as work, contextlib.ExitStack() as stack:
         sandbox = Sandbox(allow_plain=allow_plain, private=private) if isolate else None
         if sandbox is not None:
             stack.enter_context(sandbox)  # closed when the session ends, before its folder is removed
@@ -417,4 +418,11 @@ def grade_folder(folder: Path, limits: Limits, graded_stages: list[str] | None =
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Then no interpreter teardown, as the sandbox's template does: with torch and the suite loaded it takes most of a
+    # second of CPU time per worker (and as long for the run that waits for it to end). The session has ended by
+    # now, and with it the worker's folder and its sandbox; what is left to do is to flush what it wrote. (A worker
+    # that failed raised out of main(): it ends the usual way.)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -16,6 +16,7 @@ from .wire import LENGTH, ProtocolError
 
 MAX_HEADER_BYTES = 1 << 20  # an answer's JSON (arrays travel as blobs beside it)
 POLL_SECONDS = 0.1  # how often the CPU time of a running check is read
+READ_AHEAD = 64 << 10  # what one read of a box's replies asks for at least (a whole message, most often)
 
 def first_message(box, deadline) -> dict:
     """A box's first message ({"kind": "ready"} or "failed"), read with this process's limits."""
@@ -76,15 +77,29 @@ def wait(fd, deadline, charge, write=False):
 
 
 def read(box, size, deadline, charge):
-    chunks = []
-    while size:
+    """The box's next ``size`` bytes: first what an earlier read took ahead (``box.received``), then from its pipe. A
+    read asks for at least READ_AHEAD bytes, so that a message's length, header and small blobs come in one system
+    call; what it took beyond ``size`` waits in ``box.received`` (at most READ_AHEAD bytes: the rest of the message,
+    whose sizes are still checked before it is read, or the next)."""
+    held = box.received
+    if len(held) >= size:
+        data = bytes(held[:size])
+        del held[:size]
+        return data
+    chunks, got = [bytes(held)], len(held)
+    held.clear()
+    while got < size:
         wait(box.replies, deadline, charge)
-        chunk = os.read(box.replies, min(size, 1 << 20))
+        chunk = os.read(box.replies, min(max(size - got, READ_AHEAD), 1 << 20))
         if not chunk:
             raise BoxGone
         chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
+        got += len(chunk)
+    data = b"".join(chunks)
+    if got > size:
+        held += memoryview(data)[size:]
+        data = data[:size]
+    return data
 
 
 def receive(box, deadline, charge, result_bytes):

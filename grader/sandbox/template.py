@@ -84,6 +84,7 @@ class Box:
     uid: int | None = None  # its fresh uid, if it has one
     delays: dict = field(default_factory=dict)  # thread -> seconds it waited for a processor (no cgroup)
     role: str = "box"  # "box" (workers run learner code), or "reference" (its first process runs the references)
+    received: bytearray = field(default_factory=bytearray)  # replies read ahead of the message being read (channel)
 
     def stalled(self) -> float:
         """Seconds the box's processes were ready to run but waited for a processor: its cgroup's pressure

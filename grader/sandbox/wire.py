@@ -21,6 +21,7 @@ MAX_DIMS = 32
 RAW_DTYPE = re.compile(r"^[<>|=]?[biufc]\d{1,2}$")  # plain numeric or bool dtypes, e.g. <f4, |b1
 CONTROL_BYTES = 1 << 16  # largest control message (one JSON object per datagram)
 MESSAGE_CHARS = 4000  # of an error message or traceback from a box, kept
+PLAIN = frozenset({type(None), bool, int, float, str})  # the types a value may have that JSON carries as they are
 
 class ProtocolError(Exception):
     """A message that does not follow the wire format (or breaks its limits)."""
@@ -30,6 +31,8 @@ class ProtocolError(Exception):
 
 def encode(value, blobs, depth=0):
     """Turn a plain value into JSON-able data; arrays go to ``blobs`` as .npy bytes."""
+    if type(value) in PLAIN and depth <= MAX_DEPTH:  # (most nodes: answered before anything else is looked up)
+        return value
     import numpy as np
 
     if depth > MAX_DEPTH:
@@ -63,8 +66,8 @@ def encode(value, blobs, depth=0):
 
 def decode(data, blobs, depth=0):
     """The inverse of ``encode``, checking every node: what comes back is plain data only."""
-    import numpy as np
-
+    if type(data) in PLAIN and depth <= MAX_DEPTH:  # (most nodes)
+        return data
     if depth > MAX_DEPTH:
         raise ProtocolError("value nested too deeply")
     if data is None or isinstance(data, (bool, int, float, str)):
@@ -77,6 +80,8 @@ def decode(data, blobs, depth=0):
     if tag in ("__raw__", "__rawscalar__"):
         return _raw_array(tag, inner, blobs)
     if tag in ("__array__", "__scalar__"):
+        import numpy as np
+
         if type(inner) is not int or not 0 <= inner < len(blobs):
             raise ProtocolError("bad array reference")
         try:

@@ -429,7 +429,8 @@ def local_grades(submissions, tmp_path_factory):
             break
         time.sleep(0.1)
     leftover = {pid for pid in workers if os.path.exists(f"/proc/{pid}") and not _zombie(pid)}
-    left_in_tmpdir = sorted(p.name.rsplit("-", 1)[0] for p in Path(env["TMPDIR"]).iterdir())
+    # (each folder's kind: its name less its random end and, for a worker's, the pid of the run that started it)
+    left_in_tmpdir = sorted(re.sub(r"(-\d+)?-[^-]+$", "", p.name) for p in Path(env["TMPDIR"]).iterdir())
     run = subprocess.run(cmd[:-2], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     return out, first, run.stdout, leftover, left_in_tmpdir, sorted(Path(env["TMPDIR"]).iterdir())

@@ -275,6 +275,40 @@ def test_the_grader_rejects_anything_but_plain_data(data, blobs):
         decode(data, blobs)
 
 
+def test_the_channel_reads_messages_in_order_whatever_it_read_ahead():
+    """A read of a box's replies takes what the pipe holds (up to channel.READ_AHEAD): messages that arrive together
+    are each read whole and in order, a message larger than a read is read to its end, and a header beyond its limit
+    is refused from its length alone."""
+    from types import SimpleNamespace
+
+    from grader.sandbox.channel import MAX_HEADER_BYTES, READ_AHEAD, receive
+    from grader.sandbox.wire import LENGTH, ProtocolError, decode, encode, pack
+
+    large = np.arange(3 * READ_AHEAD, dtype=np.float32)  # (12 times what one read asks for)
+    messages = [({"kind": "result", "token": str(i)}, value) for i, value in enumerate([1, "two", large, None])]
+    readable, writable = os.pipe()
+    box = SimpleNamespace(replies=readable, received=bytearray())
+    wire = b""
+    for header, value in messages:
+        blobs = []
+        wire += pack({**header, "value": encode(value, blobs)}, blobs)
+    wire += LENGTH.pack(MAX_HEADER_BYTES + 1) + b"{}"
+    writer = threading.Thread(target=os.write, args=(writable, wire))  # (a pipe holds less than the whole stream)
+    writer.start()
+    try:
+        deadline = time.monotonic() + 30
+        for header, value in messages:
+            got, values = receive(box, deadline, lambda: None, 1 << 30)
+            assert got["token"] == header["token"], f"message {got['token']} came where {header['token']} was due"
+            same(decode(got["value"], values), value)
+        with pytest.raises(ProtocolError, match="header of"):
+            receive(box, deadline, lambda: None, 1 << 30)
+    finally:
+        os.close(readable)  # (a writer left blocked gets a broken pipe)
+        writer.join()
+        os.close(writable)
+
+
 # ---------------------------------------------------------------- learner errors and limits
 
 def test_the_stub_message_comes_through(hostile):
