@@ -15,56 +15,27 @@ import html
 
 import nbformat
 import pytest
+from rounds import ASSIGNMENTS, BOTH, FIRST, LATER, autograded, course_graded_in_rounds
 
-from grader.cli import main
 from grader.course.build import build, find_leaks, hidden_test_names, solution_lines
 from grader.course.demo import stage_scores
-from grader.course.samples import by_student, samples, write_submission
+from grader.course.samples import by_student, samples
 from grader.course.settings import Course
 from grader.grading.records import read_records, results_dir
-from grader.kit import assignments, marker, stages
-from runs import Nbgrader
-
-ASSIGNMENTS = list(assignments())  # the kit's assignments, in teaching order
-FIRST, LATER = ASSIGNMENTS[0], ASSIGNMENTS[1:]
+from grader.kit import marker, stages
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
-
-BOTH = "reference"  # also submits chapter 3's assignment
 
 
 def students(assignment):
     return [s.student for s in samples(assignment)]
 
 
-def autograded(assignment):
-    """The students nbgrader autogrades: the reference, and the first sample with one mistake
-    (its feedback names it)."""
-    return [BOTH, next(s.student for s in samples(assignment) if s.breaks and "*" not in s.breaks)]
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """The course, and for each later assignment {student: {stage: nbgrader's score}} of the students it autogrades."""
-    root = tmp_path_factory.mktemp("all") / "course"
-    build(root)
-    nbgrader = Nbgrader(root)
-    for name in ASSIGNMENTS:
-        nbgrader("generate_assignment", name)
-    for sample in samples():
-        if sample.assignment in LATER or sample.student == BOTH:
-            write_submission(sample, root / "release" / sample.assignment,
-                             root / "submitted" / sample.student / sample.assignment)
-    scores = {}
-    for name in LATER:
-        for student in autograded(name):
-            nbgrader("autograde", name, "--student", student)
-        nbgrader("generate_feedback", name)
-        scores[name] = stage_scores(Course.load(root, name), autograded(name))
-        assert main(["grade", name, "--course", str(root)]) == 0
-        assert main(["report", name, "--course", str(root)]) == 0
-    nbgrader("autograde", FIRST, "--student", BOTH)
-    return dict(root=root, scores=scores)
+    """The course, and for each later assignment {student: {stage: nbgrader's score}} of the students it autogrades
+    (kit_tests/rounds.py: made once per test run, the catalogue reads its records too)."""
+    return course_graded_in_rounds(tmp_path_factory)
 
 
 def recorded(root, assignment) -> dict:

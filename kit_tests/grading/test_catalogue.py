@@ -10,7 +10,9 @@ submission's stages are graded each in a worker of its own, a stage built on ano
 that other (grader/sandbox/backend.py): no module of a pack reaches another's stage. The test checks it rather
 than trusts it: a stage that builds on another is graded beside a mistake in that other in most packs (its
 verdicts are on record), and every reference module a pack holds must get full marks beside the pack's
-mistakes. The demo's samples, graded in the same run as whole submissions, lose points exactly where they break.
+mistakes. The demo's samples, graded as whole submissions, lose points exactly where they break: chapter 3's in the
+same run as the packs, the later assignments' as ``attnkit grade`` graded them in the course of every assignment
+(kit_tests/rounds.py, made once per test run: those records are read here, not made a second time).
 
 One stage's entries alone (an author's loop: seconds, not the whole catalogue's minutes): each entry's tests are
 named after its stage, so
@@ -27,10 +29,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rounds import LATER, course_graded_in_rounds
 from verdicts import verdicts
 
 from catalogue import BUGS, VARIANTS
 from grader.course.samples import samples, write_modules
+from grader.grading.records import read_records, results_dir
 from grader.grading.run import grade
 from grader.grading.scoring import stage_score
 from grader.grading.targets import folder_target
@@ -81,9 +85,10 @@ def selected_stages(session) -> set[str] | None:
 @pytest.fixture(scope="module")
 def records(request, tmp_path_factory):
     """name -> record of every catalogue entry (its own stage), of the reference modules beside each pack's entries
-    (BESIDE + assignment + pack) and of every sample, all graded in one run of attnkit grade's warm workers per
-    assignment (torch imported once per worker). Only the entries of ``selected_stages`` when the selected tests
-    judge those alone, each pack graded on those stages only."""
+    (BESIDE + assignment + pack) and of every sample, graded in one run of attnkit grade's warm workers per
+    assignment (torch imported once per worker), the later assignments' samples in the course of every assignment
+    (kit_tests/rounds.py). Only the entries of ``selected_stages`` when the selected tests judge those alone, each
+    pack graded on those stages only."""
     root = tmp_path_factory.mktemp("catalogue")
     only = selected_stages(request.session)
     records = {}
@@ -95,7 +100,7 @@ def records(request, tmp_path_factory):
         for index, pack in enumerate(packed):
             write_modules(folder / "submissions" / f"pack-{index}", assignment=assignment,
                           replaced={stage: entry.modules()[stage] for stage, entry in pack.items()})
-        for sample in samples(assignment) if only is None else ():
+        for sample in samples(assignment) if only is None and assignment not in LATER else ():
             sample.write(folder / "submissions" / (SAMPLE + assignment + "-" + sample.student))
         target = folder_target(folder / "submissions", folder / "grades", assignment,
                                points={stage: 1.0 for stage in stages(assignment) if only is None or stage in only})
@@ -109,6 +114,11 @@ def records(request, tmp_path_factory):
                 records[f"{BESIDE}{assignment}-{index}"] = dict(
                     record, stages=[s for s in record["stages"] if s["stage"] not in pack])
         records |= outcome.records
+    if only is None:  # (attnkit grade graded them in the course of every assignment, with the course's points)
+        course = course_graded_in_rounds(tmp_path_factory)["root"]
+        for assignment in LATER:
+            records |= {SAMPLE + assignment + "-" + student: record
+                        for student, record in read_records(results_dir(course, assignment)).items()}
     return records
 
 
