@@ -41,7 +41,7 @@ class GradingPlugin:
         self.ceilings: dict[str, int] = {}  # stage -> the MEMORY_HEADROOM its test module declares
         self.checks: list[Check] = []  # every collected check of a stage, in order
         self.collection_errors: list[str] = []
-        self._stage_checks: dict[str, list[str]] = {}
+        self._stage_checks: dict[str, list[str]] = {}  # stage -> the nodeids of its checks (asked once per stage)
         self.fault = faults.from_environment()  # a failure of the grader's own to make, for the kit's tests
         self.begin()
 
@@ -117,7 +117,7 @@ class GradingPlugin:
 
     def pytest_collection_finish(self, session):
         self.checks = [entry for entry in map(check_entry, (item.nodeid for item in session.items)) if entry]
-        self._stage_checks: dict[str, list[str]] = {}  # stage -> the nodeids of its checks (asked once per stage)
+        self._stage_checks = {}
         for check in self.checks:
             stage = stage_of(check["nodeid"])
             if stage is not None:
